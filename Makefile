@@ -1,0 +1,59 @@
+# TableKeeper — the two commands a user needs are `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto)
+DATA_DIR ?= ./data
+PORT ?= 4181
+METRICS_PORT ?= 9181
+
+.PHONY: help install run test test-unit test-integration test-compat lint proto proto-check bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[server,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install the server, SDK and dev tools
+
+run: $(STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT)
+	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT)
+
+proto: $(STAMP)  ## regenerate proto/gen from proto/*.proto
+	rm -rf proto/gen/tablekeeper_proto
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto --python_out=proto/gen --grpc_python_out=proto/gen \
+		--mypy_out=proto/gen --mypy_grpc_out=proto/gen $(PROTO_FILES)
+	for d in proto/gen/tablekeeper_proto proto/gen/tablekeeper_proto/bookkeeper proto/gen/tablekeeper_proto/v1; do \
+		touch $$d/__init__.py; done
+	touch proto/gen/tablekeeper_proto/py.typed
+
+proto-check: $(STAMP)  ## fail if proto/gen is stale
+	$(MAKE) -s proto && git diff --exit-code -- proto/gen
+
+lint: $(STAMP)  ## ruff and mypy
+	$(VENV)/bin/ruff check client server tests benchmarks
+	$(VENV)/bin/ruff format --check client server tests benchmarks
+	$(VENV)/bin/mypy client server tests
+
+test-unit: $(STAMP)  ## unit and contract tests (fakes and local files only)
+	$(PY) -m pytest -q tests/unit tests/contract
+
+test-integration: $(STAMP)  ## real server processes, SDK and CLI end to end
+	$(PY) -m pytest -q tests/integration
+
+test-compat: $(STAMP)  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
+	$(PY) -m pytest -q tests/compat
+
+test: lint test-unit test-integration test-compat  ## everything CI runs
+
+bench: $(STAMP)  ## load benchmark against TableKeeper and etcd side by side
+	$(PY) benchmarks/load.py --start-servers
+
+clean:  ## remove the virtualenv and local data
+	rm -rf $(VENV) $(DATA_DIR) .deploy

@@ -1,0 +1,1 @@
+"""TableKeeper server: storage containers hosting table ranges (a WAL plus a RocksDB index)."""

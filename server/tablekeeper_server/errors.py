@@ -1,0 +1,113 @@
+"""Server domain errors.
+
+Every error the server raises on purpose derives from `TableKeeperError`. Each carries a
+`StatusCode` value (BookKeeper's application status, which travels in response bodies) and a
+human-readable message. The mapping to the wire lives in one place: `rpc/status.py`.
+"""
+
+from __future__ import annotations
+
+
+class Code:
+    """BookKeeper `StatusCode` numbers (storage.proto). Plain ints so this module needs no protobuf."""
+
+    SUCCESS = 0
+    FAILURE = 1
+    BAD_REQUEST = 400
+    ILLEGAL_OP = 403
+    INTERNAL_SERVER_ERROR = 500
+    NOT_IMPLEMENTED = 501
+    UNEXPECTED = 600
+    BAD_VERSION = 900
+    BAD_REVISION = 901
+    INVALID_NAMESPACE_NAME = 2000
+    NAMESPACE_EXISTS = 2001
+    NAMESPACE_NOT_FOUND = 2002
+    INVALID_STREAM_NAME = 2100
+    STREAM_EXISTS = 2101
+    STREAM_NOT_FOUND = 2102
+    INVALID_KEY = 6000
+    KEY_EXISTS = 6001
+    KEY_NOT_FOUND = 6002
+
+
+class TableKeeperError(Exception):
+    """Base of all deliberate server errors. `code` is a `Code` value."""
+
+    code: int = Code.INTERNAL_SERVER_ERROR
+    retryable: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or type(self).__name__)
+        self.message = message or type(self).__name__
+
+
+class BadRequestError(TableKeeperError):
+    code = Code.BAD_REQUEST
+
+
+class IllegalOpError(TableKeeperError):
+    code = Code.ILLEGAL_OP
+
+
+class InvalidKeyError(TableKeeperError):
+    code = Code.INVALID_KEY
+
+
+class KeyNotFoundError(TableKeeperError):
+    code = Code.KEY_NOT_FOUND
+
+
+class BadVersionError(TableKeeperError):
+    code = Code.BAD_VERSION
+
+
+class InvalidNamespaceNameError(TableKeeperError):
+    code = Code.INVALID_NAMESPACE_NAME
+
+
+class NamespaceExistsError(TableKeeperError):
+    code = Code.NAMESPACE_EXISTS
+
+
+class NamespaceNotFoundError(TableKeeperError):
+    code = Code.NAMESPACE_NOT_FOUND
+
+
+class InvalidStreamNameError(TableKeeperError):
+    code = Code.INVALID_STREAM_NAME
+
+
+class StreamExistsError(TableKeeperError):
+    code = Code.STREAM_EXISTS
+
+
+class StreamNotFoundError(TableKeeperError):
+    code = Code.STREAM_NOT_FOUND
+
+
+class RouteNotFoundError(TableKeeperError):
+    """The target container or range is not served here (yet). Sent as gRPC NOT_FOUND, which
+    BookKeeper clients retry."""
+
+    code = Code.INTERNAL_SERVER_ERROR
+    retryable = True
+
+
+class UnavailableError(TableKeeperError):
+    """The server cannot take the request right now (shutting down, log unavailable).
+    Nothing was applied; the caller may retry."""
+
+    code = Code.INTERNAL_SERVER_ERROR
+    retryable = True
+
+
+class LogFencedError(UnavailableError):
+    """A newer writer owns the log. No append by this writer can succeed any more; the owner of
+    the range must close it."""
+
+
+class CorruptionError(TableKeeperError):
+    """Stored data failed a checksum or structural check. Never retried, never skipped silently."""
+
+    code = Code.INTERNAL_SERVER_ERROR

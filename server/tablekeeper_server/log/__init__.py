@@ -1,0 +1,1 @@
+"""Write-ahead logs for table ranges. Backends sit behind `log.api`; only `main` picks one."""
