@@ -511,7 +511,7 @@ class ManagedServers:
         try:
             wait_tcp(port, time.monotonic() + startup_timeout_s, self.tk_proc)
         except BenchError as e:
-            raise BenchError(f"TableKeeper: {e}; log tail:\n{tail(self.tk_log)}") from e
+            raise BenchError(f"TableKeeper: {e}") from e
         return f"bk://127.0.0.1:{port}"
 
     def start_etcd(self, startup_timeout_s: float) -> str:
@@ -638,13 +638,17 @@ def ratio_rows(results: Sequence[CellResult]) -> list[dict[str, Any]]:
     return rows
 
 
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
 def render_ratios(rows: Sequence[dict[str, Any]]) -> str:
     out = []
     for x in rows:
         out.append(
             f"ratio TableKeeper/etcd  {x['op']:<5} conc={x['concurrency']:<4} "
-            f"ops/s x{fmt(x['throughput_ratio'])}  p50 x{fmt(x['p50_ratio'])}  "
-            f"p99 x{fmt(x['p99_ratio'])}"
+            f"ops/s x{fmt_ratio(x['throughput_ratio'])}  p50 x{fmt_ratio(x['p50_ratio'])}  "
+            f"p99 x{fmt_ratio(x['p99_ratio'])}"
         )
     return "\n".join(out)
 
