@@ -214,6 +214,9 @@ class PutRequest(_message.Message):
     ignore_value: _builtins.bool
     ignore_lease: _builtins.bool
     expected_version: _builtins.int
+    """TableKeeper honours it (BookKeeper ignores it). `optional` gives presence without changing
+    the wire: absent = unconditional; -1 = the key must not exist; N >= 0 = version must be N.
+    """
     @_builtins.property
     def header(self) -> Global___RoutingHeader: ...
     def __init__(
@@ -226,13 +229,15 @@ class PutRequest(_message.Message):
         ignore_value: _builtins.bool = ...,
         ignore_lease: _builtins.bool = ...,
         header: Global___RoutingHeader | None = ...,
-        expected_version: _builtins.int = ...,
+        expected_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_version", b"expected_version", "header", b"header", "ignore_lease", b"ignore_lease", "ignore_value", b"ignore_value", "key", b"key", "lease", b"lease", "prev_kv", b"prev_kv", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header", "ignore_lease", b"ignore_lease", "ignore_value", b"ignore_value", "key", b"key", "lease", b"lease", "prev_kv", b"prev_kv", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
+    _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_version) -> _WhichOneofReturnType__expected_version | None: ...
 
 Global___PutRequest: _TypeAlias = PutRequest  # noqa: Y015
 

@@ -1,0 +1,68 @@
+"""TableKeeper Python SDK.
+
+    from tablekeeper import Client
+    with Client("bk://127.0.0.1:4181") as client:
+        client.create_namespace("app")
+        client.create_table("app", "users", ranges=4)
+        users = client.table("app", "users")
+        users.put("user-1", "name", "Ada")
+        print(users.get("user-1", "name").value)
+
+`AsyncClient` / `AsyncTable` are the asyncio versions (many requests in flight on one channel).
+"""
+
+from tablekeeper._transport import RetryPolicy
+from tablekeeper.client import DEFAULT_SERVICE, AsyncClient, Client, Table, Txn
+from tablekeeper.errors import (
+    BadRequestError,
+    BadRevisionError,
+    BadVersionError,
+    IllegalOpError,
+    InternalServerError,
+    InvalidKeyError,
+    InvalidNamespaceNameError,
+    InvalidTableNameError,
+    KeyExistsError,
+    KeyNotFoundError,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+    NotImplementedOnServerError,
+    TableExistsError,
+    TableKeeperError,
+    TableNotFoundError,
+    UnavailableError,
+    UnexpectedError,
+)
+from tablekeeper.table import AsyncTable, AsyncTxn, KeyValue, TableInfo, TxnResult
+
+__all__ = [
+    "DEFAULT_SERVICE",
+    "AsyncClient",
+    "AsyncTable",
+    "AsyncTxn",
+    "BadRequestError",
+    "BadRevisionError",
+    "BadVersionError",
+    "Client",
+    "IllegalOpError",
+    "InternalServerError",
+    "InvalidKeyError",
+    "InvalidNamespaceNameError",
+    "InvalidTableNameError",
+    "KeyExistsError",
+    "KeyNotFoundError",
+    "KeyValue",
+    "NamespaceExistsError",
+    "NamespaceNotFoundError",
+    "NotImplementedOnServerError",
+    "RetryPolicy",
+    "Table",
+    "TableExistsError",
+    "TableInfo",
+    "TableKeeperError",
+    "TableNotFoundError",
+    "Txn",
+    "TxnResult",
+    "UnavailableError",
+    "UnexpectedError",
+]

@@ -1,0 +1,135 @@
+"""Channels, the error-wrapping call helper, and the retry loop.
+
+Retry rules: a call is retried only when that is safe. Reads may always be retried. A write is
+retried only when it certainly was not applied: the server answered gRPC NOT_FOUND ("this
+range is not served here / not ready / shutting down", sent before anything is appended), or
+the connection could not be established at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_code
+
+T = TypeVar("T")
+ERROR_METADATA_KEY = "tk-error"
+_CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    deadline_s: float = 30.0
+    """Give up retrying after this long (the call's own timeout is `call_timeout_s`)."""
+    initial_backoff_s: float = 0.02
+    max_backoff_s: float = 1.0
+    call_timeout_s: float = 30.0
+
+
+def parse_service_uri(uri: str) -> str:
+    """`bk://host:port[,host:port…]` (or plain `host:port`) to a gRPC target."""
+    target = uri.split("://", 1)[1] if "://" in uri else uri
+    if "://" in uri and not uri.startswith("bk://"):
+        raise ValueError(f"service URI must start with bk:// (got {uri!r})")
+    hosts = []
+    for part in target.strip("/").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        hosts.append(part if ":" in part else f"{part}:4181")
+    if not hosts:
+        raise ValueError(f"service URI has no host: {uri!r}")
+    if len(hosts) == 1:
+        return hosts[0]
+    return "ipv4:" + ",".join(hosts)
+
+
+def new_channel(target: str, max_message_bytes: int) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(
+        target,
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.lb_policy_name", "round_robin"),
+        ],
+    )
+
+
+def _retryable_rpc_error(error: grpc.aio.AioRpcError, idempotent: bool) -> bool:
+    code = error.code()
+    if code == grpc.StatusCode.NOT_FOUND:
+        return True
+    if code == grpc.StatusCode.UNAVAILABLE:
+        if idempotent:
+            return True
+        details = (error.details() or "").lower()
+        return any(hint in details for hint in _CONNECT_FAILURE_HINTS)
+    return idempotent and code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+
+
+async def call(
+    method: Callable[..., Any],
+    request: Any,
+    *,
+    metadata: Sequence[tuple[str, bytes | str]] | None,
+    idempotent: bool,
+    policy: RetryPolicy,
+    status_of: Callable[[Any], int],
+) -> Any:
+    """Call a unary method; raise the mapped exception for a non-zero body status.
+
+    Retries as the module docstring says, with jittered exponential backoff, until
+    `policy.deadline_s` has passed.
+    """
+    deadline = time.monotonic() + policy.deadline_s
+    backoff = policy.initial_backoff_s
+    while True:
+        try:
+            rpc = method(request, metadata=metadata, timeout=policy.call_timeout_s)
+            response = await rpc
+        except grpc.aio.AioRpcError as error:
+            if not _retryable_rpc_error(error, idempotent) or time.monotonic() >= deadline:
+                raise UnavailableError(
+                    f"{error.code().name}: {error.details() or ''}".strip()
+                ) from error
+        else:
+            code = status_of(response)
+            if code == 0:
+                return response
+            exc = error_for_code(code, await _trailer_message(rpc))
+            if not (idempotent and exc.retryable) or time.monotonic() >= deadline:
+                raise exc
+        await asyncio.sleep(random.uniform(0, backoff))
+        backoff = min(policy.max_backoff_s, backoff * 2)
+
+
+async def _trailer_message(rpc: Any) -> str:
+    try:
+        trailers = await rpc.trailing_metadata()
+    except Exception:
+        return ""
+    for key, value in trailers or ():
+        if key == ERROR_METADATA_KEY:
+            return str(value)
+    return ""
+
+
+async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Run coroutine factories with at most `limit` in flight; results in order."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(factory: Callable[[], Awaitable[T]]) -> T:
+        async with semaphore:
+            return await factory()
+
+    return list(await asyncio.gather(*(one(f) for f in calls)))
+
+
+__all__ = ["RetryPolicy", "TableKeeperError", "call", "new_channel", "parse_service_uri"]

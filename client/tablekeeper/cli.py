@@ -1,0 +1,207 @@
+"""The `tablekeeper` command: run a server, manage namespaces and tables, read and write keys.
+
+Keys: BookKeeper's own tools and clients use the key as its own routing key, so by default
+`tablekeeper put ns/t KEY VALUE` stores (pkey=KEY, lkey=KEY), which a BookKeeper client reads
+back with `get(KEY)`. Pass `--pkey P` to address (P, KEY) instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tablekeeper.client import DEFAULT_SERVICE, Client
+from tablekeeper.errors import TableKeeperError
+from tablekeeper.table import KeyValue
+
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+
+
+def _split_table(value: str) -> tuple[str, str]:
+    if "/" not in value:
+        raise argparse.ArgumentTypeError(f"expected NAMESPACE/TABLE, got {value!r}")
+    namespace, _, table = value.partition("/")
+    return namespace, table
+
+
+def _render(kv: KeyValue, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(
+            {
+                "pkey": kv.pkey.decode(errors="backslashreplace"),
+                "lkey": kv.lkey.decode(errors="backslashreplace"),
+                "value": kv.number
+                if kv.is_number
+                else kv.value.decode(errors="backslashreplace"),
+                "is_number": kv.is_number,
+                "version": kv.version,
+                "create_revision": kv.create_revision,
+                "mod_revision": kv.mod_revision,
+            }
+        )
+    if kv.is_number:
+        return str(kv.number)
+    return kv.value.decode(errors="backslashreplace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tablekeeper",
+        description="TableKeeper: a distributed key/value table service that speaks the Apache "
+        "BookKeeper table service protocol.",
+        epilog="Examples:\n"
+        "  tablekeeper server --data-dir ./data\n"
+        "  tablekeeper ns create app\n"
+        "  tablekeeper table create app/users --ranges 4\n"
+        "  tablekeeper put app/users --pkey user-1 name Ada\n"
+        "  tablekeeper get app/users --pkey user-1 name\n"
+        "  tablekeeper scan app/users user-1\n"
+        "  tablekeeper incr app/users visits 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--service",
+        default=os.environ.get("TABLEKEEPER_SERVICE", DEFAULT_SERVICE),
+        help="service URI bk://HOST:PORT (default $TABLEKEEPER_SERVICE or %(default)s)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    server = commands.add_parser("server", help="run a standalone server in the foreground")
+    try:
+        from tablekeeper_server.config import add_server_arguments
+    except ImportError:  # SDK installed without the server extra
+        server.set_defaults(server_missing=True)
+    else:
+        add_server_arguments(server)
+
+    ns = commands.add_parser("ns", help="create, get or delete a namespace")
+    ns.add_argument("action", choices=["create", "get", "delete"])
+    ns.add_argument("name")
+
+    table = commands.add_parser("table", help="create, get or delete a table")
+    table.add_argument("action", choices=["create", "get", "delete"])
+    table.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
+    table.add_argument("--ranges", type=int, default=4, help="hash ranges at create (default 4)")
+    table.add_argument("--ttl", type=int, default=0, help="seconds a key lives after a write")
+
+    def key_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
+        sub.add_argument("--pkey", help="partition (routing) key; default: the key itself")
+        return sub
+
+    put = key_command("put", "store a value")
+    put.add_argument("key")
+    put.add_argument("value")
+    put.add_argument("--expected-version", type=int, help="-1 = must not exist; N = version N")
+
+    get = key_command("get", "print a value (exit 1 if missing)")
+    get.add_argument("key")
+    get.add_argument("--json", action="store_true", help="print value and metadata as JSON")
+
+    incr = key_command("incr", "add to a number key (created if missing); prints the total")
+    incr.add_argument("key")
+    incr.add_argument("amount", type=int, nargs="?", default=1)
+
+    delete = key_command("del", "delete a key (exit 1 if it did not exist)")
+    delete.add_argument("key")
+
+    scan = commands.add_parser("scan", help="list the keys of one pkey, in order")
+    scan.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
+    scan.add_argument("pkey")
+    scan.add_argument("--start", default="", help="first lkey (inclusive)")
+    scan.add_argument("--end", default=None, help="last lkey (inclusive)")
+    scan.add_argument("--limit", type=int, default=None)
+    scan.add_argument("--json", action="store_true")
+    return parser
+
+
+def _run(args: argparse.Namespace, client: Client) -> int:
+    if args.command == "ns":
+        if args.action == "create":
+            print(f"created namespace {args.name} (id {client.create_namespace(args.name)})")
+        elif args.action == "get":
+            print(f"namespace {args.name}: id {client.get_namespace(args.name)}")
+        else:
+            client.delete_namespace(args.name)
+            print(f"deleted namespace {args.name}")
+        return EXIT_OK
+    if args.command == "table":
+        namespace, name = args.table
+        if args.action == "create":
+            info = client.create_table(namespace, name, ranges=args.ranges, ttl_seconds=args.ttl)
+            print(f"created table {namespace}/{name} (id {info.table_id}, {info.ranges} ranges)")
+        elif args.action == "get":
+            info = client.get_table(namespace, name)
+            print(
+                f"table {namespace}/{name}: id {info.table_id}, {info.ranges} ranges, "
+                f"ttl {info.ttl_seconds}s"
+            )
+        else:
+            client.delete_table(namespace, name)
+            print(f"deleted table {namespace}/{name}")
+        return EXIT_OK
+    namespace, name = args.table
+    table = client.table(namespace, name)
+    if args.command == "scan":
+        for kv in table.scan(args.pkey, args.start, args.end, limit=args.limit):
+            if args.json:
+                print(_render(kv, True))
+            else:
+                print(f"{kv.lkey.decode(errors='backslashreplace')}\t{_render(kv, False)}")
+        return EXIT_OK
+    pkey = args.pkey if args.pkey is not None else args.key
+    if args.command == "put":
+        table.put(pkey, args.key, args.value, expected_version=args.expected_version)
+        return EXIT_OK
+    if args.command == "get":
+        kv = table.get(pkey, args.key)
+        if kv is None:
+            print(f"key {args.key!r} not found", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        print(_render(kv, args.json))
+        return EXIT_OK
+    if args.command == "incr":
+        print(table.increment(pkey, args.key, args.amount, get_total=True))
+        return EXIT_OK
+    if args.command == "del":
+        return EXIT_OK if table.delete(pkey, args.key) else EXIT_NOT_FOUND
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "server":
+        if getattr(args, "server_missing", False):
+            print("error: the server is not installed (pip install 'tablekeeper[server]')")
+            return EXIT_USAGE
+        from tablekeeper_server.config import config_from_args
+        from tablekeeper_server.main import run
+
+        try:
+            config = config_from_args(args)
+        except ValueError as exc:
+            parser.error(str(exc))
+        return run(config)
+    client: Any = None
+    try:
+        client = Client(args.service)
+        return _run(args, client)
+    except TableKeeperError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if client is not None:
+            client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""`AsyncClient` (grpc.aio; the one implementation) and `Client`, its synchronous twin, which
+runs an `AsyncClient` on a private event-loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
+
+from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
+from tablekeeper.errors import TableKeeperError
+from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
+
+T = TypeVar("T")
+DEFAULT_SERVICE = "bk://127.0.0.1:4181"
+_ROOT_METADATA = (("bk-rt-sc-id-bin", b"\x00" * 8),)
+_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
+
+
+def _table_info(namespace: str, props: stream_pb2.StreamProperties) -> TableInfo:
+    ranges = max(2, props.stream_conf.initial_num_ranges)
+    return TableInfo(
+        namespace=namespace,
+        name=props.stream_name,
+        table_id=props.stream_id,
+        ranges=ranges + (ranges % 2),
+        ttl_seconds=props.stream_conf.ttl_seconds,
+    )
+
+
+class AsyncClient:
+    """A connection to a TableKeeper service. Many calls may be in flight at once.
+
+    `service` is `bk://host:port` (several `host:port` separated by commas are balanced).
+    Use `async with AsyncClient(...) as client:` or call `close()`.
+    """
+
+    def __init__(self, service: str = DEFAULT_SERVICE, *, retry: RetryPolicy | None = None) -> None:
+        self.service = service
+        self.retry = retry or RetryPolicy()
+        self._target = parse_service_uri(service)
+        self._channel: Any = None
+        self._stubs: dict[str, Any] = {}
+
+    def _stub(self, name: str, factory: Any) -> Any:
+        stub = self._stubs.get(name)
+        if stub is None:
+            if self._channel is None:
+                self._channel = new_channel(self._target, _MESSAGE_BYTES_MAX)
+            stub = self._stubs[name] = factory(self._channel)
+        return stub
+
+    def _root_stub(self) -> storage_pb2_grpc.RootRangeServiceStub:
+        return self._stub("root", storage_pb2_grpc.RootRangeServiceStub)  # type: ignore[no-any-return]
+
+    def _table_stub(self) -> kv_rpc_pb2_grpc.TableServiceStub:
+        return self._stub("table", kv_rpc_pb2_grpc.TableServiceStub)  # type: ignore[no-any-return]
+
+    def _tablekeeper_stub(self) -> tablekeeper_pb2_grpc.TableKeeperStub:
+        return self._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub)  # type: ignore[no-any-return]
+
+    async def _root(self, method: str, request: Any, *, idempotent: bool) -> Any:
+        return await call(
+            getattr(self._root_stub(), method),
+            request,
+            metadata=_ROOT_METADATA,
+            idempotent=idempotent,
+            policy=self.retry,
+            status_of=lambda r: r.code,
+        )
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+            self._stubs.clear()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ namespaces
+
+    async def create_namespace(self, name: str) -> int:
+        """Create a namespace; returns its id. Raises `NamespaceExistsError`."""
+        response = await self._root(
+            "CreateNamespace", storage_pb2.CreateNamespaceRequest(name=name), idempotent=False
+        )
+        return int(response.ns_props.namespace_id)
+
+    async def get_namespace(self, name: str) -> int:
+        """The namespace's id. Raises `NamespaceNotFoundError`."""
+        response = await self._root(
+            "GetNamespace", storage_pb2.GetNamespaceRequest(name=name), idempotent=True
+        )
+        return int(response.ns_props.namespace_id)
+
+    async def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and every table in it."""
+        await self._root(
+            "DeleteNamespace", storage_pb2.DeleteNamespaceRequest(name=name), idempotent=False
+        )
+
+    # ------------------------------------------------------------------ tables
+
+    async def create_table(
+        self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
+    ) -> TableInfo:
+        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
+        `ttl_seconds` > 0 makes keys invisible that long after their last write."""
+        conf = stream_pb2.StreamConfiguration(
+            key_type=stream_pb2.HASH,
+            min_num_ranges=ranges,
+            initial_num_ranges=ranges,
+            storage_type=stream_pb2.TABLE,
+            ttl_seconds=ttl_seconds,
+        )
+        request = storage_pb2.CreateStreamRequest(ns_name=namespace, name=name, stream_conf=conf)
+        response = await self._root("CreateStream", request, idempotent=False)
+        return _table_info(namespace, response.stream_props)
+
+    async def get_table(self, namespace: str, name: str) -> TableInfo:
+        request = storage_pb2.GetStreamRequest(
+            stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
+        )
+        response = await self._root("GetStream", request, idempotent=True)
+        return _table_info(namespace, response.stream_props)
+
+    async def delete_table(self, namespace: str, name: str) -> None:
+        await self._root(
+            "DeleteStream",
+            storage_pb2.DeleteStreamRequest(ns_name=namespace, name=name),
+            idempotent=False,
+        )
+
+    async def table(self, namespace: str, name: str) -> AsyncTable:
+        """A handle on an existing table. Raises `TableNotFoundError`."""
+        return AsyncTable(self, await self.get_table(namespace, name))
+
+    async def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
+        return await call(  # type: ignore[no-any-return]
+            self._tablekeeper_stub().ServerInfo,
+            tablekeeper_pb2.ServerInfoRequest(),
+            metadata=None,
+            idempotent=True,
+            policy=self.retry,
+            status_of=lambda r: 0,
+        )
+
+
+class _LoopThread:
+    """A private event loop on a daemon thread, for the synchronous API."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="tablekeeper-client", daemon=True
+        )
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+
+class Client:
+    """Synchronous client: the same calls as `AsyncClient`, blocking. Thread-safe."""
+
+    def __init__(self, service: str = DEFAULT_SERVICE, *, retry: RetryPolicy | None = None) -> None:
+        self._runner = _LoopThread()
+        self._async = AsyncClient(service, retry=retry)
+
+    def close(self) -> None:
+        self._runner.run(self._async.close())
+        self._runner.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def create_namespace(self, name: str) -> int:
+        return self._runner.run(self._async.create_namespace(name))
+
+    def get_namespace(self, name: str) -> int:
+        return self._runner.run(self._async.get_namespace(name))
+
+    def delete_namespace(self, name: str) -> None:
+        self._runner.run(self._async.delete_namespace(name))
+
+    def create_table(
+        self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
+    ) -> TableInfo:
+        return self._runner.run(
+            self._async.create_table(namespace, name, ranges=ranges, ttl_seconds=ttl_seconds)
+        )
+
+    def get_table(self, namespace: str, name: str) -> TableInfo:
+        return self._runner.run(self._async.get_table(namespace, name))
+
+    def delete_table(self, namespace: str, name: str) -> None:
+        self._runner.run(self._async.delete_table(namespace, name))
+
+    def table(self, namespace: str, name: str) -> Table:
+        return Table(self._runner, self._runner.run(self._async.table(namespace, name)))
+
+    def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
+        return self._runner.run(self._async.server_info())
+
+
+class Txn:
+    """Synchronous twin of `AsyncTxn`: same builder methods, blocking `commit()`."""
+
+    def __init__(self, runner: _LoopThread, txn: AsyncTxn) -> None:
+        self._runner = runner
+        self._txn = txn
+
+    def if_version(self, lkey: Key, op: CompareOp, version: int) -> Txn:
+        self._txn.if_version(lkey, op, version)
+        return self
+
+    def if_create_revision(self, lkey: Key, op: CompareOp, revision: int) -> Txn:
+        self._txn.if_create_revision(lkey, op, revision)
+        return self
+
+    def if_mod_revision(self, lkey: Key, op: CompareOp, revision: int) -> Txn:
+        self._txn.if_mod_revision(lkey, op, revision)
+        return self
+
+    def if_value(self, lkey: Key, op: CompareOp, value: Key) -> Txn:
+        self._txn.if_value(lkey, op, value)
+        return self
+
+    def if_absent(self, lkey: Key) -> Txn:
+        self._txn.if_absent(lkey)
+        return self
+
+    def if_exists(self, lkey: Key) -> Txn:
+        self._txn.if_exists(lkey)
+        return self
+
+    def then_put(self, lkey: Key, value: Key) -> Txn:
+        self._txn.then_put(lkey, value)
+        return self
+
+    def then_delete(self, lkey: Key, end: Key | None = None) -> Txn:
+        self._txn.then_delete(lkey, end)
+        return self
+
+    def then_get(self, lkey: Key, end: Key | None = None) -> Txn:
+        self._txn.then_get(lkey, end)
+        return self
+
+    def otherwise_put(self, lkey: Key, value: Key) -> Txn:
+        self._txn.otherwise_put(lkey, value)
+        return self
+
+    def otherwise_delete(self, lkey: Key, end: Key | None = None) -> Txn:
+        self._txn.otherwise_delete(lkey, end)
+        return self
+
+    def otherwise_get(self, lkey: Key, end: Key | None = None) -> Txn:
+        self._txn.otherwise_get(lkey, end)
+        return self
+
+    def commit(self) -> TxnResult:
+        return self._runner.run(self._txn.commit())
+
+
+class Table:
+    """Synchronous twin of `AsyncTable`."""
+
+    def __init__(self, runner: _LoopThread, table: AsyncTable) -> None:
+        self._runner = runner
+        self._table = table
+        self.info = table.info
+
+    def put(
+        self,
+        pkey: Key,
+        lkey: Key,
+        value: Key,
+        *,
+        expected_version: int | None = None,
+        prev_kv: bool = False,
+    ) -> KeyValue | None:
+        return self._runner.run(
+            self._table.put(pkey, lkey, value, expected_version=expected_version, prev_kv=prev_kv)
+        )
+
+    def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
+        return self._runner.run(self._table.get(pkey, lkey))
+
+    def scan(
+        self,
+        pkey: Key,
+        start: Key = b"",
+        end: Key | None = None,
+        *,
+        limit: int | None = None,
+        page_size: int = 1000,
+        keys_only: bool = False,
+    ) -> Iterator[KeyValue]:
+        iterator = self._table.scan(
+            pkey, start, end, limit=limit, page_size=page_size, keys_only=keys_only
+        ).__aiter__()
+
+        async def next_item() -> KeyValue | None:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        while (item := self._runner.run(next_item())) is not None:
+            yield item
+
+    def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+        return self._runner.run(self._table.count(pkey, start, end))
+
+    def delete(self, pkey: Key, lkey: Key) -> int:
+        return self._runner.run(self._table.delete(pkey, lkey))
+
+    def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+        return self._runner.run(self._table.delete_range(pkey, start, end))
+
+    def increment(
+        self, pkey: Key, lkey: Key, amount: int = 1, *, get_total: bool = False
+    ) -> int | None:
+        return self._runner.run(self._table.increment(pkey, lkey, amount, get_total=get_total))
+
+    def txn(self, pkey: Key) -> Txn:
+        return Txn(self._runner, self._table.txn(pkey))
+
+
+__all__ = ["AsyncClient", "Client", "Table", "TableKeeperError", "Txn"]

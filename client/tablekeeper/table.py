@@ -1,0 +1,358 @@
+"""Table handles: `(pkey, lkey)` keys, put / get / scan / delete / increment / txn.
+
+`pkey` routes the key to a range; every operation on one pkey is served by one range, so scans,
+delete_range and txns are atomic within a pkey. Keys and values may be `bytes` or `str` (UTF-8).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper_proto.v1 import tablekeeper_pb2
+
+from tablekeeper._transport import call
+from tablekeeper.errors import TableKeeperError, error_for_code
+
+if TYPE_CHECKING:
+    from tablekeeper.client import AsyncClient
+
+Key = bytes | str
+_STREAM_ID = struct.Struct(">q")
+
+
+def _bytes(value: Key) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    pkey: bytes
+    lkey: bytes
+    value: bytes
+    """The stored bytes; for a number, its 8-byte big-endian encoding."""
+    number: int | None
+    """The value of a number key (created by `increment`); None for a bytes key."""
+    version: int
+    """0 when created, +1 per update."""
+    create_revision: int
+    mod_revision: int
+
+    @property
+    def is_number(self) -> bool:
+        return self.number is not None
+
+    @staticmethod
+    def from_proto(pkey: bytes, kv: kv_pb2.KeyValue) -> KeyValue:
+        return KeyValue(
+            pkey=pkey,
+            lkey=kv.key,
+            value=kv.value,
+            number=kv.number_value if kv.is_number else None,
+            version=kv.version,
+            create_revision=kv.create_revision,
+            mod_revision=kv.mod_revision,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    namespace: str
+    name: str
+    table_id: int
+    ranges: int
+    ttl_seconds: int
+
+
+_COMPARE_OPS: dict[str, int] = {
+    "==": kv_rpc_pb2.Compare.EQUAL,
+    "!=": kv_rpc_pb2.Compare.NOT_EQUAL,
+    ">": kv_rpc_pb2.Compare.GREATER,
+    "<": kv_rpc_pb2.Compare.LESS,
+}
+CompareOp = Literal["==", "!=", ">", "<"]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    succeeded: bool
+    """Whether every compare held (the `then` ops ran) or not (the `otherwise` ops ran)."""
+    results: list[Any]
+    """One entry per executed op: `KeyValue | None` (previous value) for a put, `list[KeyValue]`
+    for a get or scan, the deleted count for a delete, or a `TableKeeperError` for an op that
+    failed on its own (e.g. a put on a number key) while the others were applied."""
+
+
+class AsyncTxn:
+    """Builds a conditional multi-key transaction on one pkey. Commit with `await txn.commit()`.
+
+    Compares form an AND. Ops see the state before the txn, and all of them take one revision.
+    A compare on the version / create / mod revision of a missing key makes the whole txn fail
+    with `KeyNotFoundError`; use `if_absent` / `if_exists` (value compares) for existence.
+    """
+
+    def __init__(self, table: AsyncTable, pkey: Key) -> None:
+        self._table = table
+        self._pkey = _bytes(pkey)
+        self._request = kv_rpc_pb2.TxnRequest()
+        self._kinds: dict[bool, list[str]] = {True: [], False: []}
+
+    def _compare(self, lkey: Key, target: int, op: CompareOp, **value: Any) -> AsyncTxn:
+        if op not in _COMPARE_OPS:
+            raise ValueError(f"compare op must be one of {sorted(_COMPARE_OPS)}")
+        self._request.compare.add(
+            key=_bytes(lkey),
+            target=target,  # type: ignore[arg-type]
+            result=_COMPARE_OPS[op],  # type: ignore[arg-type]
+            **value,
+        )
+        return self
+
+    def if_version(self, lkey: Key, op: CompareOp, version: int) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.VERSION, op, version=version)
+
+    def if_create_revision(self, lkey: Key, op: CompareOp, revision: int) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.CREATE, op, create_revision=revision)
+
+    def if_mod_revision(self, lkey: Key, op: CompareOp, revision: int) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.MOD, op, mod_revision=revision)
+
+    def if_value(self, lkey: Key, op: CompareOp, value: Key) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, op, value=_bytes(value))
+
+    def if_absent(self, lkey: Key) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, "==", value=b"")
+
+    def if_exists(self, lkey: Key) -> AsyncTxn:
+        return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, "!=", value=b"")
+
+    def _ops(self, success: bool) -> Any:
+        return self._request.success if success else self._request.failure
+
+    def _put(self, success: bool, lkey: Key, value: Key) -> AsyncTxn:
+        op = self._ops(success).add()
+        op.request_put.key = _bytes(lkey)
+        op.request_put.value = _bytes(value)
+        op.request_put.prev_kv = True
+        self._kinds[success].append("put")
+        return self
+
+    def _delete(self, success: bool, lkey: Key, end: Key | None) -> AsyncTxn:
+        op = self._ops(success).add()
+        op.request_delete_range.key = _bytes(lkey)
+        if end is not None:
+            op.request_delete_range.range_end = _bytes(end)
+        self._kinds[success].append("delete")
+        return self
+
+    def _get(self, success: bool, lkey: Key, end: Key | None) -> AsyncTxn:
+        op = self._ops(success).add()
+        op.request_range.key = _bytes(lkey)
+        if end is not None:
+            op.request_range.range_end = _bytes(end)
+        self._kinds[success].append("get")
+        return self
+
+    def then_put(self, lkey: Key, value: Key) -> AsyncTxn:
+        return self._put(True, lkey, value)
+
+    def then_delete(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        return self._delete(True, lkey, end)
+
+    def then_get(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        return self._get(True, lkey, end)
+
+    def otherwise_put(self, lkey: Key, value: Key) -> AsyncTxn:
+        return self._put(False, lkey, value)
+
+    def otherwise_delete(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        return self._delete(False, lkey, end)
+
+    def otherwise_get(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        return self._get(False, lkey, end)
+
+    async def commit(self) -> TxnResult:
+        request = kv_rpc_pb2.TxnRequest()
+        request.CopyFrom(self._request)
+        response = await self._table._call("Txn", request, self._pkey, idempotent=False)
+        results: list[Any] = []
+        for op in response.responses:
+            kind = op.WhichOneof("response")
+            inner = getattr(op, str(kind))
+            if inner.header.code:
+                results.append(error_for_code(inner.header.code))
+            elif kind == "response_put":
+                has_prev = inner.HasField("prev_kv")
+                results.append(KeyValue.from_proto(self._pkey, inner.prev_kv) if has_prev else None)
+            elif kind == "response_range":
+                results.append([KeyValue.from_proto(self._pkey, kv) for kv in inner.kvs])
+            else:
+                results.append(inner.deleted)
+        return TxnResult(succeeded=response.succeeded, results=results)
+
+
+class AsyncTable:
+    """A handle on one table. Cheap; share it between tasks."""
+
+    def __init__(self, client: AsyncClient, info: TableInfo) -> None:
+        self._client = client
+        self.info = info
+
+    def _header(self, pkey: bytes) -> kv_rpc_pb2.RoutingHeader:
+        return kv_rpc_pb2.RoutingHeader(stream_id=self.info.table_id, r_key=pkey)
+
+    async def _call(self, method: str, request: Any, pkey: bytes, *, idempotent: bool) -> Any:
+        request.header.CopyFrom(self._header(pkey))
+        stub = self._client._table_stub()
+        metadata = (
+            ("bk-rt-sid-bin", _STREAM_ID.pack(self.info.table_id)),
+            ("bk-rt-key-bin", pkey),
+        )
+        return await call(
+            getattr(stub, method),
+            request,
+            metadata=metadata,
+            idempotent=idempotent,
+            policy=self._client.retry,
+            status_of=lambda r: r.header.code,
+        )
+
+    async def put(
+        self,
+        pkey: Key,
+        lkey: Key,
+        value: Key,
+        *,
+        expected_version: int | None = None,
+        prev_kv: bool = False,
+    ) -> KeyValue | None:
+        """Store `value`. Durable when this returns.
+
+        `expected_version`: None = unconditional; -1 = the key must not exist (else
+        `KeyExistsError`); N = the key's version must be N (`BadVersionError`, or
+        `KeyNotFoundError` if it is missing). Returns the previous value if `prev_kv`.
+        A put on a number key raises `BadRequestError`.
+        """
+        pk = _bytes(pkey)
+        request = kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), prev_kv=prev_kv)
+        if expected_version is not None:
+            request.expected_version = expected_version
+        response = await self._call("Put", request, pk, idempotent=False)
+        return KeyValue.from_proto(pk, response.prev_kv) if response.HasField("prev_kv") else None
+
+    async def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
+        """The key's current value, or None if it does not exist (or expired)."""
+        pk = _bytes(pkey)
+        response = await self._call(
+            "Range", kv_rpc_pb2.RangeRequest(key=_bytes(lkey)), pk, idempotent=True
+        )
+        return KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
+
+    async def scan(
+        self,
+        pkey: Key,
+        start: Key = b"",
+        end: Key | None = None,
+        *,
+        limit: int | None = None,
+        page_size: int = 1000,
+        keys_only: bool = False,
+    ) -> AsyncIterator[KeyValue]:
+        """Iterate the keys of `pkey` with start <= lkey <= end (inclusive; None = to the end),
+        in key order, fetching `page_size` keys per request. Each page is a consistent read;
+        the iteration as a whole is not a snapshot."""
+        pk = _bytes(pkey)
+        next_key = _bytes(start)
+        range_end = b"\x00" if end is None else _bytes(end)
+        returned = 0
+        while True:
+            page = page_size if limit is None else min(page_size, limit - returned)
+            if page <= 0:
+                return
+            request = kv_rpc_pb2.RangeRequest(
+                key=next_key, range_end=range_end, limit=page, keys_only=keys_only
+            )
+            response = await self._call("Range", request, pk, idempotent=True)
+            for kv in response.kvs:
+                yield KeyValue.from_proto(pk, kv)
+            returned += len(response.kvs)
+            if not response.more or not response.kvs:
+                return
+            next_key = response.kvs[-1].key + b"\x00"
+
+    async def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+        """How many keys of `pkey` lie in [start, end]."""
+        request = kv_rpc_pb2.RangeRequest(
+            key=_bytes(start), range_end=b"\x00" if end is None else _bytes(end), count_only=True
+        )
+        response = await self._call("Range", request, _bytes(pkey), idempotent=True)
+        return int(response.count)
+
+    async def delete(self, pkey: Key, lkey: Key) -> int:
+        """Delete one key; returns 1 if it existed, else 0."""
+        request = kv_rpc_pb2.DeleteRangeRequest(key=_bytes(lkey))
+        response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
+        return int(response.deleted)
+
+    async def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+        """Atomically delete the keys of `pkey` in [start, end] (None = to the end); returns
+        how many existed."""
+        request = kv_rpc_pb2.DeleteRangeRequest(
+            key=_bytes(start), range_end=b"\x00" if end is None else _bytes(end)
+        )
+        response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
+        return int(response.deleted)
+
+    async def increment(
+        self, pkey: Key, lkey: Key, amount: int = 1, *, get_total: bool = False
+    ) -> int | None:
+        """Add `amount` to a number key (created at `amount` if missing). Returns the new total
+        if `get_total`. Raises `BadRequestError` on a bytes key. Never retried once sent."""
+        request = kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=amount, get_total=get_total)
+        response = await self._call("Increment", request, _bytes(pkey), idempotent=False)
+        return int(response.total_amount) if get_total else None
+
+    def txn(self, pkey: Key) -> AsyncTxn:
+        return AsyncTxn(self, pkey)
+
+    async def batch_put(
+        self, items: list[tuple[Key, Key, Key]], *, mode: Literal["put", "increment"] = "put"
+    ) -> list[TableKeeperError | None]:
+        """Write many independent keys in one request (TableKeeper's Batch RPC).
+
+        `items` are (pkey, lkey, value) for puts or (pkey, lkey, amount) for increments.
+        Returns one entry per item: None on success, else the error. Not retried once sent.
+        """
+        request = tablekeeper_pb2.BatchRequest()
+        for pkey, lkey, value in items:
+            op = request.ops.add()
+            header = self._header(_bytes(pkey))
+            if mode == "put":
+                op.put.CopyFrom(
+                    kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), header=header)
+                )
+            else:
+                assert isinstance(value, int)
+                op.increment.CopyFrom(
+                    kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=value, header=header)
+                )
+        stub = self._client._tablekeeper_stub()
+        response = await call(
+            stub.Batch,
+            request,
+            metadata=None,
+            idempotent=False,
+            policy=self._client.retry,
+            status_of=lambda r: 0,
+        )
+        out: list[TableKeeperError | None] = []
+        for result in response.results:
+            inner = getattr(result, str(result.WhichOneof("result")))
+            out.append(error_for_code(inner.header.code) if inner.header.code else None)
+        return out
+
+
+StubFactory = Callable[[], kv_rpc_pb2_grpc.TableServiceStub]

@@ -1,0 +1,220 @@
+"""The root range: namespaces and tables (BookKeeper "streams"), with BookKeeper's ids.
+
+Key layout (BookKeeper's, longs as 8 bytes big-endian):
+
+    0xff "nsid"                     last namespace id (the first namespace gets 0)
+    0xff "streamid"                 last stream id (global; the first stream gets 1024)
+    0x01 ns_name                    namespace id
+    0x02 ns_id                      NamespaceMetadata
+    0x02 ns_id 0x03 stream_name     stream id
+    0x02 ns_id 0x04 stream_id       StreamProperties
+    0x05 stream_id                  namespace id (reverse index)
+
+Writes are serialized by a lock and committed as one txn each, so a create is all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from tablekeeper_proto.bookkeeper import stream_pb2
+from tablekeeper_server.catalog.kv import MetadataKv
+from tablekeeper_server.core.names import invalid_name_reason
+from tablekeeper_server.errors import (
+    InvalidNamespaceNameError,
+    InvalidStreamNameError,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+    StreamExistsError,
+    StreamNotFoundError,
+    TableKeeperError,
+)
+from tablekeeper_server.range.replica import Range
+
+_LONG = struct.Struct(">q")
+NS_ID_KEY = b"\xffnsid"
+STREAM_ID_KEY = b"\xffstreamid"
+MIN_DATA_STREAM_ID = 1024
+
+
+def _long(value: int) -> bytes:
+    return _LONG.pack(value)
+
+
+def _unlong(raw: bytes) -> int:
+    return int(_LONG.unpack(raw)[0])
+
+
+def _ns_name_key(name: str) -> bytes:
+    return b"\x01" + name.encode()
+
+
+def _ns_key(ns_id: int) -> bytes:
+    return b"\x02" + _long(ns_id)
+
+
+def _stream_name_key(ns_id: int, name: str) -> bytes:
+    return _ns_key(ns_id) + b"\x03" + name.encode()
+
+
+def _stream_props_key(ns_id: int, stream_id: int) -> bytes:
+    return _ns_key(ns_id) + b"\x04" + _long(stream_id)
+
+
+def _stream_ns_key(stream_id: int) -> bytes:
+    return b"\x05" + _long(stream_id)
+
+
+class RootCatalog:
+    def __init__(self, root_range: Range, num_containers: int) -> None:
+        self._kv = MetadataKv(root_range)
+        self._num_containers = num_containers
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ namespaces
+
+    def _namespace_id(self, name: str) -> int:
+        raw = self._kv.get(_ns_name_key(name))
+        if raw is None:
+            raise NamespaceNotFoundError(f"namespace {name!r} does not exist")
+        return _unlong(raw)
+
+    async def create_namespace(
+        self, name: str, conf: stream_pb2.NamespaceConfiguration
+    ) -> stream_pb2.NamespaceProperties:
+        if reason := invalid_name_reason(name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        async with self._lock:
+            if self._kv.get(_ns_name_key(name)) is not None:
+                raise NamespaceExistsError(f"namespace {name!r} already exists")
+            last = self._kv.get(NS_ID_KEY)
+            ns_id = 0 if last is None else _unlong(last) + 1
+            props = stream_pb2.NamespaceProperties(
+                namespace_id=ns_id,
+                namespace_name=name,
+                default_stream_conf=conf.default_stream_conf,
+            )
+            metadata = stream_pb2.NamespaceMetadata(props=props)
+            committed = await self._kv.commit(
+                absent=[_ns_name_key(name)],
+                puts=[
+                    (_ns_name_key(name), _long(ns_id)),
+                    (_ns_key(ns_id), metadata.SerializeToString()),
+                    (NS_ID_KEY, _long(ns_id)),
+                ],
+            )
+            if not committed:
+                raise NamespaceExistsError(f"namespace {name!r} already exists")
+            return props
+
+    def get_namespace(self, name: str) -> stream_pb2.NamespaceProperties:
+        if reason := invalid_name_reason(name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        ns_id = self._namespace_id(name)
+        raw = self._kv.get(_ns_key(ns_id))
+        if raw is None:
+            raise NamespaceNotFoundError(f"namespace {name!r} does not exist")
+        return stream_pb2.NamespaceMetadata.FromString(raw).props
+
+    async def delete_namespace(self, name: str) -> list[stream_pb2.StreamProperties]:
+        """Delete a namespace and its tables; return the deleted tables so their data can go."""
+        if reason := invalid_name_reason(name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        async with self._lock:
+            ns_id = self._namespace_id(name)
+            streams = self._streams_of(ns_id)
+            await self._kv.commit(
+                deletes=[_ns_name_key(name)] + [_stream_ns_key(s.stream_id) for s in streams],
+                delete_ranges=[(_ns_key(ns_id), _ns_key(ns_id) + b"\xff")],
+            )
+            return streams
+
+    def _streams_of(self, ns_id: int) -> list[stream_pb2.StreamProperties]:
+        start = _ns_key(ns_id) + b"\x04"
+        rows = self._kv.scan(start, start + b"\xff" * 8)
+        return [stream_pb2.StreamProperties.FromString(value) for _, value in rows]
+
+    # ------------------------------------------------------------------ streams (tables)
+
+    async def create_stream(
+        self, ns_name: str, name: str, conf: stream_pb2.StreamConfiguration
+    ) -> stream_pb2.StreamProperties:
+        if reason := invalid_name_reason(ns_name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {ns_name!r}: {reason}")
+        if reason := invalid_name_reason(name):
+            raise InvalidStreamNameError(f"invalid table name {name!r}: {reason}")
+        async with self._lock:
+            ns_id = self._namespace_id(ns_name)
+            if self._kv.get(_stream_name_key(ns_id, name)) is not None:
+                raise StreamExistsError(f"table {ns_name}/{name} already exists")
+            last = self._kv.get(STREAM_ID_KEY)
+            stream_id = MIN_DATA_STREAM_ID if last is None else _unlong(last) + 1
+            props = stream_pb2.StreamProperties(
+                stream_id=stream_id,
+                storage_container_id=stream_id % self._num_containers,
+                stream_name=name,
+                stream_conf=conf,
+            )
+            committed = await self._kv.commit(
+                absent=[_stream_name_key(ns_id, name)],
+                puts=[
+                    (_stream_name_key(ns_id, name), _long(stream_id)),
+                    (_stream_props_key(ns_id, stream_id), props.SerializeToString()),
+                    (_stream_ns_key(stream_id), _long(ns_id)),
+                    (STREAM_ID_KEY, _long(stream_id)),
+                ],
+            )
+            if not committed:
+                raise StreamExistsError(f"table {ns_name}/{name} already exists")
+            return props
+
+    def get_stream(self, ns_name: str, name: str) -> stream_pb2.StreamProperties:
+        if reason := invalid_name_reason(ns_name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {ns_name!r}: {reason}")
+        if reason := invalid_name_reason(name):
+            raise InvalidStreamNameError(f"invalid table name {name!r}: {reason}")
+        ns_id = self._namespace_id(ns_name)
+        raw = self._kv.get(_stream_name_key(ns_id, name))
+        if raw is None:
+            raise StreamNotFoundError(f"table {ns_name}/{name} does not exist")
+        return self._props(ns_id, _unlong(raw))
+
+    def get_stream_by_id(self, stream_id: int) -> stream_pb2.StreamProperties:
+        raw = self._kv.get(_stream_ns_key(stream_id))
+        if raw is None:
+            raise StreamNotFoundError(f"table id {stream_id} does not exist")
+        return self._props(_unlong(raw), stream_id)
+
+    def _props(self, ns_id: int, stream_id: int) -> stream_pb2.StreamProperties:
+        raw = self._kv.get(_stream_props_key(ns_id, stream_id))
+        if raw is None:
+            raise StreamNotFoundError(f"table id {stream_id} does not exist")
+        return stream_pb2.StreamProperties.FromString(raw)
+
+    async def delete_stream(self, ns_name: str, name: str) -> stream_pb2.StreamProperties:
+        async with self._lock:
+            props = self.get_stream(ns_name, name)
+            ns_id = self._namespace_id(ns_name)
+            await self._kv.commit(
+                deletes=[
+                    _stream_name_key(ns_id, name),
+                    _stream_props_key(ns_id, props.stream_id),
+                    _stream_ns_key(props.stream_id),
+                ]
+            )
+            return props
+
+    def namespaces(self) -> list[stream_pb2.NamespaceProperties]:
+        rows = self._kv.scan(b"\x02", b"\x02" + b"\xff" * 8)
+        result = []
+        for key, value in rows:
+            if len(key) == 9:
+                result.append(stream_pb2.NamespaceMetadata.FromString(value).props)
+        return result
+
+    def streams(self, ns_name: str) -> list[stream_pb2.StreamProperties]:
+        return self._streams_of(self._namespace_id(ns_name))
+
+
+__all__ = ["RootCatalog", "TableKeeperError"]

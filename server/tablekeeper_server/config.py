@@ -1,0 +1,90 @@
+"""Server configuration: every setting, its default and its check, in one place."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from tablekeeper_server.range.validation import Limits
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data_dir: Path = Path("./data")
+    wal_dir: Path | None = None
+    """Where range logs live; defaults to `<data_dir>/wal`."""
+    bind_host: str = "127.0.0.1"
+    advertised_host: str = "127.0.0.1"
+    port: int = 4181
+    metrics_port: int = 9181
+    """0 disables the Prometheus endpoint."""
+    containers: int = 8
+    key_bytes_max: int = 64 * 1024
+    value_bytes_max: int = 4 * 1024 * 1024
+    wal_segment_bytes_max: int = 64 * 1024 * 1024
+    shutdown_grace_s: float = 10.0
+    log_level: str = "INFO"
+
+    @property
+    def effective_wal_dir(self) -> Path:
+        return self.wal_dir if self.wal_dir is not None else self.data_dir / "wal"
+
+    @property
+    def db_dir(self) -> Path:
+        return self.data_dir / "db"
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(key_bytes_max=self.key_bytes_max, value_bytes_max=self.value_bytes_max)
+
+    def validate(self) -> None:
+        if self.containers < 1:
+            raise ValueError("--containers must be at least 1")
+        if not 0 < self.port < 65536:
+            raise ValueError("--port must be in 1..65535")
+        if not 0 <= self.metrics_port < 65536:
+            raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
+        if self.key_bytes_max < 1 or self.value_bytes_max < 0:
+            raise ValueError("size limits must be positive")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    parser.add_argument("--data-dir", type=Path, default=d.data_dir, help="RocksDB state (default ./data)")
+    parser.add_argument("--wal-dir", type=Path, default=None, help="range logs (default DATA_DIR/wal)")
+    parser.add_argument("--host", default=d.bind_host, help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--advertise-host", default=None, help="host clients should use (default: --host)"
+    )
+    parser.add_argument("--port", type=int, default=d.port, help="gRPC port (default 4181)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=d.metrics_port, help="Prometheus port, 0 = off (default 9181)"
+    )
+    parser.add_argument(
+        "--containers", type=int, default=d.containers, help="storage containers (default 8)"
+    )
+    parser.add_argument(
+        "--max-value-bytes", type=int, default=d.value_bytes_max, help="largest value (default 4 MiB)"
+    )
+    parser.add_argument(
+        "--max-key-bytes", type=int, default=d.key_bytes_max, help="largest key (default 64 KiB)"
+    )
+    parser.add_argument("--log-level", default=d.log_level, help="DEBUG, INFO, WARNING, ERROR")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    config = ServerConfig(
+        data_dir=args.data_dir,
+        wal_dir=args.wal_dir,
+        bind_host=args.host,
+        advertised_host=args.advertise_host or args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        containers=args.containers,
+        key_bytes_max=args.max_key_bytes,
+        value_bytes_max=args.max_value_bytes,
+        log_level=args.log_level.upper(),
+    )
+    config.validate()
+    return config

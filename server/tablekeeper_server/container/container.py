@@ -1,0 +1,132 @@
+"""A storage container: the unit of placement. It owns its meta range, the root range (container
+0 only), and the table ranges placed on it, opened lazily on first use."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tablekeeper_server.catalog.meta import (
+    CONTAINER_META_RANGE_ID,
+    CONTAINER_META_STREAM_ID,
+    MetaCatalog,
+)
+from tablekeeper_server.catalog.root import RootCatalog
+from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.errors import UnavailableError
+from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
+from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.storage.api import KvStore
+
+log = logging.getLogger(__name__)
+
+ROOT_CONTAINER_ID = 0
+ROOT_STREAM_ID = 0
+ROOT_RANGE_ID = 0
+
+
+@dataclass(frozen=True)
+class ContainerEnv:
+    """What every container of a server shares. Built once, in `main`."""
+
+    num_containers: int
+    log_backend: LogBackend
+    store_factory: Callable[[Path], KvStore]
+    db_dir: Path
+    clock: Clock
+    limits: Limits = field(default_factory=Limits)
+    metrics: RangeMetrics | None = None
+
+
+class ContainerState(enum.Enum):
+    STOPPED = "stopped"
+    RECOVERING = "recovering"
+    SERVING = "serving"
+    CLOSING = "closing"
+
+
+class StorageContainer:
+    def __init__(self, container_id: int, env: ContainerEnv) -> None:
+        self.id = container_id
+        self.env = env
+        self.state = ContainerState.STOPPED
+        self.root: RootCatalog | None = None
+        self.meta: MetaCatalog | None = None
+        self._ranges: dict[tuple[int, int], Range] = {}
+        self._opening: dict[tuple[int, int], asyncio.Task[Range]] = {}
+
+    def _range_dir(self, name: RangeName) -> Path:
+        return self.env.db_dir / f"{name.container_id:05d}" / f"{name.stream_id}-{name.range_id}"
+
+    def _new_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+        name = RangeName(self.id, stream_id, range_id)
+        path = self._range_dir(name)
+        return Range(
+            name,
+            self.env.log_backend,
+            lambda: self.env.store_factory(path),
+            self.env.clock,
+            ttl_seconds=ttl_seconds,
+            metrics=self.env.metrics,
+        )
+
+    async def start(self) -> None:
+        self.state = ContainerState.RECOVERING
+        meta_range = await self._open_range(CONTAINER_META_STREAM_ID, CONTAINER_META_RANGE_ID, 0)
+        self.meta = MetaCatalog(meta_range, self.env.num_containers, self.env.clock.now_ms)
+        if self.id == ROOT_CONTAINER_ID:
+            root_range = await self._open_range(ROOT_STREAM_ID, ROOT_RANGE_ID, 0)
+            self.root = RootCatalog(root_range, self.env.num_containers)
+        self.state = ContainerState.SERVING
+
+    async def _open_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+        range_ = self._new_range(stream_id, range_id, ttl_seconds)
+        await range_.open()
+        self._ranges[(stream_id, range_id)] = range_
+        return range_
+
+    async def data_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+        """The open range (stream_id, range_id), opening (recovering) it on first use."""
+        if self.state is not ContainerState.SERVING:
+            raise UnavailableError(f"container {self.id} is {self.state.value}")
+        key = (stream_id, range_id)
+        range_ = self._ranges.get(key)
+        if range_ is not None and not range_.failed:
+            return range_
+        task = self._opening.get(key)
+        if task is None:
+            if range_ is not None:  # failed: close it and recover from the log
+                self._ranges.pop(key, None)
+                await range_.close()
+            task = asyncio.create_task(self._open_range(stream_id, range_id, ttl_seconds))
+            self._opening[key] = task
+            task.add_done_callback(lambda _: self._opening.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def drop_range(self, stream_id: int, range_id: int) -> None:
+        """Close a deleted table's range and remove its log and store."""
+        range_ = self._ranges.pop((stream_id, range_id), None)
+        if range_ is not None:
+            await range_.close()
+        name = RangeName(self.id, stream_id, range_id)
+        await asyncio.to_thread(self.env.log_backend.delete, name.log_name)
+        await asyncio.to_thread(shutil.rmtree, self._range_dir(name), True)
+
+    @property
+    def ranges(self) -> dict[tuple[int, int], Range]:
+        return dict(self._ranges)
+
+    async def stop(self) -> None:
+        self.state = ContainerState.CLOSING
+        for task in list(self._opening.values()):
+            task.cancel()
+        ranges = list(self._ranges.values())
+        self._ranges.clear()
+        await asyncio.gather(*(r.close() for r in ranges), return_exceptions=True)
+        self.state = ContainerState.STOPPED

@@ -1,0 +1,115 @@
+"""Composition root of the standalone server: build everything from config, run, shut down.
+
+Only this module picks implementations (RocksDB store, local log) and wires them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from tablekeeper_server.config import ServerConfig
+from tablekeeper_server.container.container import ContainerEnv
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import SystemClock
+from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.log.local import LocalLogBackend
+from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.rpc.server import GrpcServer
+from tablekeeper_server.storage.rocksdb import RocksKvStore
+
+log = logging.getLogger("tablekeeper.server")
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive lock on the data directory so two servers never share it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"error: {data_dir} is in use by another TableKeeper server") from None
+    return fd
+
+
+async def serve(config: ServerConfig) -> None:
+    lock_fd = _lock_data_dir(config.data_dir)
+    registry_metrics = CollectorRegistry()
+    metrics = ServerMetrics(registry_metrics)
+    env = ContainerEnv(
+        num_containers=config.containers,
+        log_backend=LocalLogBackend(
+            config.effective_wal_dir, segment_bytes_max=config.wal_segment_bytes_max
+        ),
+        store_factory=RocksKvStore,
+        db_dir=config.db_dir,
+        clock=SystemClock(),
+        limits=config.limits,
+        metrics=metrics,
+    )
+    registry = ContainerRegistry(env, list(range(config.containers)))
+    metrics.register_container_stats(
+        lambda: {
+            cid: (len(c.ranges), sum(r.estimate_num_keys() for r in c.ranges.values()))
+            for cid, c in registry.containers.items()
+        }
+    )
+    log.info(
+        "starting: data dir %s, wal dir %s, %d containers",
+        config.data_dir,
+        config.effective_wal_dir,
+        config.containers,
+    )
+    await registry.start()
+    server = GrpcServer(
+        registry,
+        bind_host=config.bind_host,
+        port=config.port,
+        advertised_host=config.advertised_host,
+        limits=config.limits,
+        metrics=metrics,
+    )
+    await server.start()
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.bind_host, registry=registry_metrics)
+    log.info(
+        "serving on %s:%d (metrics on %s)",
+        config.bind_host,
+        server.port,
+        f"{config.bind_host}:{config.metrics_port}/metrics" if config.metrics_port else "off",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
+    await server.stop(config.shutdown_grace_s)
+    await registry.stop()
+    os.close(lock_fd)
+    log.info("stopped cleanly")
+
+
+def run(config: ServerConfig) -> int:
+    logging.basicConfig(
+        level=getattr(logging, config.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(serve(config))
+    except CorruptionError as exc:
+        log.error("refusing to start: %s", exc.message)
+        return 3
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    return 0

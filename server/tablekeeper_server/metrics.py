@@ -1,0 +1,82 @@
+"""Prometheus metrics of one server, registered in a registry passed in (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class ServerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "tablekeeper_requests",
+            "gRPC requests served, by method and application status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            "tablekeeper_request_seconds",
+            "gRPC request latency in the server, by method",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.wal_append_seconds = Histogram(
+            "tablekeeper_wal_append_seconds",
+            "Latency of one durable WAL append (one group commit)",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.wal_append_records = Histogram(
+            "tablekeeper_wal_append_records",
+            "Commands per WAL append (group commit batch size)",
+            buckets=_BATCH_BUCKETS,
+            registry=registry,
+        )
+        self.wal_append_bytes = Counter(
+            "tablekeeper_wal_append_bytes", "Payload bytes appended to WALs", registry=registry
+        )
+
+    def wal_appended(self, seconds: float, records: int, payload_bytes: int) -> None:
+        self.wal_append_seconds.observe(seconds)
+        self.wal_append_records.observe(records)
+        self.wal_append_bytes.inc(payload_bytes)
+
+    def observe_request(self, method: str, code: int, seconds: float) -> None:
+        self.requests.labels(method, str(code)).inc()
+        self.request_seconds.labels(method).observe(seconds)
+
+    def register_container_stats(
+        self, stats: Callable[[], dict[int, tuple[int, int]]]
+    ) -> None:
+        """`stats()` returns {container id: (open ranges, estimated keys)} at scrape time."""
+        self.registry.register(_ContainerCollector(stats))
+
+
+class _ContainerCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[int, tuple[int, int]]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ranges = GaugeMetricFamily(
+            "tablekeeper_container_ranges", "Open ranges per storage container", labels=["container"]
+        )
+        keys = GaugeMetricFamily(
+            "tablekeeper_container_keys",
+            "Estimated keys per storage container (RocksDB estimate, includes metadata)",
+            labels=["container"],
+        )
+        for container_id, (n_ranges, n_keys) in sorted(self._stats().items()):
+            ranges.add_metric([str(container_id)], n_ranges)
+            keys.add_metric([str(container_id)], n_keys)
+        yield ranges
+        yield keys

@@ -1,0 +1,265 @@
+"""A serving range: validated commands go through the log, then into the state machine.
+
+Write path (one writer task per range, so commands are totally ordered):
+
+    execute() -> queue -> writer task: take everything queued (up to a bound)
+                       -> one log append for the whole group (one fsync)
+                       -> apply the group to the store in one write batch
+                       -> resolve every caller's future
+
+Many concurrent requests thus share one durable append: that is group commit, and it is what
+makes a range fast. A caller hears back only after its command is durable in the log and applied.
+Reads are served from the store, which holds exactly the acknowledged state.
+
+Recovery (`open`): the log backend fences earlier writers and cuts a torn tail; the store's
+applied position says where to resume; the log is replayed from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.errors import (
+    CorruptionError,
+    TableKeeperError,
+    UnavailableError,
+)
+from tablekeeper_server.log.api import LogBackend, LogWriter
+from tablekeeper_server.range.state_machine import RangeStateMachine, Response
+from tablekeeper_server.storage.api import KvStore
+
+log = logging.getLogger(__name__)
+
+GROUP_RECORDS_MAX = 1024
+QUEUE_DEPTH_MAX = 16 * 1024
+REPLAY_BATCH = 1024
+
+
+class IndeterminateError(TableKeeperError):
+    """The command may or may not have been persisted (the log failed mid-append). Retrying a
+    non-idempotent write could apply it twice, so callers must not retry blindly."""
+
+    code = 600  # UNEXPECTED: BookKeeper clients do not retry it
+
+
+class RangeMetrics(Protocol):
+    def wal_appended(self, seconds: float, records: int, payload_bytes: int) -> None: ...
+
+
+class NullMetrics:
+    def wal_appended(self, seconds: float, records: int, payload_bytes: int) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class RangeName:
+    """Identifies a range: (container, stream, range) as in BookKeeper."""
+
+    container_id: int
+    stream_id: int
+    range_id: int
+
+    @property
+    def log_name(self) -> str:
+        return f"{self.container_id:05d}-{self.stream_id:012d}-{self.range_id:012d}"
+
+
+@dataclass(slots=True)
+class _Pending:
+    payload: bytes
+    command: wal_pb2.WalCommand
+    future: asyncio.Future[Response]
+
+
+class Range:
+    """One range of a table (or the root / a meta range). Lives on one event loop."""
+
+    def __init__(
+        self,
+        name: RangeName,
+        log_backend: LogBackend,
+        store_factory: Callable[[], KvStore],
+        clock: Clock,
+        *,
+        ttl_seconds: int = 0,
+        metrics: RangeMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self._log_backend = log_backend
+        self._store_factory = store_factory
+        self._clock = clock
+        self._ttl_seconds = ttl_seconds
+        self._metrics = metrics or NullMetrics()
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=QUEUE_DEPTH_MAX)
+        self._writer: LogWriter | None = None
+        self._store: KvStore | None = None
+        self._sm: RangeStateMachine | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._failure: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Recover and start serving. Blocking work runs in a worker thread."""
+        await asyncio.to_thread(self._recover)
+        self._accepting = True
+        self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
+
+    def _recover(self) -> None:
+        store = self._store_factory()
+        sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds)
+        writer = self._log_backend.open_writer(
+            self.name.log_name, min_last_sequence=sm.applied_sequence
+        )
+        started = time.monotonic()
+        replayed = 0
+        batch: list[tuple[int, wal_pb2.WalCommand]] = []
+        for record in self._log_backend.read(self.name.log_name, sm.applied_sequence + 1):
+            command = wal_pb2.WalCommand()
+            try:
+                command.ParseFromString(record.payload)
+            except Exception as exc:
+                raise CorruptionError(
+                    f"log {self.name.log_name}: record {record.sequence} is not a command: {exc}"
+                ) from exc
+            batch.append((record.sequence, command))
+            if len(batch) >= REPLAY_BATCH:
+                sm.apply_batch(batch)
+                replayed += len(batch)
+                batch = []
+        if batch:
+            sm.apply_batch(batch)
+            replayed += len(batch)
+        if sm.applied_sequence < writer.last_sequence:
+            raise CorruptionError(
+                f"log {self.name.log_name} ends at {writer.last_sequence} but replay stopped at "
+                f"{sm.applied_sequence}: records are missing"
+            )
+        if replayed:
+            log.info(
+                "range %s: replayed %d commands up to %d in %.3fs",
+                self.name.log_name,
+                replayed,
+                sm.applied_sequence,
+                time.monotonic() - started,
+            )
+        self._store, self._sm, self._writer = store, sm, writer
+
+    async def close(self) -> None:
+        """Stop accepting, finish what is queued, then close the log and the store."""
+        self._accepting = False
+        if self._task is not None:
+            await self._queue.put(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._writer is not None:
+            await self._writer.close()
+            self._writer = None
+        if self._store is not None:
+            store = self._store
+            self._store = None
+            await asyncio.to_thread(_flush_and_close, store)
+
+    @property
+    def applied_sequence(self) -> int:
+        return self._sm.applied_sequence if self._sm else 0
+
+    def estimate_num_keys(self) -> int:
+        return self._store.estimate_num_keys() if self._store else 0
+
+    # ------------------------------------------------------------------ serving
+
+    async def execute(self, command: wal_pb2.WalCommand) -> Response:
+        """Append `command` durably, apply it, and return its response.
+
+        Raises `UnavailableError` if the range is not accepting (closing or failed): nothing was
+        appended, so retrying elsewhere is safe. Raises `IndeterminateError` if the log failed
+        during the append that carried this command.
+        """
+        if not self._accepting:
+            raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
+        command.timestamp_ms = self._clock.now_ms()
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(command.SerializeToString(), command, future))
+        return await future
+
+    def read(self, request: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
+        if self._sm is None or not self._accepting:
+            raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
+        return self._sm.read(request, self._clock.now_ms())
+
+    async def _write_loop(self) -> None:
+        assert self._writer is not None and self._sm is not None
+        writer, sm = self._writer, self._sm
+        stopping = False
+        while not stopping:
+            first = await self._queue.get()
+            if first is None:
+                break
+            group = [first]
+            while len(group) < GROUP_RECORDS_MAX and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    stopping = True
+                    break
+                group.append(item)
+            payloads = [p.payload for p in group]
+            started = time.perf_counter()
+            try:
+                last = await writer.append(payloads)
+            except Exception as exc:
+                self._fail(group, f"log append failed: {exc}", indeterminate=True)
+                return
+            self._metrics.wal_appended(
+                time.perf_counter() - started, len(group), sum(map(len, payloads))
+            )
+            first_sequence = last - len(group) + 1
+            try:
+                responses = sm.apply_batch(
+                    [(first_sequence + i, p.command) for i, p in enumerate(group)]
+                )
+            except Exception as exc:
+                log.exception("range %s: apply failed", self.name.log_name)
+                self._fail(group, f"apply failed: {exc}", indeterminate=True)
+                return
+            for pending, response in zip(group, responses, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(response)
+
+    def _fail(self, group: list[_Pending], reason: str, *, indeterminate: bool) -> None:
+        """Stop the range: answer the in-flight group and everything queued behind it."""
+        self._accepting = False
+        self._failure = f"range {self.name.log_name} failed: {reason}"
+        log.error(self._failure)
+        for pending in group:
+            if not pending.future.done():
+                error: TableKeeperError = (
+                    IndeterminateError(self._failure)
+                    if indeterminate
+                    else UnavailableError(self._failure)
+                )
+                pending.future.set_exception(error)
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None and not item.future.done():
+                item.future.set_exception(UnavailableError(self._failure))
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+
+def _flush_and_close(store: KvStore) -> None:
+    store.flush()
+    store.close()

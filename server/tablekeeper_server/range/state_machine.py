@@ -1,0 +1,449 @@
+"""The range state machine: applies write-ahead-log commands to the range's KvStore.
+
+Applying is deterministic: the result of a command depends only on the store's state, the
+command (including the timestamp it was accepted at) and its log sequence number, which is the
+revision of every key it writes. Replaying the log from any applied position therefore rebuilds
+the same keys, versions and revisions, and produces the same responses.
+
+Every `KvStore.write` also records the sequence number of the last command it contains (the
+*applied position*), so a crash between log append and store write loses nothing: recovery
+replays the log after the applied position.
+
+Semantics follow BookKeeper's table service, with its known bugs fixed: `expected_version` on
+Put is honoured; Delete returns the real number of deleted keys; TTL hides expired keys (instead
+of the inverted check); a Txn comparing a missing key answers KEY_NOT_FOUND deterministically.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator, Sequence
+
+from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.keys import pkey_prefix, prefix_end, system_key
+from tablekeeper_server.errors import Code
+from tablekeeper_server.range.records import (
+    StoredRecord,
+    decode_record,
+    encode_number,
+    wrap_int64,
+)
+from tablekeeper_server.storage.api import KvStore, WriteBatch
+
+APPLIED_KEY = system_key(b"applied-sequence")
+_SEQ = struct.Struct(">q")
+
+# A scan response stops at whichever limit comes first; `more` tells the caller to continue.
+SCAN_ROWS_MAX = 10_000
+SCAN_BYTES_MAX = 3 * 1024 * 1024
+
+Compare = kv_rpc_pb2.Compare
+_Getter = Callable[[bytes], StoredRecord | None]
+_Scanner = Callable[[bytes, bytes], Iterator[tuple[bytes, StoredRecord]]]
+Response = (
+    kv_rpc_pb2.PutResponse
+    | kv_rpc_pb2.DeleteRangeResponse
+    | kv_rpc_pb2.TxnResponse
+    | kv_rpc_pb2.IncrementResponse
+)
+
+
+def key_span(prefix: bytes, key: bytes, range_end: bytes) -> tuple[bytes, bytes]:
+    """The store interval [start, end) of a request's `key`..`range_end` within one pkey.
+
+    `range_end` is inclusive (BookKeeper's semantics). An empty `range_end` means the single key;
+    `range_end == b"\\x00"` means "to the end of the pkey" (etcd's convention, honoured here).
+    """
+    start = prefix + key
+    if not range_end:
+        return start, start + b"\x00"
+    if range_end == b"\x00":
+        return start, prefix_end(prefix)
+    return start, prefix + range_end + b"\x00"
+
+
+def to_key_value(lkey: bytes, record: StoredRecord, *, keys_only: bool = False) -> kv_pb2.KeyValue:
+    kv = kv_pb2.KeyValue(
+        key=lkey,
+        create_revision=record.create_revision,
+        mod_revision=record.mod_revision,
+        version=record.version,
+        is_number=record.is_number,
+        expire_time=record.expire_ms,
+    )
+    if record.is_number:
+        kv.number_value = record.number
+    if not keys_only:
+        kv.value = record.value
+    return kv
+
+
+def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
+    return kv_rpc_pb2.ResponseHeader(code=code)  # type: ignore[arg-type]
+
+
+class _ApplyView:
+    """Store state during one apply batch: the store plus this batch's not-yet-written changes."""
+
+    def __init__(self, store: KvStore) -> None:
+        self.store = store
+        self.pending: dict[bytes, StoredRecord | None] = {}
+        self.batch: WriteBatch = store.new_batch()
+        self.dirty = False
+
+    def get(self, key: bytes) -> StoredRecord | None:
+        if key in self.pending:
+            return self.pending[key]
+        raw = self.store.get(key)
+        return None if raw is None else decode_record(raw)
+
+    def get_live(self, key: bytes, now_ms: int) -> StoredRecord | None:
+        record = self.get(key)
+        if record is None or not record.is_live(now_ms):
+            return None
+        return record
+
+    def put(self, key: bytes, record: StoredRecord) -> None:
+        self.pending[key] = record
+        self.batch.put(key, record.encode())
+        self.dirty = True
+
+    def delete(self, key: bytes) -> None:
+        self.pending[key] = None
+        self.batch.delete(key)
+        self.dirty = True
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
+        """Scan the store. Only valid when nothing is pending (callers `commit` first)."""
+        assert not self.dirty, "scan with uncommitted changes"
+        for key, raw in self.store.scan(start, end):
+            yield key, decode_record(raw)
+
+    def commit(self, applied_sequence: int) -> None:
+        """Write pending changes together with the applied position, atomically."""
+        self.batch.put(APPLIED_KEY, _SEQ.pack(applied_sequence))
+        self.store.write(self.batch)
+        self.pending.clear()
+        self.batch = self.store.new_batch()
+        self.dirty = False
+
+
+class RangeStateMachine:
+    """Applies commands to one range's store. Owned by the range; one caller at a time."""
+
+    def __init__(self, store: KvStore, *, ttl_seconds: int = 0) -> None:
+        self.store = store
+        self.ttl_ms = max(0, ttl_seconds) * 1000
+        raw = store.get(APPLIED_KEY)
+        self.applied_sequence: int = 0 if raw is None else int(_SEQ.unpack(raw)[0])
+
+    # ------------------------------------------------------------------ writes
+
+    def apply_batch(self, commands: Sequence[tuple[int, wal_pb2.WalCommand]]) -> list[Response]:
+        """Apply commands in sequence order and return one response per command.
+
+        Commands at or below the applied position are skipped (their response is a bare
+        SUCCESS header); this is what makes replay idempotent.
+        """
+        view = _ApplyView(self.store)
+        responses: list[Response] = []
+        last = self.applied_sequence
+        for sequence, command in commands:
+            if sequence <= self.applied_sequence:
+                responses.append(kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS)))
+                continue
+            responses.append(self._apply_one(view, last, sequence, command))
+            last = sequence
+        if last > self.applied_sequence:
+            view.commit(last)
+            self.applied_sequence = last
+        return responses
+
+    def _apply_one(
+        self, view: _ApplyView, previous: int, revision: int, command: wal_pb2.WalCommand
+    ) -> Response:
+        now = command.timestamp_ms
+        op = command.WhichOneof("op")
+        if op == "put":
+            writes: dict[bytes, StoredRecord | None] = {}
+            put_response = self._put(view, revision, now, command.put, writes)
+            _flush_writes(view, writes)
+            return put_response
+        if op == "increment":
+            return self._increment(view, revision, now, command.increment)
+        if op == "delete_range":
+            if view.dirty:
+                view.commit(previous)
+            writes = {}
+            delete_response = self._delete_range(view, now, command.delete_range, writes)
+            _flush_writes(view, writes)
+            return delete_response
+        if op == "txn":
+            return self._txn(view, previous, revision, now, command.txn)
+        return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
+
+    def _expire_at(self, now_ms: int) -> int:
+        return now_ms + self.ttl_ms if self.ttl_ms else 0
+
+    def _put(
+        self,
+        view: _ApplyView,
+        revision: int,
+        now: int,
+        req: kv_rpc_pb2.PutRequest,
+        writes: dict[bytes, StoredRecord | None],
+    ) -> kv_rpc_pb2.PutResponse:
+        key = pkey_prefix(req.header.r_key) + req.key
+        prev = view.get_live(key, now)
+        if req.HasField("expected_version"):
+            expected = req.expected_version
+            if expected < 0 and prev is not None:
+                return kv_rpc_pb2.PutResponse(header=_header(Code.KEY_EXISTS))
+            if expected >= 0 and prev is None:
+                return kv_rpc_pb2.PutResponse(header=_header(Code.KEY_NOT_FOUND))
+            if expected >= 0 and prev is not None and prev.version != expected:
+                return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_VERSION))
+        if prev is not None and prev.is_number:
+            return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
+        if prev is None:
+            record = StoredRecord(revision, revision, 0, False, self._expire_at(now), req.value)
+        else:
+            record = StoredRecord(
+                prev.create_revision,
+                revision,
+                prev.version + 1,
+                False,
+                self._expire_at(now),
+                req.value,
+            )
+        writes[key] = record
+        response = kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+        if req.prev_kv and prev is not None:
+            response.prev_kv.CopyFrom(to_key_value(req.key, prev))
+        return response
+
+    def _increment(
+        self, view: _ApplyView, revision: int, now: int, req: kv_rpc_pb2.IncrementRequest
+    ) -> kv_rpc_pb2.IncrementResponse:
+        key = pkey_prefix(req.header.r_key) + req.key
+        prev = view.get_live(key, now)
+        if prev is not None and not prev.is_number:
+            return kv_rpc_pb2.IncrementResponse(header=_header(Code.BAD_REQUEST))
+        if prev is None:
+            total = wrap_int64(req.amount)
+            record = StoredRecord(
+                revision, revision, 0, True, self._expire_at(now), encode_number(total)
+            )
+        else:
+            total = wrap_int64(prev.number + req.amount)
+            record = StoredRecord(
+                prev.create_revision,
+                revision,
+                prev.version + 1,
+                True,
+                self._expire_at(now),
+                encode_number(total),
+            )
+        view.put(key, record)
+        response = kv_rpc_pb2.IncrementResponse(header=_header(Code.SUCCESS))
+        if req.get_total:
+            response.total_amount = total
+        return response
+
+    def _delete_range(
+        self,
+        view: _ApplyView,
+        now: int,
+        req: kv_rpc_pb2.DeleteRangeRequest,
+        writes: dict[bytes, StoredRecord | None],
+    ) -> kv_rpc_pb2.DeleteRangeResponse:
+        prefix = pkey_prefix(req.header.r_key)
+        response = kv_rpc_pb2.DeleteRangeResponse(header=_header(Code.SUCCESS))
+        if not req.range_end:
+            key = prefix + req.key
+            raw_prev = view.get(key)
+            if raw_prev is not None:
+                writes[key] = None
+                if raw_prev.is_live(now):
+                    response.deleted = 1
+                    if req.prev_kv:
+                        response.prev_kvs.append(to_key_value(req.key, raw_prev))
+            return response
+        start, end = key_span(prefix, req.key, req.range_end)
+        deleted = 0
+        for key, record in view.scan(start, end):
+            writes[key] = None
+            if record.is_live(now):
+                deleted += 1
+                if req.prev_kv:
+                    response.prev_kvs.append(to_key_value(key[len(prefix) :], record))
+        response.deleted = deleted
+        return response
+
+    def _txn(
+        self,
+        view: _ApplyView,
+        previous: int,
+        revision: int,
+        now: int,
+        req: kv_rpc_pb2.TxnRequest,
+    ) -> kv_rpc_pb2.TxnResponse:
+        prefix = pkey_prefix(req.header.r_key)
+        succeeded = True
+        for compare in req.compare:
+            outcome = evaluate_compare(compare, view.get_live(prefix + compare.key, now))
+            if outcome is None:
+                return kv_rpc_pb2.TxnResponse(header=_header(Code.KEY_NOT_FOUND), succeeded=False)
+            if not outcome:
+                succeeded = False
+                break
+        ops = req.success if succeeded else req.failure
+        if view.dirty and any(_op_scans(op) for op in ops):
+            view.commit(previous)
+        # Ops see the state before the txn (BookKeeper's semantics); their writes are collected
+        # and applied together at the txn's revision. A later write to the same key wins.
+        writes: dict[bytes, StoredRecord | None] = {}
+        response = kv_rpc_pb2.TxnResponse(header=_header(Code.SUCCESS), succeeded=succeeded)
+        for op in ops:
+            kind = op.WhichOneof("request")
+            result = response.responses.add()
+            if kind == "request_put":
+                put = kv_rpc_pb2.PutRequest()
+                put.CopyFrom(op.request_put)
+                put.header.r_key = req.header.r_key
+                result.response_put.CopyFrom(self._put(view, revision, now, put, writes))
+            elif kind == "request_delete_range":
+                delete = kv_rpc_pb2.DeleteRangeRequest()
+                delete.CopyFrom(op.request_delete_range)
+                delete.header.r_key = req.header.r_key
+                result.response_delete_range.CopyFrom(
+                    self._delete_range(view, now, delete, writes)
+                )
+            elif kind == "request_range":
+                read = kv_rpc_pb2.RangeRequest()
+                read.CopyFrom(op.request_range)
+                read.header.r_key = req.header.r_key
+                result.response_range.CopyFrom(self._read(view.get, view.scan, read, now))
+        _flush_writes(view, writes)
+        return response
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, req: kv_rpc_pb2.RangeRequest, now_ms: int) -> kv_rpc_pb2.RangeResponse:
+        """Serve a Range request from the store (applied state only)."""
+
+        def get(key: bytes) -> StoredRecord | None:
+            raw = self.store.get(key)
+            return None if raw is None else decode_record(raw)
+
+        def scan(start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
+            for key, raw in self.store.scan(start, end):
+                yield key, decode_record(raw)
+
+        return self._read(get, scan, req, now_ms)
+
+    def _read(
+        self,
+        get: _Getter,
+        scan: _Scanner,
+        req: kv_rpc_pb2.RangeRequest,
+        now: int,
+    ) -> kv_rpc_pb2.RangeResponse:
+        prefix = pkey_prefix(req.header.r_key)
+        response = kv_rpc_pb2.RangeResponse(header=_header(Code.SUCCESS))
+        if not req.range_end:
+            record = get(prefix + req.key)
+            if record is not None and record.is_live(now) and _matches(req, record):
+                response.count = 1
+                if not req.count_only:
+                    response.kvs.append(to_key_value(req.key, record, keys_only=req.keys_only))
+            return response
+        start, end = key_span(prefix, req.key, req.range_end)
+        limit = req.limit if req.limit > 0 else 0
+        count = 0
+        size = 0
+        for key, record in scan(start, end):
+            if not record.is_live(now) or not _matches(req, record):
+                continue
+            if req.count_only:
+                count += 1
+                continue
+            if (limit and count >= limit) or count >= SCAN_ROWS_MAX or size >= SCAN_BYTES_MAX:
+                response.more = True
+                break
+            response.kvs.append(
+                to_key_value(key[len(prefix) :], record, keys_only=req.keys_only)
+            )
+            count += 1
+            size += len(key) + (0 if req.keys_only else len(record.value))
+        response.count = count
+        return response
+
+
+def _flush_writes(view: _ApplyView, writes: dict[bytes, StoredRecord | None]) -> None:
+    for key, record in writes.items():
+        if record is None:
+            view.delete(key)
+        else:
+            view.put(key, record)
+
+
+def _op_scans(op: kv_rpc_pb2.RequestOp) -> bool:
+    kind = op.WhichOneof("request")
+    if kind == "request_range":
+        return bool(op.request_range.range_end)
+    if kind == "request_delete_range":
+        return bool(op.request_delete_range.range_end)
+    return False
+
+
+def _matches(req: kv_rpc_pb2.RangeRequest, record: StoredRecord) -> bool:
+    if req.min_mod_revision > 0 and record.mod_revision < req.min_mod_revision:
+        return False
+    if req.max_mod_revision > 0 and record.mod_revision > req.max_mod_revision:
+        return False
+    if req.min_create_revision > 0 and record.create_revision < req.min_create_revision:
+        return False
+    return not (req.max_create_revision > 0 and record.create_revision > req.max_create_revision)
+
+
+def evaluate_compare(compare: kv_rpc_pb2.Compare, record: StoredRecord | None) -> bool | None:
+    """The outcome of one Txn compare; None when it compares a number of a missing key.
+
+    VALUE compares bytes, unsigned and lexicographically; an empty compare value means "absent"
+    (a missing key EQUALs it, a present key is GREATER and NOT_EQUAL). VERSION, CREATE and MOD
+    on a missing key have no outcome: the txn answers KEY_NOT_FOUND.
+    """
+    result = compare.result
+    if compare.target == Compare.VALUE:
+        expected = compare.value
+        if record is None:
+            if result == Compare.EQUAL:
+                return not expected
+            if result == Compare.NOT_EQUAL:
+                return bool(expected)
+            return False
+        if not expected:
+            return result in (Compare.GREATER, Compare.NOT_EQUAL)
+        actual = record.value
+        return _cmp(result, (actual > expected) - (actual < expected))
+    if record is None:
+        return None
+    if compare.target == Compare.VERSION:
+        actual_n, expected_n = record.version, compare.version
+    elif compare.target == Compare.CREATE:
+        actual_n, expected_n = record.create_revision, compare.create_revision
+    else:
+        actual_n, expected_n = record.mod_revision, compare.mod_revision
+    return _cmp(result, (actual_n > expected_n) - (actual_n < expected_n))
+
+
+def _cmp(result: int, sign: int) -> bool:
+    if result == Compare.EQUAL:
+        return sign == 0
+    if result == Compare.GREATER:
+        return sign > 0
+    if result == Compare.LESS:
+        return sign < 0
+    return sign != 0

@@ -1,0 +1,95 @@
+"""Checks a request must pass before it is appended to a range's log.
+
+Only stateless checks live here (sizes, empty keys, unsupported options); anything that depends on
+the stored state is decided when the command is applied, so replay reaches the same answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_server.errors import BadRequestError, InvalidKeyError
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    key_bytes_max: int = 64 * 1024
+    value_bytes_max: int = 4 * 1024 * 1024
+    txn_ops_max: int = 1024
+
+
+def _check_pkey(header: kv_rpc_pb2.RoutingHeader, limits: Limits) -> None:
+    if len(header.r_key) > limits.key_bytes_max:
+        raise InvalidKeyError(
+            f"routing key is {len(header.r_key)} bytes; the limit is {limits.key_bytes_max}"
+        )
+
+
+def _check_key(key: bytes, limits: Limits, *, allow_empty: bool = False) -> None:
+    if not key and not allow_empty:
+        raise InvalidKeyError("key is empty")
+    if len(key) > limits.key_bytes_max:
+        raise InvalidKeyError(f"key is {len(key)} bytes; the limit is {limits.key_bytes_max}")
+
+
+def check_put(req: kv_rpc_pb2.PutRequest, limits: Limits) -> None:
+    _check_key(req.key, limits)
+    if len(req.value) > limits.value_bytes_max:
+        raise BadRequestError(
+            f"value is {len(req.value)} bytes; the limit is {limits.value_bytes_max}"
+        )
+    if req.lease:
+        raise BadRequestError("leases are not supported; use the table TTL")
+    if req.ignore_value or req.ignore_lease:
+        raise BadRequestError("ignore_value and ignore_lease are not supported")
+    if req.HasField("expected_version") and req.expected_version < -1:
+        raise BadRequestError("expected_version must be -1 (absent) or a version >= 0")
+
+
+def check_increment(req: kv_rpc_pb2.IncrementRequest, limits: Limits) -> None:
+    _check_key(req.key, limits)
+
+
+def check_delete(req: kv_rpc_pb2.DeleteRangeRequest, limits: Limits) -> None:
+    _check_key(req.key, limits, allow_empty=bool(req.range_end))
+    _check_key(req.range_end, limits, allow_empty=True)
+
+
+def check_range(req: kv_rpc_pb2.RangeRequest, limits: Limits) -> None:
+    _check_pkey(req.header, limits)
+    _check_key(req.key, limits, allow_empty=bool(req.range_end))
+    _check_key(req.range_end, limits, allow_empty=True)
+    if req.limit < 0:
+        raise BadRequestError("limit must be >= 0")
+    if req.revision:
+        raise BadRequestError("reads at a past revision are not supported (no history is kept)")
+    if req.sort_order == kv_rpc_pb2.RangeRequest.DESCEND or (
+        req.sort_order == kv_rpc_pb2.RangeRequest.ASCEND
+        and req.sort_target != kv_rpc_pb2.RangeRequest.KEY
+    ):
+        raise BadRequestError("only ascending key order is supported")
+
+
+def check_txn(req: kv_rpc_pb2.TxnRequest, limits: Limits) -> None:
+    n_ops = len(req.compare) + len(req.success) + len(req.failure)
+    if n_ops > limits.txn_ops_max:
+        raise BadRequestError(f"txn has {n_ops} compares and ops; the limit is {limits.txn_ops_max}")
+    for compare in req.compare:
+        _check_key(compare.key, limits)
+        if compare.WhichOneof("target_union") is None and compare.target != compare.VALUE:
+            raise BadRequestError("a compare on version, create or mod needs a value to compare")
+    for op in list(req.success) + list(req.failure):
+        kind = op.WhichOneof("request")
+        if kind == "request_put":
+            check_put(op.request_put, limits)
+        elif kind == "request_delete_range":
+            check_delete(op.request_delete_range, limits)
+        elif kind == "request_range":
+            check_range(op.request_range, limits)
+        else:
+            raise BadRequestError("txn op has no request")
+
+
+def check_routing(header: kv_rpc_pb2.RoutingHeader, limits: Limits) -> None:
+    _check_pkey(header, limits)

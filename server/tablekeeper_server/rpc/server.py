@@ -1,0 +1,82 @@
+"""The gRPC server: registers the services, health checking, and drains on shutdown."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
+from tablekeeper_proto.v1 import tablekeeper_pb2_grpc
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.rpc.servicers import (
+    MetaRangeServicer,
+    RootRangeServicer,
+    StorageContainerServicer,
+    TableKeeperServicer,
+    TableOps,
+    TableServicer,
+)
+
+SERVICE_NAMES = (
+    "bookkeeper.proto.storage.RootRangeService",
+    "bookkeeper.proto.storage.MetaRangeService",
+    "bookkeeper.proto.storage.StorageContainerService",
+    "bookkeeper.proto.kv.rpc.TableService",
+    "tablekeeper.v1.TableKeeper",
+)
+
+
+class GrpcServer:
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        *,
+        bind_host: str,
+        port: int,
+        advertised_host: str,
+        limits: Limits,
+        metrics: ServerMetrics | None,
+    ) -> None:
+        message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", message_max),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        ops = TableOps(registry, limits)
+        storage_pb2_grpc.add_RootRangeServiceServicer_to_server(
+            RootRangeServicer(registry, metrics), self._server
+        )
+        storage_pb2_grpc.add_MetaRangeServiceServicer_to_server(
+            MetaRangeServicer(registry, metrics), self._server
+        )
+        storage_pb2_grpc.add_StorageContainerServiceServicer_to_server(
+            StorageContainerServicer(registry, advertised_host, port), self._server
+        )
+        kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(
+            TableServicer(ops, metrics), self._server
+        )
+        tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
+            TableKeeperServicer(ops, registry, metrics), self._server
+        )
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC port {bind_host}:{port}")
+
+    async def start(self) -> None:
+        await self._server.start()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop accepting new calls and wait up to `grace_s` for in-flight ones."""
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._server.stop(grace_s)

@@ -1,0 +1,347 @@
+"""gRPC servicers: each method converts the request, calls the domain, converts the result.
+
+No business logic lives here; errors become statuses in `rpc.status` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from tablekeeper_proto.bookkeeper import (
+    common_pb2,
+    kv_rpc_pb2,
+    kv_rpc_pb2_grpc,
+    storage_pb2,
+    storage_pb2_grpc,
+    stream_pb2,
+)
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, wal_pb2
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.errors import Code, IllegalOpError, TableKeeperError
+from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.range import validation
+from tablekeeper_server.rpc.status import serve
+
+Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+M = TypeVar("M")
+STREAM_ID_METADATA_KEY = "bk-rt-sid-bin"
+SERVER_VERSION = "0.1.0"
+
+
+def _code(response: Any) -> int:
+    return int(response.code)
+
+
+def _header_code(response: Any) -> int:
+    return int(response.header.code)
+
+
+class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
+    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+        self._registry = registry
+        self._metrics = metrics
+
+    async def _serve(
+        self, method: str, context: Context, handler: Callable[[], Awaitable[M]], kind: type[M]
+    ) -> M:
+        return await serve(
+            method, context, self._metrics, handler, lambda code: kind(code=code), _code
+        )
+
+    async def CreateNamespace(  # noqa: N802 (gRPC method names)
+        self, request: storage_pb2.CreateNamespaceRequest, context: Context
+    ) -> storage_pb2.CreateNamespaceResponse:
+        async def handle() -> storage_pb2.CreateNamespaceResponse:
+            props = await self._registry.root.create_namespace(request.name, request.ns_conf)
+            return storage_pb2.CreateNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
+
+        return await self._serve(
+            "CreateNamespace", context, handle, storage_pb2.CreateNamespaceResponse
+        )
+
+    async def GetNamespace(  # noqa: N802
+        self, request: storage_pb2.GetNamespaceRequest, context: Context
+    ) -> storage_pb2.GetNamespaceResponse:
+        async def handle() -> storage_pb2.GetNamespaceResponse:
+            props = self._registry.root.get_namespace(request.name)
+            return storage_pb2.GetNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
+
+        return await self._serve("GetNamespace", context, handle, storage_pb2.GetNamespaceResponse)
+
+    async def DeleteNamespace(  # noqa: N802
+        self, request: storage_pb2.DeleteNamespaceRequest, context: Context
+    ) -> storage_pb2.DeleteNamespaceResponse:
+        async def handle() -> storage_pb2.DeleteNamespaceResponse:
+            tables = await self._registry.root.delete_namespace(request.name)
+            await self._registry.drop_tables(tables)
+            return storage_pb2.DeleteNamespaceResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+
+        return await self._serve(
+            "DeleteNamespace", context, handle, storage_pb2.DeleteNamespaceResponse
+        )
+
+    async def CreateStream(  # noqa: N802
+        self, request: storage_pb2.CreateStreamRequest, context: Context
+    ) -> storage_pb2.CreateStreamResponse:
+        async def handle() -> storage_pb2.CreateStreamResponse:
+            props = await self._registry.root.create_stream(
+                request.ns_name, request.name, request.stream_conf
+            )
+            return storage_pb2.CreateStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
+
+        return await self._serve("CreateStream", context, handle, storage_pb2.CreateStreamResponse)
+
+    async def GetStream(  # noqa: N802
+        self, request: storage_pb2.GetStreamRequest, context: Context
+    ) -> storage_pb2.GetStreamResponse:
+        async def handle() -> storage_pb2.GetStreamResponse:
+            which = request.WhichOneof("id")
+            if which == "stream_name":
+                props = self._registry.root.get_stream(
+                    request.stream_name.namespace_name, request.stream_name.stream_name
+                )
+            elif which == "stream_id":
+                props = self._registry.root.get_stream_by_id(request.stream_id)
+            else:
+                raise IllegalOpError("GetStream needs a stream name or a stream id")
+            return storage_pb2.GetStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
+
+        return await self._serve("GetStream", context, handle, storage_pb2.GetStreamResponse)
+
+    async def DeleteStream(  # noqa: N802
+        self, request: storage_pb2.DeleteStreamRequest, context: Context
+    ) -> storage_pb2.DeleteStreamResponse:
+        async def handle() -> storage_pb2.DeleteStreamResponse:
+            props = await self._registry.root.delete_stream(request.ns_name, request.name)
+            await self._registry.drop_tables([props])
+            return storage_pb2.DeleteStreamResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+
+        return await self._serve("DeleteStream", context, handle, storage_pb2.DeleteStreamResponse)
+
+
+class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
+    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+        self._registry = registry
+        self._metrics = metrics
+
+    async def GetActiveRanges(  # noqa: N802
+        self, request: storage_pb2.GetActiveRangesRequest, context: Context
+    ) -> storage_pb2.GetActiveRangesResponse:
+        async def handle() -> storage_pb2.GetActiveRangesResponse:
+            ranges = await self._registry.active_ranges(request.stream_id)
+            response = storage_pb2.GetActiveRangesResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+            for props in ranges:
+                response.ranges.add(props=props, type=storage_pb2.PARENTS)
+            return response
+
+        return await serve(
+            "GetActiveRanges",
+            context,
+            self._metrics,
+            handle,
+            lambda code: storage_pb2.GetActiveRangesResponse(code=code),  # type: ignore[arg-type]
+            _code,
+        )
+
+
+class StorageContainerServicer(storage_pb2_grpc.StorageContainerServiceServicer):
+    def __init__(self, registry: ContainerRegistry, host: str, port: int) -> None:
+        self._registry = registry
+        self._endpoint = common_pb2.Endpoint(hostname=host, port=port)
+
+    async def GetStorageContainerEndpoint(  # noqa: N802
+        self, request: storage_pb2.GetStorageContainerEndpointRequest, context: Context
+    ) -> storage_pb2.GetStorageContainerEndpointResponse:
+        response = storage_pb2.GetStorageContainerEndpointResponse(status_code=Code.SUCCESS)  # type: ignore[arg-type]
+        for one in request.requests:
+            result = response.responses.add()
+            if one.storage_container in self._registry.containers:
+                result.status_code = Code.SUCCESS  # type: ignore[assignment]
+                result.endpoint.storage_container_id = one.storage_container
+                result.endpoint.revision = 0
+                result.endpoint.rw_endpoint.CopyFrom(self._endpoint)
+                result.endpoint.ro_endpoint.add().CopyFrom(self._endpoint)
+            else:
+                result.status_code = Code.INTERNAL_SERVER_ERROR  # type: ignore[assignment]
+        return response
+
+
+def _stream_id(header: kv_rpc_pb2.RoutingHeader, context: Context) -> int:
+    """The table id from the body's routing header, else from the `bk-rt-sid-bin` metadata."""
+    if header.stream_id:
+        return header.stream_id
+    for key, value in context.invocation_metadata() or ():
+        if key == STREAM_ID_METADATA_KEY and isinstance(value, bytes) and len(value) == 8:
+            stream_id = int(struct.unpack(">q", value)[0])
+            header.stream_id = stream_id
+            return stream_id
+    raise TableKeeperError("request has no table (stream) id")
+
+
+class TableOps:
+    """The table operations, shared by the BookKeeper TableService and TableKeeper's Batch."""
+
+    def __init__(self, registry: ContainerRegistry, limits: validation.Limits) -> None:
+        self.registry = registry
+        self.limits = limits
+
+    async def put(self, stream_id: int, req: kv_rpc_pb2.PutRequest) -> kv_rpc_pb2.PutResponse:
+        validation.check_routing(req.header, self.limits)
+        validation.check_put(req, self.limits)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        response = await range_.execute(wal_pb2.WalCommand(put=req))
+        assert isinstance(response, kv_rpc_pb2.PutResponse)
+        return response
+
+    async def increment(
+        self, stream_id: int, req: kv_rpc_pb2.IncrementRequest
+    ) -> kv_rpc_pb2.IncrementResponse:
+        validation.check_routing(req.header, self.limits)
+        validation.check_increment(req, self.limits)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        response = await range_.execute(wal_pb2.WalCommand(increment=req))
+        assert isinstance(response, kv_rpc_pb2.IncrementResponse)
+        return response
+
+    async def delete(
+        self, stream_id: int, req: kv_rpc_pb2.DeleteRangeRequest
+    ) -> kv_rpc_pb2.DeleteRangeResponse:
+        validation.check_routing(req.header, self.limits)
+        validation.check_delete(req, self.limits)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        response = await range_.execute(wal_pb2.WalCommand(delete_range=req))
+        assert isinstance(response, kv_rpc_pb2.DeleteRangeResponse)
+        return response
+
+    async def txn(self, stream_id: int, req: kv_rpc_pb2.TxnRequest) -> kv_rpc_pb2.TxnResponse:
+        validation.check_routing(req.header, self.limits)
+        validation.check_txn(req, self.limits)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        response = await range_.execute(wal_pb2.WalCommand(txn=req))
+        assert isinstance(response, kv_rpc_pb2.TxnResponse)
+        return response
+
+    async def range(self, stream_id: int, req: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
+        validation.check_range(req, self.limits)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        return range_.read(req)
+
+
+class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):
+    def __init__(self, ops: TableOps, metrics: ServerMetrics | None) -> None:
+        self._ops = ops
+        self._metrics = metrics
+
+    async def _serve(
+        self,
+        method: str,
+        context: Context,
+        request: Any,
+        op: Callable[[int, Any], Awaitable[M]],
+        kind: Callable[..., M],
+    ) -> M:
+        header = request.header
+
+        async def handle() -> M:
+            response = await op(_stream_id(header, context), request)
+            response.header.routing_header.CopyFrom(header)  # type: ignore[attr-defined]
+            return response
+
+        def error(code: int) -> M:
+            return kind(
+                header=kv_rpc_pb2.ResponseHeader(code=code, routing_header=header)  # type: ignore[arg-type]
+            )
+
+        return await serve(method, context, self._metrics, handle, error, _header_code)
+
+    async def Put(  # noqa: N802
+        self, request: kv_rpc_pb2.PutRequest, context: Context
+    ) -> kv_rpc_pb2.PutResponse:
+        return await self._serve("Put", context, request, self._ops.put, kv_rpc_pb2.PutResponse)
+
+    async def Range(  # noqa: N802
+        self, request: kv_rpc_pb2.RangeRequest, context: Context
+    ) -> kv_rpc_pb2.RangeResponse:
+        return await self._serve(
+            "Range", context, request, self._ops.range, kv_rpc_pb2.RangeResponse
+        )
+
+    async def Delete(  # noqa: N802
+        self, request: kv_rpc_pb2.DeleteRangeRequest, context: Context
+    ) -> kv_rpc_pb2.DeleteRangeResponse:
+        return await self._serve(
+            "Delete", context, request, self._ops.delete, kv_rpc_pb2.DeleteRangeResponse
+        )
+
+    async def Txn(  # noqa: N802
+        self, request: kv_rpc_pb2.TxnRequest, context: Context
+    ) -> kv_rpc_pb2.TxnResponse:
+        return await self._serve("Txn", context, request, self._ops.txn, kv_rpc_pb2.TxnResponse)
+
+    async def Increment(  # noqa: N802
+        self, request: kv_rpc_pb2.IncrementRequest, context: Context
+    ) -> kv_rpc_pb2.IncrementResponse:
+        return await self._serve(
+            "Increment", context, request, self._ops.increment, kv_rpc_pb2.IncrementResponse
+        )
+
+
+class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
+    def __init__(
+        self, ops: TableOps, registry: ContainerRegistry, metrics: ServerMetrics | None
+    ) -> None:
+        self._ops = ops
+        self._registry = registry
+        self._metrics = metrics
+
+    async def ServerInfo(  # noqa: N802
+        self, request: tablekeeper_pb2.ServerInfoRequest, context: Context
+    ) -> tablekeeper_pb2.ServerInfoResponse:
+        return tablekeeper_pb2.ServerInfoResponse(
+            version=SERVER_VERSION,
+            num_storage_containers=self._registry.env.num_containers,
+            containers=sorted(self._registry.containers),
+            open_ranges=self._registry.open_ranges(),
+        )
+
+    async def Batch(  # noqa: N802
+        self, request: tablekeeper_pb2.BatchRequest, context: Context
+    ) -> tablekeeper_pb2.BatchResponse:
+        """Run independent ops concurrently, so ops on one range share a group commit."""
+        results = await asyncio.gather(*(self._one(op, context) for op in request.ops))
+        return tablekeeper_pb2.BatchResponse(results=results)
+
+    async def _one(
+        self, op: tablekeeper_pb2.BatchOp, context: Context
+    ) -> tablekeeper_pb2.BatchResult:
+        kind = op.WhichOneof("op")
+        result = tablekeeper_pb2.BatchResult()
+        if kind is None:
+            result.put.header.code = Code.BAD_REQUEST  # type: ignore[assignment]
+            return result
+        request = getattr(op, kind)
+        target = getattr(result, kind)
+        handler = {
+            "put": self._ops.put,
+            "increment": self._ops.increment,
+            "delete_range": self._ops.delete,
+            "range": self._ops.range,
+        }[kind]
+        try:
+            response = await handler(_stream_id(request.header, context), request)
+            target.CopyFrom(response)
+        except TableKeeperError as exc:
+            target.header.code = exc.code
+        except Exception:
+            target.header.code = Code.INTERNAL_SERVER_ERROR
+        target.header.routing_header.CopyFrom(request.header)
+        return result
+
+
+def stream_conf_default() -> stream_pb2.StreamConfiguration:
+    return stream_pb2.StreamConfiguration(initial_num_ranges=4, storage_type=stream_pb2.TABLE)

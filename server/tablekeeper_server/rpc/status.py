@@ -1,0 +1,71 @@
+"""The one place where server errors become wire statuses.
+
+BookKeeper's convention, which its clients depend on:
+- application errors travel in the response body (`code` / `header.code`) with gRPC status OK;
+  TableKeeper adds the human-readable reason as the `tk-error` trailing metadata entry;
+- "not served here / not ready / shutting down" is gRPC NOT_FOUND, which clients retry;
+- an unexpected exception is INTERNAL_SERVER_ERROR (500) in the body, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from tablekeeper_server.errors import (
+    Code,
+    RouteNotFoundError,
+    TableKeeperError,
+    UnavailableError,
+)
+from tablekeeper_server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+ERROR_METADATA_KEY = "tk-error"
+M = TypeVar("M")
+
+
+def _ascii(message: str) -> str:
+    return message.encode("ascii", "backslashreplace").decode("ascii")[:1024]
+
+
+async def serve(
+    method: str,
+    context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    metrics: ServerMetrics | None,
+    handler: Callable[[], Awaitable[M]],
+    error_response: Callable[[int], M],
+    code_of: Callable[[M], int],
+) -> M:
+    """Run `handler`, turning errors into BookKeeper statuses; record metrics."""
+    started = time.perf_counter()
+    try:
+        response = await handler()
+        code = code_of(response)
+    except (RouteNotFoundError, UnavailableError) as exc:
+        _record(metrics, method, -404, started)
+        await context.abort(grpc.StatusCode.NOT_FOUND, _ascii(exc.message))
+        raise  # unreachable: abort raises
+    except TableKeeperError as exc:
+        code = exc.code
+        context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(exc.message)),))
+        response = error_response(code)
+    except Exception as exc:
+        if isinstance(exc, grpc.aio.AbortError):
+            raise
+        log.exception("%s failed", method)
+        code = Code.INTERNAL_SERVER_ERROR
+        context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(f"internal error: {exc}")),))
+        response = error_response(code)
+    _record(metrics, method, code, started)
+    return response
+
+
+def _record(metrics: ServerMetrics | None, method: str, code: int, started: float) -> None:
+    if metrics is not None:
+        metrics.observe_request(method, code, time.perf_counter() - started)

@@ -1,0 +1,1 @@
+"""Sorted key/value engines that hold a range's materialized state. No gRPC, no logs here."""

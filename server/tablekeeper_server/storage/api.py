@@ -1,0 +1,46 @@
+"""The sorted key/value engine interface a range keeps its state in.
+
+The engine is a materialized index of the range's write-ahead log, not the source of truth: it may
+lose its most recent writes in a crash (RocksDB runs without its own WAL), which is safe because
+every `WriteBatch` also records the log position it reflects and recovery replays the log from
+there. Calls are synchronous and short; they run on the serving event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+
+class WriteBatch(Protocol):
+    """Writes applied atomically by `KvStore.write`."""
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def delete_range(self, start: bytes, end: bytes) -> None:
+        """Delete every key k with start <= k < end."""
+        ...
+
+
+class KvStore(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Yield (key, value) for start <= key < end in key order, from a consistent view."""
+        ...
+
+    def new_batch(self) -> WriteBatch: ...
+
+    def write(self, batch: WriteBatch) -> None:
+        """Apply the batch atomically. Not fsynced: durability comes from the log."""
+        ...
+
+    def estimate_num_keys(self) -> int: ...
+
+    def flush(self) -> None:
+        """Persist everything written so far (used at clean shutdown to shorten replay)."""
+        ...
+
+    def close(self) -> None: ...
