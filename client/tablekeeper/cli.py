@@ -34,9 +34,7 @@ def _render(kv: KeyValue, as_json: bool) -> str:
             {
                 "pkey": kv.pkey.decode(errors="backslashreplace"),
                 "lkey": kv.lkey.decode(errors="backslashreplace"),
-                "value": kv.number
-                if kv.is_number
-                else kv.value.decode(errors="backslashreplace"),
+                "value": kv.number if kv.is_number else kv.value.decode(errors="backslashreplace"),
                 "is_number": kv.is_number,
                 "version": kv.version,
                 "create_revision": kv.create_revision,
@@ -159,11 +157,11 @@ def _run(args: argparse.Namespace, client: Client) -> int:
         table.put(pkey, args.key, args.value, expected_version=args.expected_version)
         return EXIT_OK
     if args.command == "get":
-        kv = table.get(pkey, args.key)
-        if kv is None:
+        found = table.get(pkey, args.key)
+        if found is None:
             print(f"key {args.key!r} not found", file=sys.stderr)
             return EXIT_NOT_FOUND
-        print(_render(kv, args.json))
+        print(_render(found, args.json))
         return EXIT_OK
     if args.command == "incr":
         print(table.increment(pkey, args.key, args.amount, get_total=True))

@@ -9,12 +9,11 @@ from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
-from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
-
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 
 T = TypeVar("T")
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"

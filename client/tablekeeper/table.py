@@ -11,11 +11,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
-from tablekeeper_proto.v1 import tablekeeper_pb2
-
 from tablekeeper._transport import call
 from tablekeeper.errors import TableKeeperError, error_for_code
+from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper_proto.v1 import tablekeeper_pb2
 
 if TYPE_CHECKING:
     from tablekeeper.client import AsyncClient
@@ -105,8 +104,8 @@ class AsyncTxn:
             raise ValueError(f"compare op must be one of {sorted(_COMPARE_OPS)}")
         self._request.compare.add(
             key=_bytes(lkey),
-            target=target,  # type: ignore[arg-type]
-            result=_COMPARE_OPS[op],  # type: ignore[arg-type]
+            target=target,
+            result=_COMPARE_OPS[op],
             **value,
         )
         return self

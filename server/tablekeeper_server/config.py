@@ -51,21 +51,31 @@ class ServerConfig:
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
-    parser.add_argument("--data-dir", type=Path, default=d.data_dir, help="RocksDB state (default ./data)")
-    parser.add_argument("--wal-dir", type=Path, default=None, help="range logs (default DATA_DIR/wal)")
+    parser.add_argument(
+        "--data-dir", type=Path, default=d.data_dir, help="RocksDB state (default ./data)"
+    )
+    parser.add_argument(
+        "--wal-dir", type=Path, default=None, help="range logs (default DATA_DIR/wal)"
+    )
     parser.add_argument("--host", default=d.bind_host, help="address to bind (default 127.0.0.1)")
     parser.add_argument(
         "--advertise-host", default=None, help="host clients should use (default: --host)"
     )
     parser.add_argument("--port", type=int, default=d.port, help="gRPC port (default 4181)")
     parser.add_argument(
-        "--metrics-port", type=int, default=d.metrics_port, help="Prometheus port, 0 = off (default 9181)"
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="Prometheus port, 0 = off (default 9181)",
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
     )
     parser.add_argument(
-        "--max-value-bytes", type=int, default=d.value_bytes_max, help="largest value (default 4 MiB)"
+        "--max-value-bytes",
+        type=int,
+        default=d.value_bytes_max,
+        help="largest value (default 4 MiB)",
     )
     parser.add_argument(
         "--max-key-bytes", type=int, default=d.key_bytes_max, help="largest key (default 64 KiB)"

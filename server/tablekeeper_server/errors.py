@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 class Code:
-    """BookKeeper `StatusCode` numbers (storage.proto). Plain ints so this module needs no protobuf."""
+    """BookKeeper `StatusCode` numbers (storage.proto), as plain ints: no protobuf needed here."""
 
     SUCCESS = 0
     FAILURE = 1

@@ -55,9 +55,7 @@ class ServerMetrics:
         self.requests.labels(method, str(code)).inc()
         self.request_seconds.labels(method).observe(seconds)
 
-    def register_container_stats(
-        self, stats: Callable[[], dict[int, tuple[int, int]]]
-    ) -> None:
+    def register_container_stats(self, stats: Callable[[], dict[int, tuple[int, int]]]) -> None:
         """`stats()` returns {container id: (open ranges, estimated keys)} at scrape time."""
         self.registry.register(_ContainerCollector(stats))
 
@@ -68,7 +66,9 @@ class _ContainerCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         ranges = GaugeMetricFamily(
-            "tablekeeper_container_ranges", "Open ranges per storage container", labels=["container"]
+            "tablekeeper_container_ranges",
+            "Open ranges per storage container",
+            labels=["container"],
         )
         keys = GaugeMetricFamily(
             "tablekeeper_container_keys",

@@ -106,5 +106,7 @@ class MetaCatalog:
         async with self._lock:
             ranges = self._read(stream_id) or []
             prefix = _LONG.pack(stream_id)
-            await self._kv.commit(delete_ranges=[(prefix + b"\x01", prefix + b"\x02" + b"\xff" * 8)])
+            await self._kv.commit(
+                delete_ranges=[(prefix + b"\x01", prefix + b"\x02" + b"\xff" * 8)]
+            )
             return ranges

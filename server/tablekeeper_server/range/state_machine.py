@@ -317,9 +317,7 @@ class RangeStateMachine:
                 delete = kv_rpc_pb2.DeleteRangeRequest()
                 delete.CopyFrom(op.request_delete_range)
                 delete.header.r_key = req.header.r_key
-                result.response_delete_range.CopyFrom(
-                    self._delete_range(view, now, delete, writes)
-                )
+                result.response_delete_range.CopyFrom(self._delete_range(view, now, delete, writes))
             elif kind == "request_range":
                 read = kv_rpc_pb2.RangeRequest()
                 read.CopyFrom(op.request_range)
@@ -372,9 +370,7 @@ class RangeStateMachine:
             if (limit and count >= limit) or count >= SCAN_ROWS_MAX or size >= SCAN_BYTES_MAX:
                 response.more = True
                 break
-            response.kvs.append(
-                to_key_value(key[len(prefix) :], record, keys_only=req.keys_only)
-            )
+            response.kvs.append(to_key_value(key[len(prefix) :], record, keys_only=req.keys_only))
             count += 1
             size += len(key) + (0 if req.keys_only else len(record.value))
         response.count = count

@@ -74,7 +74,9 @@ def check_range(req: kv_rpc_pb2.RangeRequest, limits: Limits) -> None:
 def check_txn(req: kv_rpc_pb2.TxnRequest, limits: Limits) -> None:
     n_ops = len(req.compare) + len(req.success) + len(req.failure)
     if n_ops > limits.txn_ops_max:
-        raise BadRequestError(f"txn has {n_ops} compares and ops; the limit is {limits.txn_ops_max}")
+        raise BadRequestError(
+            f"txn has {n_ops} compares and ops; the limit is {limits.txn_ops_max}"
+        )
     for compare in req.compare:
         _check_key(compare.key, limits)
         if compare.WhichOneof("target_union") is None and compare.target != compare.VALUE:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-import grpc
+from typing import Any, TypeAlias, TypeVar
 
 from tablekeeper_proto.bookkeeper import (
     common_pb2,
@@ -27,7 +25,7 @@ from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import validation
 from tablekeeper_server.rpc.status import serve
 
-Context = grpc.aio.ServicerContext  # type: ignore[type-arg]
+Context: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type stubs)
 M = TypeVar("M")
 STREAM_ID_METADATA_KEY = "bk-rt-sid-bin"
 SERVER_VERSION = "0.1.0"
@@ -47,7 +45,11 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
         self._metrics = metrics
 
     async def _serve(
-        self, method: str, context: Context, handler: Callable[[], Awaitable[M]], kind: type[M]
+        self,
+        method: str,
+        context: Context,
+        handler: Callable[[], Awaitable[M]],
+        kind: Callable[..., M],
     ) -> M:
         return await serve(
             method, context, self._metrics, handler, lambda code: kind(code=code), _code
@@ -326,12 +328,13 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             return result
         request = getattr(op, kind)
         target = getattr(result, kind)
-        handler = {
+        handlers: dict[str, Callable[[int, Any], Awaitable[Any]]] = {
             "put": self._ops.put,
             "increment": self._ops.increment,
             "delete_range": self._ops.delete,
             "range": self._ops.range,
-        }[kind]
+        }
+        handler = handlers[kind]
         try:
             response = await handler(_stream_id(request.header, context), request)
             target.CopyFrom(response)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -30,13 +30,29 @@ ERROR_METADATA_KEY = "tk-error"
 M = TypeVar("M")
 
 
+# Why a command answered a non-zero status from the state machine (which has no messages: its
+# responses must be identical on replay).
+_COMMAND_STATUS_REASONS = {
+    ("Put", Code.BAD_REQUEST): "the key holds a number; use Increment (or delete it first)",
+    ("Put", Code.BAD_VERSION): "expected_version does not match the key's version",
+    ("Put", Code.KEY_EXISTS): "expected_version -1 (absent) but the key exists",
+    ("Put", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
+    ("Increment", Code.BAD_REQUEST): "the key holds bytes, not a number",
+    ("Txn", Code.KEY_NOT_FOUND): "a compare on version/create/mod names a key that does not exist",
+}
+
+
+def command_status_reason(method: str, code: int) -> str | None:
+    return _COMMAND_STATUS_REASONS.get((method, code))
+
+
 def _ascii(message: str) -> str:
     return message.encode("ascii", "backslashreplace").decode("ascii")[:1024]
 
 
 async def serve(
     method: str,
-    context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    context: Any,  # grpc.aio.ServicerContext; grpc ships no type stubs
     metrics: ServerMetrics | None,
     handler: Callable[[], Awaitable[M]],
     error_response: Callable[[int], M],
@@ -47,6 +63,8 @@ async def serve(
     try:
         response = await handler()
         code = code_of(response)
+        if code and (reason := command_status_reason(method, code)):
+            context.set_trailing_metadata(((ERROR_METADATA_KEY, reason),))
     except (RouteNotFoundError, UnavailableError) as exc:
         _record(metrics, method, -404, started)
         await context.abort(grpc.StatusCode.NOT_FOUND, _ascii(exc.message))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
+from tablekeeper_server.storage.api import WriteBatch
+
 
 class MemoryWriteBatch:
     def __init__(self) -> None:
@@ -38,7 +40,8 @@ class MemoryKvStore:
     def new_batch(self) -> MemoryWriteBatch:
         return MemoryWriteBatch()
 
-    def write(self, batch: MemoryWriteBatch) -> None:  # type: ignore[override]
+    def write(self, batch: WriteBatch) -> None:
+        assert isinstance(batch, MemoryWriteBatch)
         for op, a, b in batch.ops:
             if op == "put":
                 if a not in self._data:

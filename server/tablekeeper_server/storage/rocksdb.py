@@ -13,6 +13,7 @@ from pathlib import Path
 import rocksdict
 
 from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.storage.api import WriteBatch
 
 _WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
@@ -36,7 +37,8 @@ class RocksKvStore:
         except Exception as exc:  # rocksdict raises plain exceptions for corruption and locks
             raise CorruptionError(f"cannot open RocksDB at {path}: {exc}") from exc
         self._write_opts = rocksdict.WriteOptions()
-        self._write_opts.disable_wal = True
+        # A property at runtime; rocksdict's stub declares it a method.
+        self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
 
     def get(self, key: bytes) -> bytes | None:
         value = self._db.get(key)
@@ -54,7 +56,8 @@ class RocksKvStore:
     def new_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
 
-    def write(self, batch: rocksdict.WriteBatch) -> None:
+    def write(self, batch: WriteBatch) -> None:
+        assert isinstance(batch, rocksdict.WriteBatch)
         self._db.write(batch, self._write_opts)
 
     def estimate_num_keys(self) -> int:

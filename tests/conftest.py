@@ -1,0 +1,31 @@
+"""Fixtures shared by all test tiers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.server import ServerProcess
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    """Make servers with `ServerProcess(tmp_path / "name").start()`; all are stopped at the end.
+
+    Yields the list the test appends its servers to.
+    """
+    servers: list[ServerProcess] = []
+    yield servers
+    for server in servers:
+        if server.process is not None and server.process.poll() is None:
+            server.kill()
+
+
+@pytest.fixture
+def server(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
+    """A fresh standalone server on free ports with its own data directory."""
+    s = ServerProcess(tmp_path / "data")
+    server_factory.append(s)
+    return s.start()

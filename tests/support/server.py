@@ -1,0 +1,119 @@
+"""Start and stop real TableKeeper server processes for integration tests.
+
+Servers bind to 127.0.0.1 on free ports and log to a file next to their data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def service(self) -> str:
+        return f"bk://127.0.0.1:{self.port}"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}-server.log"
+
+    def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child process)
+        self.process = subprocess.Popen(
+            [
+                str(TABLEKEEPER),
+                "server",
+                "--data-dir",
+                str(self.data_dir),
+                "--port",
+                str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        log.close()
+        self.wait_serving(timeout_s)
+        return self
+
+    def wait_serving(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert self.process is not None
+                if self.process.poll() is not None:
+                    raise RuntimeError(
+                        f"server exited with {self.process.returncode}:\n{self.log_tail()}"
+                    )
+                try:
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                    if status.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"server not serving after {timeout_s}s:\n{self.log_tail()}")
+                time.sleep(0.1)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful path. Returns the exit code."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        """kill -9: no shutdown code runs."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def restart(self) -> ServerProcess:
+        return self.start()
