@@ -41,9 +41,14 @@ class GrpcServer:
         metrics: ServerMetrics | None,
     ) -> None:
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
+        # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
+        # metadata limits (8 KiB soft, 16 KiB hard) would reject keys the server accepts.
+        metadata_max = 2 * limits.key_bytes_max + 16 * 1024
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", message_max),
+                ("grpc.max_metadata_size", metadata_max),
+                ("grpc.absolute_max_metadata_size", metadata_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ]
