@@ -30,6 +30,7 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     CorruptionError,
+    LogFencedError,
     TableKeeperError,
     UnavailableError,
 )
@@ -218,6 +219,10 @@ class Range:
             started = time.perf_counter()
             try:
                 last = await writer.append(payloads)
+            except LogFencedError as exc:
+                # A newer owner has the log: this group was not appended, and none can be.
+                self._fail(group, f"log fenced by a newer writer: {exc}", indeterminate=False)
+                return
             except Exception as exc:
                 self._fail(group, f"log append failed: {exc}", indeterminate=True)
                 return
