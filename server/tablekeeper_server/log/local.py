@@ -1,0 +1,734 @@
+"""The local write-ahead log: segment files on this machine's disk.
+
+Layout: each log is a directory `root_dir/<log_name>/` holding
+
+* segment files `<first sequence, 20 digits>.wal` (format in `codec.py`), each starting with a
+  header and holding consecutive records; the file name is the sequence of the segment's first
+  record, so a segment's records are all below the next segment's name;
+* `LOCK`, which the single writer holds with `flock(LOCK_EX | LOCK_NB)` (it also holds the
+  writer's pid, for error messages only).
+
+Writers and fencing: within one process, opening a writer fences the earlier writer of the same
+log (even one opened through another `LocalLogBackend` on the same directory): the earlier one
+finishes an append already in flight, releases the log, and raises `LogFencedError` on every
+later append. A log whose `LOCK` is held by *another process* cannot be taken over:
+`open_writer` (and `delete`) fail at once with `LogLockedError`, an `UnavailableError`.
+
+Durability: `append` returns after one `write` and one `fdatasync` of the group (the sync
+function is injectable). New segment files are synced and their directory is synced before
+records are written to them; a deleted segment or log is gone once its directory is synced.
+
+Recovery (`open_writer`): every segment is read and checked, in order. A torn tail of the last
+segment (the group of a crashed append) is cut off with `ftruncate` + sync; any other damage,
+a missing segment between two others, or a damaged non-last segment raises `CorruptionError`
+naming the log, file and byte offset. The cost is a read of the whole retained log, so callers
+should `truncate` what their checkpoints cover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.log.codec import (
+    SEGMENT_FLAG_GAP,
+    SEGMENT_HEADER_SIZE,
+    RecordDecoder,
+    decode_segment_header,
+    encode_batch,
+    encode_segment_header,
+    is_torn_segment_header,
+)
+
+_log = logging.getLogger(__name__)
+
+MiB: Final = 1 << 20
+DEFAULT_SEGMENT_BYTES_MAX: Final = 64 * MiB
+SEGMENT_SUFFIX: Final = ".wal"
+LOCK_FILE_NAME: Final = "LOCK"
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
+_TOMBSTONE_PREFIX: Final = ".deleted-"
+_MAX_LOG_NAME_BYTES: Final = 200
+
+SyncFunction = Callable[[int], None]
+"""Makes a file's written data durable, given its descriptor; raises `OSError` on failure."""
+
+
+def _default_sync(fd: int) -> None:
+    # fdatasync also persists the file size, which is all an append changes besides data.
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover - macOS
+        os.fsync(fd)
+
+
+class LogLockedError(UnavailableError):
+    """Another process holds the log's LOCK file, so this process cannot write or delete it.
+
+    Retryable: it succeeds once that process has closed the log or exited."""
+
+
+def segment_file_name(first_sequence: int) -> str:
+    """The file name of the segment whose first record is `first_sequence`."""
+    return f"{first_sequence:020d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    first_sequence: int
+    path: Path
+
+
+class _Slot:
+    """Per log directory, process-wide: serializes open/delete and knows the current writer."""
+
+    __slots__ = ("lock", "writer")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.writer: LocalLogWriter | None = None
+
+
+_slots_lock = threading.Lock()
+_slots: dict[str, _Slot] = {}
+
+
+def _slot_for(log_dir: Path) -> _Slot:
+    key = os.path.realpath(log_dir)
+    with _slots_lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = _Slot()
+        return slot
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _list_segments(log_dir: Path) -> list[_Segment]:
+    """The log's segments ordered by first sequence; [] when the directory does not exist."""
+    try:
+        names = os.listdir(log_dir)
+    except FileNotFoundError:
+        return []
+    segments = []
+    for name in names:
+        match = _SEGMENT_NAME.match(name)
+        if match:
+            segments.append(_Segment(int(match.group(1)), log_dir / name))
+    segments.sort(key=lambda segment: segment.first_sequence)
+    return segments
+
+
+def _lock_log(log_dir: Path, log_name: str) -> int:
+    """Take the log's LOCK without blocking; return its descriptor. Raises `LogLockedError`."""
+    fd = os.open(log_dir / LOCK_FILE_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = ""
+        with contextlib.suppress(OSError):
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise LogLockedError(
+                f"log {log_name!r} is locked by another process"
+                + (f" (pid {holder})" if holder else "")
+                + f": {log_dir / LOCK_FILE_NAME}"
+            ) from exc
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+class LocalLogWriter:
+    """The writer of one local log. Create it with `LocalLogBackend.open_writer`.
+
+    `append` must be awaited from one task at a time (the owning range's writer task);
+    `last_sequence` may be read from any thread. Internally a lock serializes the write/sync of
+    an append with fencing and closing, so fencing never interleaves with a group being written.
+    """
+
+    def __init__(
+        self,
+        *,
+        log_name: str,
+        log_dir: Path,
+        lock_fd: int,
+        segment_fd: int,
+        segment_first: int,
+        segment_size: int,
+        segment_records: int,
+        last_sequence: int,
+        segment_bytes_max: int,
+        sync: SyncFunction,
+        slot: _Slot,
+    ) -> None:
+        self._log_name = log_name
+        self._dir = log_dir
+        self._lock_fd: int | None = lock_fd
+        self._fd: int | None = segment_fd
+        self._segment_first = segment_first
+        self._segment_size = segment_size
+        self._segment_records = segment_records
+        self._last = last_sequence
+        self._segment_bytes_max = segment_bytes_max
+        self._sync = sync
+        self._slot = slot
+        self._io_lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+        self._fenced = False
+        self._broken: str | None = None
+
+    @property
+    def log_name(self) -> str:
+        return self._log_name
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last durable record (or the `min_last_sequence` it was opened with
+        when that is higher); 0 for a log that never had a record."""
+        return self._last
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append `payloads` as one group and return the last one's sequence (see `LogWriter`).
+
+        The group is encoded, written with one `write` and made durable with one sync, in a
+        worker thread, so the event loop keeps running meanwhile. On return every record is
+        durable. An empty `payloads` writes nothing and returns `last_sequence`.
+
+        Raises `LogFencedError` after another writer opened the log, `UnavailableError` after
+        `close`, after any earlier failed or cancelled append (the writer is then unusable and
+        must be reopened: a partly written group must not be followed by new records), and for
+        an `OSError` while writing or syncing. If the awaiting task is cancelled, the write
+        completes or fails in the background and the writer refuses further appends.
+        `ValueError` for a payload over 4 GiB - 1 (nothing written; the writer stays usable).
+        `RuntimeError` if called while another append is in flight.
+        """
+        if self._busy:
+            raise RuntimeError(f"log {self._log_name!r}: append calls must not overlap")
+        self._check_usable()
+        if not payloads:
+            return self._last
+        self._busy = True
+        try:
+            return await asyncio.to_thread(self._append_sync, payloads)
+        except asyncio.CancelledError:
+            self._broken = "an append was cancelled while in flight"
+            raise
+        finally:
+            self._busy = False
+
+    async def close(self) -> None:
+        """Release the log (its LOCK and files). Waits for an in-flight write. Idempotent.
+
+        Durable records stay. A fenced writer's close does not touch the newer writer."""
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """`close` for callers outside the event loop (blocking)."""
+        with self._io_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._release()
+        with self._slot.lock:
+            if self._slot.writer is self:
+                self._slot.writer = None
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise UnavailableError(f"log {self._log_name!r}: the writer is closed")
+        if self._fenced:
+            raise LogFencedError(
+                f"log {self._log_name!r}: fenced, another writer opened (or deleted) the log"
+            )
+        if self._broken is not None:
+            raise UnavailableError(
+                f"log {self._log_name!r}: the writer is unusable after an earlier failure "
+                f"({self._broken}); reopen the log"
+            )
+
+    def _append_sync(self, payloads: Sequence[bytes]) -> int:
+        with self._io_lock:
+            self._check_usable()
+            first = self._last + 1
+            data = encode_batch(first, payloads)
+            last = first + len(payloads) - 1
+            try:
+                if (
+                    self._segment_records > 0
+                    and self._segment_size + len(data) > self._segment_bytes_max
+                ):
+                    self._roll(first, flags=0)
+                fd = self._fd
+                assert fd is not None
+                view = memoryview(data)
+                written = 0
+                while written < len(data):
+                    count = os.write(fd, view[written:])
+                    if count <= 0:
+                        raise OSError(errno.EIO, "write returned 0")
+                    written += count
+                self._sync(fd)
+            except BaseException as exc:
+                self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
+                if isinstance(exc, OSError):
+                    raise UnavailableError(
+                        f"log {self._log_name!r}: append of sequences {first}..{last} failed; "
+                        f"they may or may not be durable: {exc}"
+                    ) from exc
+                raise
+            self._segment_size += len(data)
+            self._segment_records += len(payloads)
+            self._last = last
+            return last
+
+    def _roll(self, first_sequence: int, *, flags: int) -> None:
+        """Start a new segment at `first_sequence`: create, write header, sync it and the dir."""
+        path = self._dir / segment_file_name(first_sequence)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            header = encode_segment_header(first_sequence, flags=flags)
+            os.write(fd, header)
+            self._sync(fd)
+            _fsync_dir(self._dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        old = self._fd
+        self._fd = fd
+        self._segment_first = first_sequence
+        self._segment_size = len(header)
+        self._segment_records = 0
+        if old is not None:
+            os.close(old)
+
+    def _fence(self) -> None:
+        """Called by the backend when a newer writer takes over (or the log is deleted)."""
+        with self._io_lock:
+            if self._closed or self._fenced:
+                return
+            self._fenced = True
+            self._release()
+
+    def _release(self) -> None:
+        fd, self._fd = self._fd, None
+        lock_fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(lock_fd)  # releases the flock
+
+
+class LocalLogBackend:
+    """Logs stored as directories of segment files under `root_dir`.
+
+    All methods block (call them from a worker thread) and are thread-safe. `read` and
+    `truncate` need no lock and may run while a writer appends. Log names must be usable as a
+    single directory name: non-empty, at most 200 UTF-8 bytes, no '/' or NUL, not starting with
+    '.'; others raise `ValueError`. `OSError`s are reported as `UnavailableError`.
+    """
+
+    def __init__(
+        self,
+        root_dir: Path,
+        *,
+        segment_bytes_max: int = DEFAULT_SEGMENT_BYTES_MAX,
+        sync: SyncFunction | None = None,
+    ) -> None:
+        """`sync` replaces `os.fdatasync` for segment files (tests count or fail syncs with it);
+        directories are always synced with `os.fsync`."""
+        if segment_bytes_max <= SEGMENT_HEADER_SIZE:
+            raise ValueError(f"segment_bytes_max must exceed {SEGMENT_HEADER_SIZE}")
+        self._root = Path(root_dir)
+        self._segment_bytes_max = segment_bytes_max
+        self._sync: SyncFunction = sync if sync is not None else _default_sync
+        self._remove_tombstones()
+
+    @property
+    def root_dir(self) -> Path:
+        return self._root
+
+    def log_dir(self, log_name: str) -> Path:
+        """The directory holding `log_name` (it may not exist)."""
+        _check_log_name(log_name)
+        return self._root / log_name
+
+    # -- open / recover ------------------------------------------------------------------------
+
+    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> LocalLogWriter:
+        """Open `log_name` for writing (creating it), fencing an earlier writer in this process.
+
+        Recovers the log first (see the module docstring) and, when `min_last_sequence` is above
+        the last record, durably starts a new segment at `min_last_sequence + 1` (flagged as a
+        gap) so the numbering survives a restart. Raises `LogLockedError` when another process
+        holds the log, `CorruptionError` for damage that is not a torn tail, `UnavailableError`
+        for I/O errors. Blocking.
+        """
+        if min_last_sequence < 0:
+            raise ValueError(f"min_last_sequence must be >= 0, got {min_last_sequence}")
+        log_dir = self.log_dir(log_name)
+        slot = _slot_for(log_dir)
+        with slot.lock:
+            if slot.writer is not None:
+                slot.writer._fence()
+                slot.writer = None
+            try:
+                writer = self._open_locked(log_name, log_dir, slot, min_last_sequence)
+            except OSError as exc:
+                raise UnavailableError(f"log {log_name!r}: cannot open: {exc}") from exc
+            slot.writer = writer
+            return writer
+
+    def _open_locked(
+        self, log_name: str, log_dir: Path, slot: _Slot, min_last_sequence: int
+    ) -> LocalLogWriter:
+        if not log_dir.is_dir():
+            self._root.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                log_dir.mkdir()
+            _fsync_dir(self._root)
+        lock_fd = _lock_log(log_dir, log_name)
+        segment_fd: int | None = None
+        try:
+            segments = _list_segments(log_dir)
+            if not segments:
+                first = min_last_sequence + 1
+                flags = SEGMENT_FLAG_GAP if min_last_sequence else 0
+                segment_fd = self._create_segment(log_dir, first, flags)
+                return self._writer(
+                    log_name, log_dir, slot, lock_fd, segment_fd, first, SEGMENT_HEADER_SIZE, 0
+                )
+            last_sequence, last_records = self._recover(log_name, segments)
+            tail = segments[-1]
+            if min_last_sequence > last_sequence:
+                first = min_last_sequence + 1
+                segment_fd = self._create_segment(log_dir, first, SEGMENT_FLAG_GAP)
+                if last_records == 0:
+                    # The old last segment holds nothing; the new one carries the numbering.
+                    tail.path.unlink()
+                    _fsync_dir(log_dir)
+                _log.info(
+                    "log %r: numbering raised from %d to %d", log_name, last_sequence, first - 1
+                )
+                return self._writer(
+                    log_name, log_dir, slot, lock_fd, segment_fd, first, SEGMENT_HEADER_SIZE, 0
+                )
+            segment_fd = os.open(tail.path, os.O_WRONLY | os.O_CLOEXEC)
+            size = os.lseek(segment_fd, 0, os.SEEK_END)
+            return self._writer(
+                log_name,
+                log_dir,
+                slot,
+                lock_fd,
+                segment_fd,
+                tail.first_sequence,
+                size,
+                last_records,
+                last_sequence=last_sequence,
+            )
+        except BaseException:
+            if segment_fd is not None:
+                os.close(segment_fd)
+            os.close(lock_fd)
+            raise
+
+    def _writer(
+        self,
+        log_name: str,
+        log_dir: Path,
+        slot: _Slot,
+        lock_fd: int,
+        segment_fd: int,
+        segment_first: int,
+        segment_size: int,
+        segment_records: int,
+        *,
+        last_sequence: int | None = None,
+    ) -> LocalLogWriter:
+        return LocalLogWriter(
+            log_name=log_name,
+            log_dir=log_dir,
+            lock_fd=lock_fd,
+            segment_fd=segment_fd,
+            segment_first=segment_first,
+            segment_size=segment_size,
+            segment_records=segment_records,
+            last_sequence=segment_first - 1 if last_sequence is None else last_sequence,
+            segment_bytes_max=self._segment_bytes_max,
+            sync=self._sync,
+            slot=slot,
+        )
+
+    def _create_segment(self, log_dir: Path, first_sequence: int, flags: int) -> int:
+        path = log_dir / segment_file_name(first_sequence)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, encode_segment_header(first_sequence, flags=flags))
+            self._sync(fd)
+            _fsync_dir(log_dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _recover(self, log_name: str, segments: list[_Segment]) -> tuple[int, int]:
+        """Check every segment, cut a torn tail off the last one.
+
+        Returns (last sequence, number of records in the last segment)."""
+        previous_last: int | None = None
+        records = 0
+        for index, segment in enumerate(segments):
+            is_last = index == len(segments) - 1
+            source = f"log {log_name!r} segment {segment.path}"
+            with open(segment.path, "r+b") as file:
+                size = os.fstat(file.fileno()).st_size
+                head = file.read(SEGMENT_HEADER_SIZE)
+                if is_torn_segment_header(head, size):
+                    if not is_last:
+                        raise CorruptionError(f"{source}: incomplete segment header (byte 0)")
+                    gap = previous_last is not None and previous_last + 1 != segment.first_sequence
+                    _log.warning(
+                        "%s: rewriting the header of a segment cut short by a crash", source
+                    )
+                    file.seek(0)
+                    file.truncate(0)
+                    file.write(
+                        encode_segment_header(
+                            segment.first_sequence, flags=SEGMENT_FLAG_GAP if gap else 0
+                        )
+                    )
+                    file.flush()
+                    self._sync(file.fileno())
+                    return segment.first_sequence - 1, 0
+                header = decode_segment_header(head, source=source)
+                _check_segment_order(
+                    source, segment, header.first_sequence, header.gap, previous_last
+                )
+                decoder = RecordDecoder(
+                    file, source=source, first_sequence=segment.first_sequence, end_offset=size
+                )
+                records = sum(1 for _ in decoder)
+                torn = decoder.torn
+                if torn is not None:
+                    if not is_last:
+                        raise CorruptionError(
+                            f"{source}: damaged record at byte offset {torn.offset} "
+                            f"({torn.reason}) in a segment that is not the last"
+                        )
+                    _log.warning(
+                        "%s: cutting a torn tail at byte offset %d (%s; %d bytes, %d valid "
+                        "records of the same unfinished group discarded); last sequence is %d",
+                        source,
+                        torn.offset,
+                        torn.reason,
+                        size - torn.offset,
+                        torn.discarded_records,
+                        decoder.last_sequence,
+                    )
+                    file.truncate(torn.offset)
+                    file.flush()
+                    self._sync(file.fileno())
+                previous_last = decoder.last_sequence
+        assert previous_last is not None
+        return previous_last, records
+
+    # -- read / truncate / delete --------------------------------------------------------------
+
+    def read(self, log_name: str, from_sequence: int) -> Iterator[LogRecord]:
+        """Yield the durable records with sequence >= `from_sequence`, in order (see `LogBackend`).
+
+        Starts at the first record still held when `from_sequence` was truncated. When a writer
+        of this log is open in this process, stops at its `last_sequence` as of the first
+        `next()`, so records of an append still in flight are never returned; records written
+        by another process are returned as found on disk. A torn tail of the last segment ends
+        the iteration; other damage raises `CorruptionError`. Segments wholly before
+        `from_sequence` are skipped without being read. Blocking (each `next()`).
+        """
+        log_dir = self.log_dir(log_name)
+        return self._read(log_name, log_dir, max(1, from_sequence))
+
+    def _read(self, log_name: str, log_dir: Path, from_sequence: int) -> Iterator[LogRecord]:
+        writer = _slot_for(log_dir).writer
+        stop_after = writer.last_sequence if writer is not None else None
+        try:
+            segments = _list_segments(log_dir)
+            start = 0
+            for index, segment in enumerate(segments):
+                if segment.first_sequence <= from_sequence:
+                    start = index
+            previous_last: int | None = None
+            yielded = False
+            for index in range(start, len(segments)):
+                segment = segments[index]
+                is_last = index == len(segments) - 1
+                if stop_after is not None and segment.first_sequence > stop_after:
+                    return
+                source = f"log {log_name!r} segment {segment.path}"
+                try:
+                    file = open(segment.path, "rb")  # noqa: SIM115 - closed below
+                except FileNotFoundError:
+                    if yielded or is_last:
+                        raise UnavailableError(
+                            f"{source}: deleted while being read (truncated concurrently)"
+                        ) from None
+                    previous_last = None
+                    continue  # truncated since listing; the next segment is still held
+                with file:
+                    size = os.fstat(file.fileno()).st_size
+                    head = file.read(SEGMENT_HEADER_SIZE)
+                    if is_torn_segment_header(head, size):
+                        if is_last:
+                            return
+                        raise CorruptionError(f"{source}: incomplete segment header (byte 0)")
+                    header = decode_segment_header(head, source=source)
+                    _check_segment_order(
+                        source, segment, header.first_sequence, header.gap, previous_last
+                    )
+                    decoder = RecordDecoder(
+                        file,
+                        source=source,
+                        first_sequence=segment.first_sequence,
+                        end_offset=size,
+                        stop_after=stop_after,
+                    )
+                    for record in decoder:
+                        if record.sequence >= from_sequence:
+                            yielded = True
+                            yield record
+                    if decoder.torn is not None:
+                        if is_last:
+                            return
+                        raise CorruptionError(
+                            f"{source}: damaged record at byte offset {decoder.torn.offset} "
+                            f"({decoder.torn.reason}) in a segment that is not the last"
+                        )
+                    previous_last = decoder.last_sequence
+                    if stop_after is not None and previous_last >= stop_after:
+                        return
+        except OSError as exc:
+            raise UnavailableError(f"log {log_name!r}: read failed: {exc}") from exc
+
+    def truncate(self, log_name: str, before_sequence: int) -> None:
+        """Delete every segment whose records are all < `before_sequence`; never the last one.
+
+        Segments go oldest first, so a crash leaves a contiguous suffix. Safe while a writer
+        appends (it only writes to the last segment). Blocking."""
+        log_dir = self.log_dir(log_name)
+        segments = _list_segments(log_dir)
+        deleted = 0
+        try:
+            for segment, following in zip(segments, segments[1:], strict=False):
+                if following.first_sequence > before_sequence:
+                    break
+                segment.path.unlink(missing_ok=True)
+                deleted += 1
+            if deleted:
+                _fsync_dir(log_dir)
+        except OSError as exc:
+            raise UnavailableError(f"log {log_name!r}: truncate failed: {exc}") from exc
+
+    def delete(self, log_name: str) -> None:
+        """Remove the whole log; a no-op if it does not exist.
+
+        Fences this process's writer of the log (its appends raise `LogFencedError`) and raises
+        `LogLockedError` if another process holds it. The directory is renamed away atomically
+        first, so a crash never leaves a partial log under the name. Blocking."""
+        log_dir = self.log_dir(log_name)
+        slot = _slot_for(log_dir)
+        with slot.lock:
+            if slot.writer is not None:
+                slot.writer._fence()
+                slot.writer = None
+            if not log_dir.is_dir():
+                return
+            try:
+                lock_fd = _lock_log(log_dir, log_name)
+                try:
+                    tombstone = self._root / f"{_TOMBSTONE_PREFIX}{log_name}-{uuid.uuid4().hex}"
+                    os.rename(log_dir, tombstone)
+                    _fsync_dir(self._root)
+                finally:
+                    os.close(lock_fd)
+                shutil.rmtree(tombstone, ignore_errors=True)
+            except OSError as exc:
+                raise UnavailableError(f"log {log_name!r}: delete failed: {exc}") from exc
+
+    def _remove_tombstones(self) -> None:
+        """Finish deletes that a crash interrupted."""
+        try:
+            names = os.listdir(self._root)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(_TOMBSTONE_PREFIX):
+                shutil.rmtree(self._root / name, ignore_errors=True)
+
+
+def _check_segment_order(
+    source: str, segment: _Segment, header_first: int, gap: bool, previous_last: int | None
+) -> None:
+    if header_first != segment.first_sequence:
+        raise CorruptionError(
+            f"{source}: header says first sequence {header_first}, the file name says "
+            f"{segment.first_sequence}"
+        )
+    if previous_last is None:
+        return
+    if segment.first_sequence <= previous_last or (
+        not gap and segment.first_sequence != previous_last + 1
+    ):
+        raise CorruptionError(
+            f"{source}: starts at sequence {segment.first_sequence} but the previous segment "
+            f"ends at {previous_last}; records are missing or duplicated"
+        )
+
+
+def _check_log_name(log_name: str) -> None:
+    if (
+        not log_name
+        or log_name.startswith(".")
+        or "/" in log_name
+        or "\x00" in log_name
+        or len(log_name.encode("utf-8", "surrogatepass")) > _MAX_LOG_NAME_BYTES
+    ):
+        raise ValueError(
+            f"invalid log name {log_name!r}: must be a non-empty file name of at most "
+            f"{_MAX_LOG_NAME_BYTES} bytes, without '/' or NUL, not starting with '.'"
+        )
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_interface(
+        backend: LocalLogBackend, writer: LocalLogWriter
+    ) -> tuple[LogBackend, LogWriter]:
+        return backend, writer

@@ -1,0 +1,522 @@
+"""The local log backend: crash recovery, corruption, segments, syncs, locking."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.log.api import LogRecord
+from tablekeeper_server.log.codec import (
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    UnsupportedFormatError,
+)
+from tablekeeper_server.log.local import LocalLogBackend, LogLockedError, segment_file_name
+
+pytestmark = pytest.mark.unit
+
+T = TypeVar("T")
+LOG = "range-7"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+class CountingSync:
+    """A sync hook that counts calls and can fail or block them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_with: OSError | None = None
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.fail_with is not None:
+            raise self.fail_with
+        os.fdatasync(fd)
+
+
+def write(backend: LocalLogBackend, groups: Sequence[Sequence[bytes]]) -> int:
+    async def scenario() -> int:
+        writer = backend.open_writer(LOG)
+        last = writer.last_sequence
+        for group in groups:
+            last = await writer.append(group)
+        await writer.close()
+        return last
+
+    return run(scenario())
+
+
+def append_one(backend: LocalLogBackend, payload: bytes) -> int:
+    return write(backend, [[payload]])
+
+
+def segments(backend: LocalLogBackend) -> list[Path]:
+    return sorted(backend.log_dir(LOG).glob("*.wal"))
+
+
+def only_segment(backend: LocalLogBackend) -> Path:
+    (path,) = segments(backend)
+    return path
+
+
+def record_offset(payloads: Sequence[bytes], index: int) -> int:
+    """File offset of record `index` (0-based) in a single segment holding `payloads`."""
+    return SEGMENT_HEADER_SIZE + sum(RECORD_HEADER_SIZE + len(p) for p in payloads[:index])
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def payloads_of(backend: LocalLogBackend) -> list[bytes]:
+    return [record.payload for record in backend.read(LOG, 1)]
+
+
+PAYLOADS = [f"payload-{i}-".encode() * (i + 3) for i in range(6)]
+
+
+# -- torn tails -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [1, RECORD_HEADER_SIZE - 1, RECORD_HEADER_SIZE, RECORD_HEADER_SIZE + 5, -1],
+    ids=["1-byte", "mid-header", "header-only", "mid-payload", "last-byte-missing"],
+)
+def test_torn_last_record_is_cut_off_and_numbering_continues(tmp_path: Path, cut: int) -> None:
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [[p] for p in PAYLOADS])
+    path = only_segment(backend)
+    last_start = record_offset(PAYLOADS, 5)
+    length = cut if cut > 0 else RECORD_HEADER_SIZE + len(PAYLOADS[5]) + cut
+    os.truncate(path, last_start + length)
+
+    backend = LocalLogBackend(tmp_path)
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 5
+    assert path.stat().st_size == last_start
+    assert run(writer.append([b"new six"])) == 6
+    run(writer.close())
+    assert payloads_of(backend) == [*PAYLOADS[:5], b"new six"]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [os.urandom(1000), bytes(8192), b"\xff" * 17, bytes(RECORD_HEADER_SIZE) + b"x" * 50],
+    ids=["random-garbage", "zero-filled", "ff-bytes", "zero-header-then-junk"],
+)
+def test_garbage_after_the_last_record_is_a_torn_tail(tmp_path: Path, tail: bytes) -> None:
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [PAYLOADS[:3], PAYLOADS[3:]])
+    path = only_segment(backend)
+    good_size = path.stat().st_size
+    with open(path, "ab") as file:
+        file.write(tail)
+
+    assert payloads_of(backend) == PAYLOADS  # readers stop at a torn tail
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 6
+    assert path.stat().st_size == good_size
+    assert run(writer.append([b"seven"])) == 7
+    run(writer.close())
+    assert payloads_of(backend) == [*PAYLOADS, b"seven"]
+
+
+def test_torn_group_with_a_hole_is_cut_off_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash may persist later pages of the last group but not earlier ones: the records after
+    the hole belong to an append that never returned, so recovery drops them."""
+    backend = LocalLogBackend(tmp_path)
+    first_group, last_group = [b"a" * 100, b"b" * 100], [b"c" * 300, b"d" * 300, b"e" * 300]
+    write(backend, [first_group, last_group])
+    path = only_segment(backend)
+    everything = [*first_group, *last_group]
+    hole_start = record_offset(everything, 2)
+    data = bytearray(path.read_bytes())
+    data[hole_start : hole_start + 200] = bytes(200)  # "d" and "e" stay intact
+    path.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING):
+        writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 2
+    assert "2 valid records of the same unfinished group discarded" in caplog.text
+    assert path.stat().st_size == hole_start
+    assert run(writer.append([b"f"])) == 3
+    run(writer.close())
+    assert payloads_of(backend) == [*first_group, b"f"]
+
+
+def test_damage_in_the_last_group_is_treated_as_torn(tmp_path: Path) -> None:
+    """Documented limit: damage inside the last group cannot be told from a torn write."""
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [PAYLOADS[:2], PAYLOADS[2:]])
+    flip_byte(only_segment(backend), record_offset(PAYLOADS, 3) + RECORD_HEADER_SIZE)
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 3
+    run(writer.close())
+
+
+# -- corruption -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field_offset",
+    [0, 2, 4, 8, 15, RECORD_HEADER_SIZE, RECORD_HEADER_SIZE + 7],
+    ids=["length", "length-high", "crc", "sequence", "flags", "payload-first", "payload"],
+)
+def test_damaged_middle_record_refuses_to_open(tmp_path: Path, field_offset: int) -> None:
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [[p] for p in PAYLOADS])
+    path = only_segment(backend)
+    damaged = record_offset(PAYLOADS, 2)
+    flip_byte(path, damaged + field_offset)
+    size = path.stat().st_size
+
+    with pytest.raises(CorruptionError) as info:
+        backend.open_writer(LOG)
+    message = str(info.value)
+    assert path.name in message
+    assert repr(LOG) in message
+    assert f"byte offset {damaged}" in message
+    assert path.stat().st_size == size  # nothing was cut
+    with pytest.raises(CorruptionError, match=path.name):
+        list(backend.read(LOG, 1))
+    # The records before the damage can still be read.
+    reader = backend.read(LOG, 1)
+    assert [next(reader).payload, next(reader).payload] == PAYLOADS[:2]
+
+
+def test_damage_in_a_non_last_segment_refuses_to_open(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    first, *_ = paths = segments(backend)
+    assert len(paths) >= 3
+    # Even the *last* record of a non-last segment is not a torn tail.
+    flip_byte(first, first.stat().st_size - 1)
+    with pytest.raises(CorruptionError, match=first.name):
+        backend.open_writer(LOG)
+    with pytest.raises(CorruptionError, match=first.name):
+        list(backend.read(LOG, 1))
+
+
+def test_truncated_non_last_segment_refuses_to_open(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    first = segments(backend)[0]
+    os.truncate(first, first.stat().st_size - 3)
+    with pytest.raises(CorruptionError, match="not the last"):
+        backend.open_writer(LOG)
+
+
+def test_missing_middle_segment_refuses_to_open(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    paths = segments(backend)
+    paths[1].unlink()
+    with pytest.raises(CorruptionError, match="records are missing"):
+        backend.open_writer(LOG)
+    with pytest.raises(CorruptionError, match="records are missing"):
+        list(backend.read(LOG, 1))
+
+
+def test_read_skips_segments_before_from_sequence(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    first, second, *_ = segments(backend)
+    flip_byte(first, SEGMENT_HEADER_SIZE + RECORD_HEADER_SIZE + 1)
+    start = int(second.name.removesuffix(".wal"))
+    assert [r.sequence for r in backend.read(LOG, start)] == list(range(start, 7))
+    with pytest.raises(CorruptionError):
+        list(backend.read(LOG, 1))
+
+
+def test_unknown_format_version_is_refused(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    append_one(backend, b"a")
+    path = only_segment(backend)
+    data = bytearray(path.read_bytes())
+    data[4] = 9
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedFormatError, match="version 9 is not supported"):
+        backend.open_writer(LOG)
+
+
+def test_bad_magic_is_corruption(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    append_one(backend, b"a")
+    path = only_segment(backend)
+    flip_byte(path, 0)
+    with pytest.raises(CorruptionError, match="not a TableKeeper WAL segment"):
+        backend.open_writer(LOG)
+
+
+def test_segment_header_disagreeing_with_file_name_is_corruption(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    append_one(backend, b"a")
+    path = only_segment(backend)
+    path.rename(path.with_name(segment_file_name(5)))
+    with pytest.raises(CorruptionError, match="file name says 5"):
+        backend.open_writer(LOG)
+
+
+# -- segments -------------------------------------------------------------------------------
+
+
+def test_segments_roll_and_are_named_by_first_sequence(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=1000)
+    payload = b"p" * 100  # 116 bytes a record
+    write(backend, [[payload] * 3 for _ in range(10)])
+    paths = segments(backend)
+    firsts = [int(p.name.removesuffix(".wal")) for p in paths]
+    assert [p.name for p in paths] == [segment_file_name(f) for f in firsts]
+    assert firsts[0] == 1
+    # Groups never straddle segments, and segments stay within the limit.
+    assert all((first - 1) % 3 == 0 for first in firsts)
+    assert all(p.stat().st_size <= 1000 for p in paths)
+    assert len(paths) == 5  # 20 + 8 records of 116 bytes fit in 1000
+    assert [r.sequence for r in backend.read(LOG, 1)] == list(range(1, 31))
+    assert (backend.log_dir(LOG) / "LOCK").exists()
+
+
+def test_a_group_larger_than_a_segment_gets_its_own_segment(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=500)
+    write(backend, [[b"a"], [b"b" * 400] * 4, [b"c"]])
+    assert [p.name for p in segments(backend)] == [
+        segment_file_name(1),
+        segment_file_name(2),
+        segment_file_name(6),
+    ]
+    assert payloads_of(backend) == [b"a", *[b"b" * 400] * 4, b"c"]
+
+
+def test_truncate_deletes_whole_segments_only(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=1000)
+    write(backend, [[b"p" * 100] * 3 for _ in range(10)])
+    firsts = [int(p.name.removesuffix(".wal")) for p in segments(backend)]
+    assert firsts == [1, 7, 13, 19, 25]
+
+    backend.truncate(LOG, 12)  # segment 7..12 still holds 12, so only 1..6 goes
+    assert [int(p.name.removesuffix(".wal")) for p in segments(backend)] == [7, 13, 19, 25]
+    assert next(iter(backend.read(LOG, 1))).sequence == 7
+    backend.truncate(LOG, 13)
+    assert [int(p.name.removesuffix(".wal")) for p in segments(backend)] == [13, 19, 25]
+    backend.truncate(LOG, 10**6)  # never the last segment
+    assert [int(p.name.removesuffix(".wal")) for p in segments(backend)] == [25]
+    assert [r.sequence for r in backend.read(LOG, 1)] == list(range(25, 31))
+
+    writer = LocalLogBackend(tmp_path, segment_bytes_max=1000).open_writer(LOG)
+    assert writer.last_sequence == 30
+    assert run(writer.append([b"q"])) == 31
+    run(writer.close())
+
+
+def test_torn_segment_header_of_the_last_segment_is_rewritten(tmp_path: Path) -> None:
+    """A crash while a new segment was being created leaves a short file."""
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [[b"a"], [b"b"]])
+    (backend.log_dir(LOG) / segment_file_name(3)).write_bytes(b"TKW")
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 2
+    assert run(writer.append([b"c"])) == 3
+    run(writer.close())
+    assert payloads_of(backend) == [b"a", b"b", b"c"]
+    assert len(segments(backend)) == 2
+
+
+def test_min_last_sequence_starts_a_gap_segment(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [[b"a"]])
+    writer = backend.open_writer(LOG, min_last_sequence=99)
+    run(writer.close())
+    assert [p.name for p in segments(backend)] == [segment_file_name(1), segment_file_name(100)]
+    # Reopening again with the same floor adds nothing, and the empty segment is reused.
+    writer = backend.open_writer(LOG, min_last_sequence=99)
+    assert writer.last_sequence == 99
+    run(writer.close())
+    writer = backend.open_writer(LOG, min_last_sequence=200)
+    run(writer.close())
+    assert [p.name for p in segments(backend)] == [segment_file_name(1), segment_file_name(201)]
+    assert payloads_of(backend) == [b"a"]
+
+
+# -- durability and the event loop ------------------------------------------------------------
+
+
+def test_one_sync_per_append_group(tmp_path: Path) -> None:
+    sync = CountingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        sync.calls = 0
+        for size in [1, 16, 128, 3, 1]:
+            await writer.append([b"x" * 100] * size)
+        assert sync.calls == 5
+        await writer.append([])
+        assert sync.calls == 5
+        await writer.close()
+
+    run(scenario())
+
+
+def test_append_syncs_in_a_worker_thread_and_reads_see_only_durable_records(
+    tmp_path: Path,
+) -> None:
+    sync = CountingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        await writer.append([b"durable"])
+        sync.gate = threading.Event()
+        sync.entered.clear()
+        task = asyncio.create_task(writer.append([b"in flight 1", b"in flight 2"]))
+        ticks = 0
+        while not sync.entered.is_set():
+            await asyncio.sleep(0.001)
+            ticks += 1
+        for _ in range(5):  # the loop keeps running while the sync is blocked
+            await asyncio.sleep(0.001)
+            ticks += 1
+        assert not task.done()
+        assert list(backend.read(LOG, 1)) == [LogRecord(1, b"durable")]
+        assert writer.last_sequence == 1
+        sync.gate.set()
+        assert await task == 3
+        assert [r.sequence for r in backend.read(LOG, 1)] == [1, 2, 3]
+        await writer.close()
+        assert ticks >= 5
+
+    run(scenario())
+
+
+def test_failed_sync_breaks_the_writer_until_reopened(tmp_path: Path) -> None:
+    sync = CountingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        await writer.append([b"a"])
+        sync.fail_with = OSError(errno.EIO, "disk on fire")
+        with pytest.raises(UnavailableError, match="disk on fire"):
+            await writer.append([b"b"])
+        sync.fail_with = None
+        with pytest.raises(UnavailableError, match="earlier failure"):
+            await writer.append([b"c"])
+        await writer.close()
+
+    run(scenario())
+    writer = backend.open_writer(LOG)
+    # The write reached the page cache, so recovery finds the record; the numbering holds.
+    assert writer.last_sequence == 2
+    run(writer.close())
+
+
+def test_oversized_payload_is_refused_without_breaking_the_writer(tmp_path: Path) -> None:
+    class Huge(bytes):
+        def __len__(self) -> int:
+            return 1 << 32
+
+    backend = LocalLogBackend(tmp_path)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        with pytest.raises(ValueError, match="exceeds"):
+            await writer.append([b"ok", Huge(b"x")])
+        assert await writer.append([b"fine"]) == 1
+        await writer.close()
+
+    run(scenario())
+
+
+# -- locking and fencing ----------------------------------------------------------------------
+
+
+def test_another_backend_in_the_same_process_fences_the_writer(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        first = LocalLogBackend(tmp_path).open_writer(LOG)
+        await first.append([b"a"])
+        second = LocalLogBackend(tmp_path).open_writer(LOG)
+        with pytest.raises(LogFencedError):
+            await first.append([b"b"])
+        assert await second.append([b"b"]) == 2
+        await first.close()
+        await second.close()
+
+    run(scenario())
+
+
+_HOLD_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.pwrite(fd, f"{os.getpid()}\\n".encode(), 0)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_log_locked_by_another_process_cannot_be_opened_or_deleted(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    append_one(backend, b"a")
+    lock = backend.log_dir(LOG) / "LOCK"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LogLockedError, match=f"pid {holder.pid}"):
+            backend.open_writer(LOG)
+        with pytest.raises(LogLockedError):
+            backend.delete(LOG)
+        assert payloads_of(backend) == [b"a"]  # reading needs no lock
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(10)
+    writer = backend.open_writer(LOG)  # free again once the other process is gone
+    assert writer.last_sequence == 1
+    run(writer.close())
+
+
+def test_delete_removes_the_directory(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    write(backend, [[b"a"], [b"b"]])
+    backend.delete(LOG)
+    assert not backend.log_dir(LOG).exists()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", ".hidden", "a/b", "nul\x00", "x" * 201])
+def test_invalid_log_names_are_refused(tmp_path: Path, name: str) -> None:
+    backend = LocalLogBackend(tmp_path)
+    with pytest.raises(ValueError, match="invalid log name"):
+        backend.open_writer(name)
+    with pytest.raises(ValueError, match="invalid log name"):
+        backend.read(name, 1)
