@@ -210,6 +210,28 @@ def import_tablekeeper() -> ModuleType:
     return tablekeeper
 
 
+@contextlib.contextmanager
+def own_connection_per_channel() -> Iterator[None]:
+    """Make every grpc.aio channel created inside the block use its own connection.
+
+    gRPC shares one connection (subchannel) among channels with identical target and
+    arguments, so K AsyncClients would otherwise still be one TCP connection. The SDK
+    does not take channel options, so while its clients build their channels we add
+    ``grpc.use_local_subchannel_pool`` to the options they pass.
+    """
+    original = grpc.aio.insecure_channel
+
+    def patched(target: str, options: Any = None, *args: Any, **kwargs: Any) -> Any:
+        opts = [*(options or ()), ("grpc.use_local_subchannel_pool", 1)]
+        return original(target, opts, *args, **kwargs)
+
+    grpc.aio.insecure_channel = patched
+    try:
+        yield
+    finally:
+        grpc.aio.insecure_channel = original
+
+
 class TableKeeperDriver:
     """TableKeeper through the asyncio SDK; `channels` independent AsyncClients."""
 
@@ -237,6 +259,13 @@ class TableKeeperDriver:
         return b"" if self.empty_lkey else key
 
     async def setup(self, deadline_s: float) -> None:
+        if self.channels == 1:
+            await self._setup(deadline_s)
+            return
+        with own_connection_per_channel():
+            await self._setup(deadline_s)
+
+    async def _setup(self, deadline_s: float) -> None:
         tk = import_tablekeeper()
         self._clients = [tk.AsyncClient(self.service) for _ in range(self.channels)]
         first = self._clients[0]
@@ -911,6 +940,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     targets = list(TARGETS) if args.target == "both" else [args.target]
     started = dt.datetime.now(dt.UTC)
+    load_start = os.getloadavg()
+    if load_start[0] > 1.0:
+        eprint(
+            f"warning: load average {load_start[0]:.1f} before start; other work on this "
+            "machine will add noise to the figures"
+        )
     servers: ManagedServers | None = None
     pids: dict[str, int | None] = {"tablekeeper": args.tk_pid, "etcd": args.etcd_pid}
     tk_service, etcd_endpoint = args.tk_service, args.etcd_endpoint
@@ -1016,6 +1051,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "etcd": etcd_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "loadavg_1m_start": round(load_start[0], 2),
+            "loadavg_1m_end": round(os.getloadavg()[0], 2),
         },
         "results": [asdict(r) for r in results],
         "ratios_tablekeeper_over_etcd": ratios,
