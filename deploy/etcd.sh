@@ -76,12 +76,12 @@ while [[ $# -gt 0 ]]; do
         --wait) WAIT_S="${2:?--wait needs a value}"; shift ;;
         --wait=*) WAIT_S="${1#*=}" ;;
         -h | --help) usage; exit 0 ;;
-        *) usage >&2; die "unknown argument: $1" ;;
+        *) die "unknown argument: $1 (see --help)" ;;
     esac
     shift
 done
 
-[[ -n "${CMD}" ]] || { usage >&2; exit 2; }
+[[ -n "${CMD}" ]] || { echo "Usage: deploy/etcd.sh <start|stop|status> [options] (see --help)" >&2; exit 2; }
 [[ "${PORT}" =~ ^[0-9]+$ ]] || die "--port must be a number"
 [[ -z "${PEER_PORT}" ]] && PEER_PORT=$((PORT + 1))
 [[ "${PEER_PORT}" =~ ^[0-9]+$ ]] || die "--peer-port must be a number"
@@ -157,7 +157,11 @@ do_start() {
     port_in_use "${PEER_PORT}" && die "peer port ${PEER_PORT} is already in use by another process"
 
     mkdir -p "${RUN_DIR}"
-    if [[ "${FRESH}" == 1 ]]; then
+    if [[ "${FRESH}" == 1 && -d "${DATA_DIR}" ]]; then
+        # Only ever wipe something that is empty or is an etcd data dir.
+        if [[ -n "$(ls -A "${DATA_DIR}")" && ! -d "${DATA_DIR}/member" ]]; then
+            die "refusing to wipe ${DATA_DIR}: not empty and not an etcd data dir"
+        fi
         rm -rf "${DATA_DIR}"
     fi
     mkdir -p "${DATA_DIR}"
