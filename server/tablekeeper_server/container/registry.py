@@ -39,6 +39,7 @@ class ContainerRegistry:
         self.env = env
         self.containers = {cid: StorageContainer(cid, env) for cid in container_ids}
         self._routes: dict[int, _TableRoute] = {}
+        self._resolving: dict[int, asyncio.Task[_TableRoute]] = {}
 
     async def start(self) -> None:
         # The root container first: it is what every table operation starts from.
@@ -75,11 +76,21 @@ class ContainerRegistry:
 
     async def _route(self, stream_id: int) -> _TableRoute:
         route = self._routes.get(stream_id)
-        if route is None:
-            props = self.root.get_stream_by_id(stream_id)
-            ranges = await self.active_ranges(stream_id)
-            route = _TableRoute(props, ranges)
-            self._routes[stream_id] = route
+        if route is not None:
+            return route
+        # One resolution per table however many requests arrive before it is cached.
+        task = self._resolving.get(stream_id)
+        if task is None:
+            task = asyncio.create_task(self._resolve(stream_id))
+            self._resolving[stream_id] = task
+            task.add_done_callback(lambda _: self._resolving.pop(stream_id, None))
+        return await asyncio.shield(task)
+
+    async def _resolve(self, stream_id: int) -> _TableRoute:
+        props = self.root.get_stream_by_id(stream_id)
+        ranges = await self.active_ranges(stream_id)
+        route = _TableRoute(props, ranges)
+        self._routes[stream_id] = route
         return route
 
     async def table_range(self, stream_id: int, pkey: bytes) -> Range:
