@@ -68,7 +68,6 @@ async def serve(config: ServerConfig) -> None:
         config.effective_wal_dir,
         config.containers,
     )
-    await registry.start()
     server = GrpcServer(
         registry,
         bind_host=config.bind_host,
@@ -77,7 +76,15 @@ async def serve(config: ServerConfig) -> None:
         limits=config.limits,
         metrics=metrics,
     )
-    await server.start()
+    # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
+    # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
+    await server.start(serving=False)
+    try:
+        await registry.start()
+    except BaseException:
+        await server.stop(0)
+        raise
+    await server.set_serving()
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.bind_host, registry=registry_metrics)
     log.info(

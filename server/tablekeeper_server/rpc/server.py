@@ -75,8 +75,16 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot bind gRPC port {bind_host}:{port}")
 
-    async def start(self) -> None:
+    async def start(self, *, serving: bool = True) -> None:
+        """Accept calls. With `serving=False` health reports NOT_SERVING until `set_serving()`:
+        calls are accepted meanwhile and get NOT_FOUND from whatever is not open yet."""
         await self._server.start()
+        serving_status = health_pb2.HealthCheckResponse.ServingStatus
+        status = serving_status.SERVING if serving else serving_status.NOT_SERVING
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
+
+    async def set_serving(self) -> None:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
