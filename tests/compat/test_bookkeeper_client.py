@@ -1,0 +1,665 @@
+"""The unmodified `apache-bookkeeper-client` (import name `bookkeeper`) against a real server.
+
+Each test starts its own server process (tests/support/server.py). Never import `tablekeeper`,
+`tablekeeper_proto` or `tablekeeper_server` here: their generated protos register the same
+`bookkeeper.proto.*` symbols as the client's (see tests/compat/__init__.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import struct
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from bookkeeper import admin, kv
+from bookkeeper.common import constants
+from bookkeeper.common import exceptions as bk_errors
+from bookkeeper.common.exceptions import (
+    KeyNotFoundError,
+    NamespaceNotFoundError,
+    StreamNotFoundError,
+)
+from bookkeeper.proto import storage_pb2, stream_pb2
+from bookkeeper.types import StorageClientSettings
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.compat
+
+DEFAULT_TABLE_CONF = constants.__DEFAULT_TABLE_CONF__
+DEFAULT_STREAM_CONF = constants.__DEFAULT_STREAM_CONF__
+KiB = 1024
+MiB = 1024 * KiB
+# Name characters BookKeeper rejects (ProtoUtils.validateStreamName): empty, NUL, space, '<', '>',
+# and characters strictly inside (0x00,0x1f), (0x7f,0x9f), (0xd800,0xf8ff), (0xfff0,0xffff).
+INVALID_NAMES = ["", "a b", "a<b", "a>b", "a\x00b", "a\x01b", "a\tb", "a\nb", "a\x1eb", "a\x85b"]
+VALID_ODD_NAMES = ["a/b", "with.dots-and_underscores", "a\x7fb", "\u00e9t\u00e9"]
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+def settings(server: ServerProcess) -> StorageClientSettings:
+    return StorageClientSettings(service_uri=server.service)
+
+
+def admin_client(server: ServerProcess) -> Any:
+    return admin.Client(settings(server))
+
+
+def health_status(server: ServerProcess) -> int:
+    with grpc.insecure_channel(server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
+
+
+def requests_counted(server: ServerProcess, method: str, code: int) -> float:
+    """The server's `tablekeeper_requests_total{method, code}` counter (0 if absent)."""
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith("tablekeeper_requests_total{"):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if labels.get("method") == method and labels.get("code") == str(code):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_listening(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+@pytest.fixture
+def table(server: ServerProcess) -> Any:
+    """A table with the client's default table conf, in the kv client's default namespace."""
+    admin_client(server).namespaces().create("public")
+    admin_client(server).namespace("public").create("t")
+    return kv.Client(settings(server)).table("t")
+
+
+# --------------------------------------------------------------------------------------------
+# admin: namespaces
+
+
+def test_namespace_create_get_delete(server: ServerProcess) -> None:
+    namespaces = admin_client(server).namespaces()
+    created = [namespaces.create(name) for name in ("ns-a", "ns-b", "ns-c")]
+
+    assert [p.namespace_id for p in created] == [0, 1, 2]
+    for props in created:
+        assert namespaces.get(props.namespace_name) == props
+    assert created[0].namespace_name == "ns-a"
+    assert created[0].default_stream_conf == DEFAULT_STREAM_CONF  # copied from the request
+
+    assert namespaces.delete("ns-b") is None
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        namespaces.get("ns-b")
+    assert namespaces.get("ns-a") == created[0]
+    assert namespaces.get("ns-c") == created[2]
+
+    # ids are never reused, also not for a re-created name
+    again = namespaces.create("ns-b")
+    assert again.namespace_id == 3
+    assert namespaces.get("ns-b") == again
+
+    custom = stream_pb2.NamespaceConfiguration(default_stream_conf=DEFAULT_TABLE_CONF)
+    props = namespaces.create("ns-custom", custom)
+    assert props.default_stream_conf == DEFAULT_TABLE_CONF
+    assert namespaces.get("ns-custom") == props
+
+
+def test_namespace_errors(server: ServerProcess) -> None:
+    namespaces = admin_client(server).namespaces()
+    namespaces.create("dup")
+    with pytest.raises(bk_errors.NamespaceExistsError):
+        namespaces.create("dup")
+    assert namespaces.get("dup").namespace_id == 0  # the failed create changed nothing
+
+    with pytest.raises(bk_errors.NamespaceNotFoundError) as not_found:
+        namespaces.get("missing")
+    assert not_found.value.bk_status_code == storage_pb2.NAMESPACE_NOT_FOUND
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        namespaces.delete("missing")
+
+    for name in INVALID_NAMES:
+        with pytest.raises(bk_errors.InvalidNamespaceNameError) as invalid:
+            namespaces.create(name)
+        assert invalid.value.bk_status_code == storage_pb2.INVALID_NAMESPACE_NAME, repr(name)
+        with pytest.raises(bk_errors.InvalidNamespaceNameError):
+            namespaces.get(name)
+
+    for name in VALID_ODD_NAMES:
+        assert namespaces.get(namespaces.create(name).namespace_name).namespace_name == name
+    # rejected names used no ids
+    assert namespaces.get(VALID_ODD_NAMES[-1]).namespace_id == len(VALID_ODD_NAMES)
+
+
+# --------------------------------------------------------------------------------------------
+# admin: tables (streams)
+
+
+def test_table_create_get_delete(server: ServerProcess) -> None:
+    client = admin_client(server)
+    client.namespaces().create("ns1")
+    client.namespaces().create("ns2")
+    ns1, ns2 = client.namespace("ns1"), client.namespace("ns2")
+
+    t1 = ns1.create("t1")
+    t2 = ns2.create("t2")
+    t1_in_ns2 = ns2.create("t1")  # same name, other namespace: another table
+    # stream ids start at 1024 and come from one global counter
+    assert [t1.stream_id, t2.stream_id, t1_in_ns2.stream_id] == [1024, 1025, 1026]
+    assert t1.stream_name == "t1"
+    assert t1.stream_conf == DEFAULT_TABLE_CONF  # stored verbatim
+    assert ns1.get("t1") == t1
+    assert ns2.get("t2") == t2
+    assert ns2.get("t1") == t1_in_ns2
+
+    assert ns1.delete("t1") is None
+    with pytest.raises(bk_errors.StreamNotFoundError):
+        ns1.get("t1")
+    assert ns2.get("t1") == t1_in_ns2
+
+    again = ns1.create("t1")
+    assert again.stream_id == 1027
+    assert ns1.get("t1") == again
+
+    one_range = stream_pb2.StreamConfiguration()
+    one_range.CopyFrom(DEFAULT_TABLE_CONF)
+    one_range.key_type = stream_pb2.HASH
+    one_range.min_num_ranges = one_range.initial_num_ranges = 1
+    one_range.ttl_seconds = 3600
+    props = ns1.create("custom", one_range)
+    assert props.stream_conf == one_range
+    assert ns1.get("custom") == props
+
+
+def test_table_errors(server: ServerProcess) -> None:
+    client = admin_client(server)
+    client.namespaces().create("ns")
+    ns = client.namespace("ns")
+    created = ns.create("t")
+
+    with pytest.raises(bk_errors.StreamExistsError):
+        ns.create("t")
+    assert ns.get("t") == created
+
+    with pytest.raises(bk_errors.StreamNotFoundError) as not_found:
+        ns.get("missing")
+    assert not_found.value.bk_status_code == storage_pb2.STREAM_NOT_FOUND
+    with pytest.raises(bk_errors.StreamNotFoundError):
+        ns.delete("missing")
+
+    for name in INVALID_NAMES:
+        with pytest.raises(bk_errors.InvalidStreamNameError) as invalid:
+            ns.create(name)
+        assert invalid.value.bk_status_code == storage_pb2.INVALID_STREAM_NAME, repr(name)
+
+    missing_ns = client.namespace("no-such-ns")
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        missing_ns.create("t")
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        missing_ns.get("t")
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        missing_ns.delete("t")
+
+    # the kv client resolves its table through GetStream
+    with pytest.raises(bk_errors.NamespaceNotFoundError):
+        kv.Client(settings(server), namespace="no-such-ns").table("t")
+    with pytest.raises(bk_errors.StreamNotFoundError):
+        kv.Client(settings(server), namespace="ns").table("missing")
+
+    # failed creates used no ids
+    assert ns.create("next").stream_id == created.stream_id + 1
+
+
+# --------------------------------------------------------------------------------------------
+# kv
+
+
+def test_put_get(table: Any) -> None:
+    assert table.get(b"missing") is None
+    assert table.put(b"key", b"v0") is None
+
+    first = table.get(b"key")
+    assert first.key == b"key"
+    assert first.value == b"v0"
+    assert first.is_number is False
+    assert first.version == 0
+    assert first.create_revision > 0
+    assert first.mod_revision == first.create_revision
+
+    previous = first
+    for i in range(1, 4):
+        table.put(b"key", b"v%d" % i)
+        kv_ = table.get(b"key")
+        assert (kv_.value, kv_.version, kv_.is_number) == (b"v%d" % i, i, False)
+        assert kv_.create_revision == first.create_revision
+        assert kv_.mod_revision > previous.mod_revision
+        previous = kv_
+
+    table.put_str("sch\u00fcssel", "w\u00e9rt")
+    kv_ = table.get_str("sch\u00fcssel")
+    assert kv_.key == "sch\u00fcssel".encode()
+    assert kv_.value.decode() == "w\u00e9rt"
+    assert table.get(b"missing") is None
+
+
+def test_incr(table: Any) -> None:
+    assert table.incr(b"n", 5) is None
+    kv_ = table.get(b"n")
+    assert kv_.is_number is True
+    assert kv_.number_value == 5
+    assert kv_.version == 0
+    assert kv_.value == struct.pack(">q", 5)
+    assert kv_.create_revision == kv_.mod_revision > 0
+
+    table.incr(b"n", -7)
+    kv2 = table.get(b"n")
+    assert (kv2.number_value, kv2.version) == (-2, 1)
+    assert kv2.create_revision == kv_.create_revision
+    assert kv2.mod_revision > kv_.mod_revision
+    table.incr_str("n", 0)
+    assert (table.get_str("n").number_value, table.get_str("n").version) == (-2, 2)
+
+    # 64-bit two's-complement wrap, like Java's long
+    table.incr(b"big", 2**63 - 1)
+    table.incr(b"big", 1)
+    assert table.get(b"big").number_value == -(2**63)
+
+    table.put(b"bytes", b"not a number")
+    with pytest.raises(bk_errors.BadRequest) as incr_on_bytes:
+        table.incr(b"bytes", 1)
+    assert incr_on_bytes.value.bk_status_code == storage_pb2.BAD_REQUEST
+    with pytest.raises(bk_errors.BadRequest) as put_on_number:
+        table.put(b"n", b"x")
+    assert put_on_number.value.bk_status_code == storage_pb2.BAD_REQUEST
+
+    # the rejected operations changed nothing
+    assert (table.get(b"bytes").value, table.get(b"bytes").version) == (b"not a number", 0)
+    assert (table.get(b"n").number_value, table.get(b"n").version) == (-2, 2)
+
+
+def test_delete(table: Any) -> None:
+    table.put(b"k", b"v")
+    table.put(b"k", b"v2")
+    assert table.delete(b"k") == 1  # TableKeeper returns the real count (Java always says 0)
+    assert table.get(b"k") is None
+    assert table.delete(b"k") == 0
+    assert table.delete(b"never-written") == 0
+
+    table.incr(b"n", 3)
+    assert table.delete_str("n") == 1
+    assert table.get(b"n") is None
+
+    # a key written again after a delete starts over
+    table.put(b"k", b"again")
+    kv_ = table.get(b"k")
+    assert (kv_.value, kv_.version) == (b"again", 0)
+    table.incr(b"n", 4)
+    assert (table.get(b"n").number_value, table.get(b"n").version) == (4, 0)
+
+
+def test_binary_keys_and_values(table: Any) -> None:
+    pairs = {
+        b"\x00": b"\x00",
+        b"\x00\x00": b"",
+        b"a": b"1",
+        b"a\x00": b"2",
+        b"a\x00b": b"3",
+        b"\xff": b"\xff" * 3,
+        b"\xff\xfe\x00\x01": bytes(range(256)),
+        b"\x80\x81": b"\x00" * 10,
+    }
+    for key, value in pairs.items():
+        table.put(key, value)
+    for key, value in pairs.items():
+        kv_ = table.get(key)
+        assert (kv_.key, kv_.value, kv_.version) == (key, value, 0), key
+    assert table.get(b"a\x00\x00") is None
+
+    big = os.urandom(1 * MiB)
+    table.put(b"big", big)
+    assert table.get(b"big").value == big
+
+
+def test_key_and_value_limits(server: ServerProcess, table: Any) -> None:
+    empty_key_calls: list[Callable[[], object]] = [
+        lambda: table.put(b"", b"v"),
+        lambda: table.get(b""),
+        lambda: table.incr(b"", 1),
+        lambda: table.delete(b""),
+    ]
+    for call in empty_key_calls:
+        with pytest.raises(bk_errors.InvalidKeyError) as empty:
+            call()
+        assert empty.value.bk_status_code == storage_pb2.INVALID_KEY == 6000
+
+    # keys up to 64 KiB work (the client also sends the key as gRPC metadata)
+    for size in (9 * KiB, 20 * KiB, 64 * KiB):
+        key = b"k" * size
+        table.put(key, b"v")
+        assert table.get(key).value == b"v"
+        table.incr(b"n" * size, 2)
+        assert table.get(b"n" * size).number_value == 2
+    too_long = b"k" * (64 * KiB + 1)
+    long_key_calls: list[Callable[[], object]] = [
+        lambda: table.put(too_long, b"v"),
+        lambda: table.get(too_long),
+        lambda: table.incr(too_long, 1),
+    ]
+    for call in long_key_calls:
+        with pytest.raises(bk_errors.InvalidKeyError):
+            call()
+
+    # The client's channel receives at most 4 MiB per message, so the largest value it can read
+    # back is a little under the server's 4 MiB value limit.
+    readable = os.urandom(4 * MiB - 4 * KiB)
+    table.put(b"v4", readable)
+    assert table.get(b"v4").value == readable
+    table.put(b"v4-max", b"m" * (4 * MiB))  # the limit itself is accepted
+    with pytest.raises(bk_errors.BadRequest) as over:
+        table.put(b"v4", readable + b"x" * (4 * KiB + 1))
+    assert over.value.bk_status_code == storage_pb2.BAD_REQUEST
+    assert table.get(b"v4").value == readable
+
+    # far over: rejected by the server's gRPC message size limit, not retried
+    started = time.monotonic()
+    with pytest.raises(bk_errors.BKGrpcCallError) as huge:
+        table.put(b"v10", b"x" * (10 * MiB))
+    assert huge.value.grpc_status_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert time.monotonic() - started < 10
+    assert table.get(b"v10") is None
+
+    # the server is still healthy and serving
+    assert health_status(server) == health_pb2.HealthCheckResponse.SERVING
+    assert server.process is not None and server.process.poll() is None
+    table.put(b"after", b"ok")
+    assert table.get(b"after").value == b"ok"
+
+
+def test_tables_are_isolated(server: ServerProcess) -> None:
+    client = admin_client(server)
+    for ns in ("ns1", "ns2"):
+        client.namespaces().create(ns)
+    client.namespace("ns1").create("a")
+    client.namespace("ns1").create("b")
+    client.namespace("ns2").create("a")
+    tables = {
+        ("ns1", "a"): kv.Client(settings(server), namespace="ns1").table("a"),
+        ("ns1", "b"): kv.Client(settings(server), namespace="ns1").table("b"),
+        ("ns2", "a"): kv.Client(settings(server), namespace="ns2").table("a"),
+    }
+    for i, ((ns, name), table) in enumerate(tables.items()):
+        table.put(b"shared", f"{ns}/{name}".encode())
+        table.incr(b"counter", 10**i)
+    for i, ((ns, name), table) in enumerate(tables.items()):
+        assert table.get(b"shared").value == f"{ns}/{name}".encode()
+        assert table.get(b"shared").version == 0
+        assert table.get(b"counter").number_value == 10**i
+
+    tables[("ns1", "a")].put(b"only-here", b"x")
+    assert tables[("ns1", "b")].get(b"only-here") is None
+    assert tables[("ns2", "a")].get(b"only-here") is None
+
+    tables[("ns1", "b")].delete(b"shared")
+    assert tables[("ns1", "b")].get(b"shared") is None
+    assert tables[("ns1", "a")].get(b"shared").value == b"ns1/a"
+    assert tables[("ns2", "a")].get(b"shared").value == b"ns2/a"
+
+
+def test_data_survives_graceful_restart(server: ServerProcess) -> None:
+    client = admin_client(server)
+    ns_props = client.namespaces().create("ns")
+    t1_props = client.namespace("ns").create("t1")
+    t2_props = client.namespace("ns").create("t2")
+    t1 = kv.Client(settings(server), namespace="ns").table("t1")
+    t2 = kv.Client(settings(server), namespace="ns").table("t2")
+    blob = os.urandom(256 * KiB)
+    t1.put(b"bytes", b"v0")
+    t1.put(b"bytes", b"v1")
+    t1.put(b"\x00bin", blob)
+    t1.incr(b"n", 40)
+    t1.incr(b"n", 2)
+    t1.put(b"deleted", b"x")
+    t1.delete(b"deleted")
+    t2.put(b"bytes", b"other table")
+    before = {key: t1.get(key) for key in (b"bytes", b"\x00bin", b"n")}
+
+    assert server.stop() == 0
+    server.start()
+
+    client = admin_client(server)
+    assert client.namespaces().get("ns") == ns_props
+    assert client.namespace("ns").get("t1") == t1_props
+    assert client.namespace("ns").get("t2") == t2_props
+    fresh = kv.Client(settings(server), namespace="ns").table("t1")
+    for key, kv_ in before.items():
+        assert fresh.get(key) == kv_  # value, version and revisions all kept
+    assert fresh.get(b"deleted") is None
+    assert kv.Client(settings(server), namespace="ns").table("t2").get(b"bytes").value == (
+        b"other table"
+    )
+
+    # the table handle from before the restart reconnects by itself
+    t1.incr(b"n", 1)
+    n = t1.get(b"n")
+    assert (n.number_value, n.version) == (43, 2)
+    assert n.mod_revision > before[b"n"].mod_revision
+    # id counters continue after the restart
+    assert client.namespaces().create("ns2").namespace_id == ns_props.namespace_id + 1
+    assert client.namespace("ns").create("t3").stream_id == t2_props.stream_id + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Pulsar Functions' Python runtime (state_context.py / contextimpl.py), reimplemented as it is
+
+
+def new_bk_table_conf(num_ranges: int) -> Any:
+    """`state_context.new_bk_table_conf`."""
+    return stream_pb2.StreamConfiguration(
+        key_type=stream_pb2.HASH,
+        min_num_ranges=num_ranges,
+        initial_num_ranges=num_ranges,
+        split_policy=stream_pb2.SplitPolicy(
+            type=stream_pb2.FIXED,
+            fixed_range_policy=stream_pb2.FixedRangeSplitPolicy(num_ranges=2),
+        ),
+        rolling_policy=stream_pb2.SegmentRollingPolicy(
+            size_policy=stream_pb2.SizeBasedSegmentRollingPolicy(max_segment_size=128 * MiB)
+        ),
+        retention_policy=stream_pb2.RetentionPolicy(
+            time_policy=stream_pb2.TimeBasedRetentionPolicy(retention_minutes=-1)
+        ),
+        storage_type=stream_pb2.TABLE,
+    )
+
+
+class BKManagedStateContext:
+    """`state_context.BKManagedStateContext`, call for call."""
+
+    def __init__(self, state_storage_serviceurl: str, table_ns: str, table_name: str) -> None:
+        client_settings = StorageClientSettings(service_uri=state_storage_serviceurl)
+        admin_client = admin.client.Client(storage_client_settings=client_settings)
+        ns = admin_client.namespace(table_ns)
+        try:
+            ns.get(stream_name=table_name)
+        except NamespaceNotFoundError:
+            admin_client.namespaces().create(namespace=table_ns)
+            ns.create(stream_name=table_name, stream_config=new_bk_table_conf(1))
+        except StreamNotFoundError:
+            ns.create(stream_name=table_name, stream_config=new_bk_table_conf(1))
+        self.client = kv.Client(storage_client_settings=client_settings, namespace=table_ns)
+        self.table = self.client.table(table_name=table_name)
+
+    def incr(self, key: str, amount: int) -> None:
+        return self.table.incr_str(key, amount)  # type: ignore[no-any-return]
+
+    def get_amount(self, key: str) -> int | None:
+        try:
+            kv_ = self.table.get_str(key)
+            return None if kv_ is None else int(kv_.number_value)
+        except KeyNotFoundError:
+            return None
+
+    def get_value(self, key: str) -> bytes | None:
+        try:
+            kv_ = self.table.get_str(key)
+            return None if kv_ is None else bytes(kv_.value)
+        except KeyNotFoundError:
+            return None
+
+    def put(self, key: str, value: str) -> None:
+        return self.table.put_str(key, value)  # type: ignore[no-any-return]
+
+
+class FunctionContext:
+    """The state part of `contextimpl.ContextImpl`."""
+
+    def __init__(self, service_url: str, tenant: str, namespace: str, name: str) -> None:
+        table_ns = f"{tenant}_{namespace}".replace("-", "_")
+        self.state_context = BKManagedStateContext(service_url, table_ns, name)
+
+    def incr_counter(self, key: str, amount: int) -> None:
+        return self.state_context.incr(key, amount)
+
+    def get_counter(self, key: str) -> int | None:
+        return self.state_context.get_amount(key)
+
+    def put_state(self, key: str, value: str) -> None:
+        return self.state_context.put(key, value)
+
+    def get_state(self, key: str) -> bytes | None:
+        return self.state_context.get_value(key)
+
+
+def test_pulsar_functions_state_flow(server: ServerProcess) -> None:
+    # first start: neither namespace nor table exists; the runtime creates both
+    ctx = FunctionContext(server.service, "public", "default", "word-count")
+    client = admin_client(server)
+    ns_props = client.namespaces().get("public_default")
+    table_props = client.namespace("public_default").get("word-count")
+    assert table_props.stream_conf == new_bk_table_conf(1)
+
+    assert ctx.get_counter("hello") is None
+    assert ctx.get_state("last") is None
+    ctx.incr_counter("hello", 1)
+    ctx.incr_counter("hello", 2)
+    assert ctx.get_counter("hello") == 3
+    ctx.put_state("last", "hello")
+    ctx.put_state("last", "w\u00f6rld")
+    assert ctx.get_state("last") == "w\u00f6rld".encode()
+
+    # restart of the function: the table is found, nothing is created, the state is there
+    again = FunctionContext(server.service, "public", "default", "word-count")
+    assert client.namespaces().get("public_default") == ns_props
+    assert client.namespace("public_default").get("word-count") == table_props
+    assert again.get_counter("hello") == 3
+    assert again.get_state("last") == "w\u00f6rld".encode()
+
+    # another function of the same namespace: StreamNotFoundError path, its own table
+    other = FunctionContext(server.service, "public", "default", "other-fn")
+    other_props = client.namespace("public_default").get("other-fn")
+    assert other_props.stream_id == table_props.stream_id + 1
+    assert other_props.stream_conf == new_bk_table_conf(1)
+    assert other.get_counter("hello") is None
+    other.incr_counter("hello", 100)
+    assert ctx.get_counter("hello") == 3
+
+
+def test_pulsar_functions_concurrent_instances(server: ServerProcess) -> None:
+    instances = [FunctionContext(server.service, "my-tenant", "my-ns", "counter") for _ in range(2)]
+    rounds = 150
+    barrier = threading.Barrier(len(instances))
+
+    def run(index: int, ctx: FunctionContext) -> None:
+        barrier.wait()
+        for i in range(rounds):
+            ctx.incr_counter("total", 1)
+            ctx.incr_counter(f"per-instance-{index}", i)
+            ctx.put_state(f"last-{index}", str(i))
+
+    with ThreadPoolExecutor(len(instances)) as pool:
+        for future in [pool.submit(run, i, ctx) for i, ctx in enumerate(instances)]:
+            future.result(timeout=60)
+
+    for ctx in instances:
+        assert ctx.get_counter("total") == rounds * len(instances)
+        for index in range(len(instances)):
+            assert ctx.get_counter(f"per-instance-{index}") == sum(range(rounds))
+            assert ctx.get_state(f"last-{index}") == str(rounds - 1).encode()
+    # every increment was applied once: version 0 for the first, +1 for each later one
+    assert instances[0].state_context.table.get_str("total").version == rounds * 2 - 1
+
+
+# --------------------------------------------------------------------------------------------
+# retries
+
+
+@pytest.fixture
+def slow_starting_server(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
+    """More containers, so opening them on start takes about a second."""
+    s = ServerProcess(tmp_path / "slow", extra_args=["--containers", "32"])
+    server_factory.append(s)
+    return s.start(timeout_s=60)
+
+
+def test_request_during_restart_is_retried_until_served(
+    slow_starting_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put sent while the server restarts completes once the server is ready.
+
+    The client retries only gRPC NOT_FOUND and 500s; a refused connection (UNAVAILABLE) fails at
+    once. So the server listens before it recovers and answers NOT_FOUND until it is ready; the
+    put here is sent as soon as the new process listens, i.e. during recovery.
+    """
+    server = slow_starting_server
+    admin_client(server).namespaces().create("public")
+    admin_client(server).namespace("public").create("t")
+    table = kv.Client(settings(server)).table("t")
+    table.put(b"before", b"1")
+
+    assert server.stop() == 0
+    # Start the process without polling its health: a health poll on a refused port would put
+    # the (shared) connection to this address into reconnect backoff.
+    monkeypatch.setattr(server, "wait_serving", lambda timeout_s: None)
+    server.start()
+    monkeypatch.undo()
+    wait_listening(server.port, timeout_s=30)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        put = pool.submit(table.put, b"during", b"2")
+        put.result(timeout=30)
+    elapsed = time.monotonic() - started
+    assert elapsed < 30
+
+    server.wait_serving(30)
+    # the put really arrived during recovery: it was answered NOT_FOUND, then retried
+    assert requests_counted(server, "Put", -404) >= 1
+    assert requests_counted(server, "Put", 0) == 1
+    assert table.get(b"during").value == b"2"
+    assert table.get(b"before").value == b"1"
