@@ -72,7 +72,14 @@ class ServerProcess:
 
     def wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
+        # A private subchannel pool and short reconnect backoff: the probe must not share (and
+        # slow down) the connection state of clients in the same test process.
+        options = [
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 200),
+        ]
+        with grpc.insecure_channel(self.target, options=options) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 assert self.process is not None
