@@ -62,7 +62,9 @@ def new_channel(target: str, max_message_bytes: int) -> grpc.aio.Channel:
     )
 
 
-def _retryable_rpc_error(error: grpc.aio.AioRpcError, idempotent: bool) -> bool:
+def retryable_rpc_error(error: grpc.aio.AioRpcError, idempotent: bool) -> bool:
+    """Whether a failed call may be sent again: NOT_FOUND means "not served here, nothing
+    applied"; a failure to connect means it never left; other errors only for reads."""
     code = error.code()
     if code == grpc.StatusCode.NOT_FOUND:
         return True
@@ -95,7 +97,7 @@ async def call(
             rpc = method(request, metadata=metadata, timeout=policy.call_timeout_s)
             response = await rpc
         except grpc.aio.AioRpcError as error:
-            if not _retryable_rpc_error(error, idempotent) or time.monotonic() >= deadline:
+            if not retryable_rpc_error(error, idempotent) or time.monotonic() >= deadline:
                 raise UnavailableError(
                     f"{error.code().name}: {error.details() or ''}".strip()
                 ) from error
@@ -103,14 +105,15 @@ async def call(
             code = status_of(response)
             if code == 0:
                 return response
-            exc = error_for_code(code, await _trailer_message(rpc))
+            exc = error_for_code(code, await trailer_message(rpc))
             if not (idempotent and exc.retryable) or time.monotonic() >= deadline:
                 raise exc
         await asyncio.sleep(random.uniform(0, backoff))
         backoff = min(policy.max_backoff_s, backoff * 2)
 
 
-async def _trailer_message(rpc: Any) -> str:
+async def trailer_message(rpc: Any) -> str:
+    """The server's `tk-error` reason for a failed call, or "" ."""
     try:
         trailers = await rpc.trailing_metadata()
     except Exception:

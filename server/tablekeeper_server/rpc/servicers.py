@@ -6,6 +6,7 @@ No business logic lives here; errors become statuses in `rpc.status` only.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
@@ -20,11 +21,24 @@ from tablekeeper_proto.bookkeeper import (
 )
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.errors import Code, IllegalOpError, TableKeeperError
+from tablekeeper_server.errors import (
+    Code,
+    IllegalOpError,
+    RouteNotFoundError,
+    TableKeeperError,
+    UnavailableError,
+)
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import validation
-from tablekeeper_server.rpc.status import serve
+from tablekeeper_server.rpc.status import command_status_reason, serve
 
+log = logging.getLogger(__name__)
+_BATCH_METHODS = {
+    "put": "Put",
+    "increment": "Increment",
+    "delete_range": "Delete",
+    "range": "Range",
+}
 Context: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type stubs)
 M = TypeVar("M")
 STREAM_ID_METADATA_KEY = "bk-rt-sid-bin"
@@ -338,10 +352,19 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         try:
             response = await handler(_stream_id(request.header, context), request)
             target.CopyFrom(response)
+            if code := target.header.code:
+                result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
+        except (RouteNotFoundError, UnavailableError) as exc:
+            target.header.code = Code.INTERNAL_SERVER_ERROR
+            result.error = exc.message
+            result.retryable = True
         except TableKeeperError as exc:
             target.header.code = exc.code
-        except Exception:
+            result.error = exc.message
+        except Exception as exc:
+            log.exception("batch op failed")
             target.header.code = Code.INTERNAL_SERVER_ERROR
+            result.error = f"internal error: {exc}"
         target.header.routing_header.CopyFrom(request.header)
         return result
 

@@ -136,6 +136,14 @@ class BatchResult(_message.Message):
     INCREMENT_FIELD_NUMBER: _builtins.int
     DELETE_RANGE_FIELD_NUMBER: _builtins.int
     RANGE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
+    error: _builtins.str
+    """Why the op failed, when its header code is not SUCCESS."""
+    retryable: _builtins.bool
+    """The op was certainly not applied and may be sent again (the range is not served here yet,
+    or is shutting down): what a unary call reports as gRPC NOT_FOUND.
+    """
     @_builtins.property
     def put(self) -> _kv_rpc_pb2.PutResponse: ...
     @_builtins.property
@@ -151,10 +159,12 @@ class BatchResult(_message.Message):
         increment: _kv_rpc_pb2.IncrementResponse | None = ...,
         delete_range: _kv_rpc_pb2.DeleteRangeResponse | None = ...,
         range: _kv_rpc_pb2.RangeResponse | None = ...,
+        error: _builtins.str = ...,
+        retryable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "put", b"put", "range", b"range", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "put", b"put", "range", b"range", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "error", b"error", "increment", b"increment", "put", b"put", "range", b"range", "result", b"result", "retryable", b"retryable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["put", "increment", "delete_range", "range"]  # noqa: Y015
     _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
