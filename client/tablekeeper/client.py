@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
@@ -351,6 +351,14 @@ class Table:
 
     def txn(self, pkey: Key) -> Txn:
         return Txn(self._runner, self._table.txn(pkey))
+
+    def batch_put(
+        self,
+        items: Sequence[tuple[Key, Key, Key | int]],
+        *,
+        mode: Literal["put", "increment"] = "put",
+    ) -> list[TableKeeperError | None]:
+        return self._runner.run(self._table.batch_put(items, mode=mode))
 
 
 __all__ = ["AsyncClient", "Client", "Table", "TableKeeperError", "Txn"]

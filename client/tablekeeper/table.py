@@ -7,7 +7,7 @@ delete_range and txns are atomic within a pkey. Keys and values may be `bytes` o
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -318,7 +318,10 @@ class AsyncTable:
         return AsyncTxn(self, pkey)
 
     async def batch_put(
-        self, items: list[tuple[Key, Key, Key]], *, mode: Literal["put", "increment"] = "put"
+        self,
+        items: Sequence[tuple[Key, Key, Key | int]],
+        *,
+        mode: Literal["put", "increment"] = "put",
     ) -> list[TableKeeperError | None]:
         """Write many independent keys in one request (TableKeeper's Batch RPC).
 
@@ -330,11 +333,14 @@ class AsyncTable:
             op = request.ops.add()
             header = self._header(_bytes(pkey))
             if mode == "put":
+                if isinstance(value, int):
+                    raise TypeError("batch_put(mode='put') takes bytes or str values")
                 op.put.CopyFrom(
                     kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), header=header)
                 )
             else:
-                assert isinstance(value, int)
+                if not isinstance(value, int):
+                    raise TypeError("batch_put(mode='increment') takes int amounts")
                 op.increment.CopyFrom(
                     kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=value, header=header)
                 )
