@@ -51,13 +51,18 @@ def parse_service_uri(uri: str) -> str:
     return "ipv4:" + ",".join(hosts)
 
 
-def new_channel(target: str, max_message_bytes: int) -> grpc.aio.Channel:
+def new_channel(
+    target: str, max_message_bytes: int, extra_options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
         target,
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # BookKeeper clients send the whole key as routing metadata; keys go up to 64 KiB.
+            ("grpc.max_metadata_size", 256 * 1024),
             ("grpc.lb_policy_name", "round_robin"),
+            *extra_options,
         ],
     )
 

@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from tablekeeper._coalesce import Coalescer
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
@@ -39,18 +40,33 @@ class AsyncClient:
     Use `async with AsyncClient(...) as client:` or call `close()`.
     """
 
-    def __init__(self, service: str = DEFAULT_SERVICE, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        service: str = DEFAULT_SERVICE,
+        *,
+        retry: RetryPolicy | None = None,
+        coalesce: bool = True,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """`coalesce`: send concurrent single-key ops (put, get, increment, delete, scan pages)
+        of this client as one Batch RPC when several are waiting (see `_coalesce`); off, every
+        op is its own unary call, as the BookKeeper client does. `channel_options` are extra
+        gRPC channel arguments (e.g. `("grpc.use_local_subchannel_pool", 1)` for a connection
+        of its own)."""
         self.service = service
         self.retry = retry or RetryPolicy()
+        self.coalesce = coalesce
         self._target = parse_service_uri(service)
+        self._channel_options = list(channel_options)
         self._channel: Any = None
         self._stubs: dict[str, Any] = {}
+        self._coalescer_instance: Coalescer | None = None
 
     def _stub(self, name: str, factory: Any) -> Any:
         stub = self._stubs.get(name)
         if stub is None:
             if self._channel is None:
-                self._channel = new_channel(self._target, _MESSAGE_BYTES_MAX)
+                self._channel = new_channel(self._target, _MESSAGE_BYTES_MAX, self._channel_options)
             stub = self._stubs[name] = factory(self._channel)
         return stub
 
@@ -63,6 +79,15 @@ class AsyncClient:
     def _tablekeeper_stub(self) -> tablekeeper_pb2_grpc.TableKeeperStub:
         return self._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub)  # type: ignore[no-any-return]
 
+    def _coalescer(self) -> Coalescer | None:
+        if not self.coalesce:
+            return None
+        if self._coalescer_instance is None:
+            self._coalescer_instance = Coalescer(
+                self._table_stub(), self._tablekeeper_stub(), self.retry
+            )
+        return self._coalescer_instance
+
     async def _root(self, method: str, request: Any, *, idempotent: bool) -> Any:
         return await call(
             getattr(self._root_stub(), method),
@@ -74,6 +99,9 @@ class AsyncClient:
         )
 
     async def close(self) -> None:
+        if self._coalescer_instance is not None:
+            await self._coalescer_instance.close()
+            self._coalescer_instance = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -181,9 +209,18 @@ class _LoopThread:
 class Client:
     """Synchronous client: the same calls as `AsyncClient`, blocking. Thread-safe."""
 
-    def __init__(self, service: str = DEFAULT_SERVICE, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        service: str = DEFAULT_SERVICE,
+        *,
+        retry: RetryPolicy | None = None,
+        coalesce: bool = True,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
         self._runner = _LoopThread()
-        self._async = AsyncClient(service, retry=retry)
+        self._async = AsyncClient(
+            service, retry=retry, coalesce=coalesce, channel_options=channel_options
+        )
 
     def close(self) -> None:
         self._runner.run(self._async.close())

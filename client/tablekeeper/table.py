@@ -20,11 +20,33 @@ if TYPE_CHECKING:
     from tablekeeper.client import AsyncClient
 
 Key = bytes | str
+_COALESCED = {"Put": "put", "Increment": "increment", "Delete": "delete_range", "Range": "range"}
 _STREAM_ID = struct.Struct(">q")
 
 
 def _bytes(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
+
+
+# On the wire a range end of b"\x00" means "to the end of the pkey" (etcd's convention).
+_TO_THE_END = b"\x00"
+
+
+def _wire_span(start: Key, end: Key | None) -> tuple[bytes, bytes] | None:
+    """(key, range_end) for the inclusive lkey range [start, end]; None if it is empty.
+
+    An explicit inclusive end of b"\x00" cannot go on the wire as is (it means "no end"), but
+    as no key is empty, [start, b"\x00"] holds at most the key b"\x00": a point request.
+    """
+    first = _bytes(start)
+    if end is None:
+        return first, _TO_THE_END
+    last = _bytes(end)
+    if first > last:
+        return None
+    if last == _TO_THE_END:
+        return _TO_THE_END, b""
+    return first, last
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,19 +161,28 @@ class AsyncTxn:
         self._kinds[success].append("put")
         return self
 
+    @staticmethod
+    def _txn_span(lkey: Key, end: Key | None) -> tuple[bytes, bytes]:
+        if end is None:
+            return _bytes(lkey), b""
+        span = _wire_span(lkey, end)
+        if span is None:
+            raise ValueError(f"empty key range: start {lkey!r} is after end {end!r}")
+        return span
+
     def _delete(self, success: bool, lkey: Key, end: Key | None) -> AsyncTxn:
+        key, range_end = self._txn_span(lkey, end)
         op = self._ops(success).add()
-        op.request_delete_range.key = _bytes(lkey)
-        if end is not None:
-            op.request_delete_range.range_end = _bytes(end)
+        op.request_delete_range.key = key
+        op.request_delete_range.range_end = range_end
         self._kinds[success].append("delete")
         return self
 
     def _get(self, success: bool, lkey: Key, end: Key | None) -> AsyncTxn:
+        key, range_end = self._txn_span(lkey, end)
         op = self._ops(success).add()
-        op.request_range.key = _bytes(lkey)
-        if end is not None:
-            op.request_range.range_end = _bytes(end)
+        op.request_range.key = key
+        op.request_range.range_end = range_end
         self._kinds[success].append("get")
         return self
 
@@ -205,11 +236,16 @@ class AsyncTable:
 
     async def _call(self, method: str, request: Any, pkey: bytes, *, idempotent: bool) -> Any:
         request.header.CopyFrom(self._header(pkey))
-        stub = self._client._table_stub()
         metadata = (
             ("bk-rt-sid-bin", _STREAM_ID.pack(self.info.table_id)),
             ("bk-rt-key-bin", pkey),
         )
+        coalescer = self._client._coalescer()
+        if coalescer is not None and method in _COALESCED:
+            return await coalescer.call(
+                _COALESCED[method], request, metadata, idempotent=idempotent
+            )
+        stub = self._client._table_stub()
         return await call(
             getattr(stub, method),
             request,
@@ -264,8 +300,10 @@ class AsyncTable:
         in key order, fetching `page_size` keys per request. Each page is a consistent read;
         the iteration as a whole is not a snapshot."""
         pk = _bytes(pkey)
-        next_key = _bytes(start)
-        range_end = b"\x00" if end is None else _bytes(end)
+        span = _wire_span(start, end)
+        if span is None:
+            return
+        next_key, range_end = span
         returned = 0
         while True:
             page = page_size if limit is None else min(page_size, limit - returned)
@@ -278,15 +316,16 @@ class AsyncTable:
             for kv in response.kvs:
                 yield KeyValue.from_proto(pk, kv)
             returned += len(response.kvs)
-            if not response.more or not response.kvs:
+            if not response.more or not response.kvs or not range_end:
                 return
             next_key = response.kvs[-1].key + b"\x00"
 
     async def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
-        """How many keys of `pkey` lie in [start, end]."""
-        request = kv_rpc_pb2.RangeRequest(
-            key=_bytes(start), range_end=b"\x00" if end is None else _bytes(end), count_only=True
-        )
+        """How many keys of `pkey` lie in [start, end] (None = to the end)."""
+        span = _wire_span(start, end)
+        if span is None:
+            return 0
+        request = kv_rpc_pb2.RangeRequest(key=span[0], range_end=span[1], count_only=True)
         response = await self._call("Range", request, _bytes(pkey), idempotent=True)
         return int(response.count)
 
@@ -299,9 +338,10 @@ class AsyncTable:
     async def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
         """Atomically delete the keys of `pkey` in [start, end] (None = to the end); returns
         how many existed."""
-        request = kv_rpc_pb2.DeleteRangeRequest(
-            key=_bytes(start), range_end=b"\x00" if end is None else _bytes(end)
-        )
+        span = _wire_span(start, end)
+        if span is None:
+            return 0
+        request = kv_rpc_pb2.DeleteRangeRequest(key=span[0], range_end=span[1])
         response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
         return int(response.deleted)
 

@@ -430,18 +430,21 @@ def test_pkeys_that_prefix_each_other_never_share_keys(client: Client, ns: str) 
         assert t.count(pkey) == (0 if pkey in bases else len(lkeys)), pkey
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an explicit inclusive end b'\\x00' is sent as range_end=b'\\x00', which the wire "
-    "(etcd convention; also the SDK's own 'no end' sentinel) reads as 'to the end of the pkey'",
-)
 def test_explicit_end_nul_byte_is_inclusive_not_unbounded(table: Table) -> None:
+    # On the wire b"\x00" as range end means "no end"; the SDK must not send it for an
+    # explicit inclusive end b"\x00" (which, keys being non-empty, holds only b"\x00").
     for lkey in (b"\x00", b"\x00\x01", b"a", b"b"):
         table.put("p", lkey, "v")
     assert [kv.lkey for kv in table.scan("p", b"", b"\x00")] == [b"\x00"]
     assert table.count("p", b"", b"\x00") == 1
-    assert table.delete_range("p", b"\x00", b"\x00") == 1  # today: 4, the whole pkey
+    assert table.count("p", b"a", b"\x00") == 0  # empty range: start after end
+    assert list(table.scan("p", b"b", b"a")) == []
+    assert table.delete_range("p", b"\x00", b"\x00") == 1
     assert table.count("p") == 3
+    result = table.txn("p").then_get(b"", b"\x00").then_delete(b"\x00\x01", b"\x00\x01").commit()
+    assert result.results == [[], 1]
+    with pytest.raises(ValueError, match="empty key range"):
+        table.txn("p").then_get(b"b", b"a")
 
 
 # --------------------------------------------------------------------------- delete
