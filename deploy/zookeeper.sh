@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# Standalone ZooKeeper (Debian's `zookeeper` package) on 127.0.0.1 for TableKeeper
+# development and tests.  See deploy/README.md.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+
+PORT="${ZK_PORT:-2181}"
+DIR="${ZK_DIR:-${REPO_ROOT}/.deploy/zookeeper}"
+TIMEOUT="${ZK_START_TIMEOUT:-60}"
+STOP_TIMEOUT="${ZK_STOP_TIMEOUT:-30}"
+HEAP="${ZK_HEAP:--Xmx256m}"
+# C1 only: faster start-up on a busy machine; throughput is irrelevant here.
+EXTRA_OPTS="${ZK_EXTRA_OPTS:--XX:TieredStopAtLevel=1}"
+PYTHON="${TK_PYTHON:-${REPO_ROOT}/.venv/bin/python}"
+ZK_JAR=/usr/share/java/zookeeper.jar
+# slf4j binding so ZooKeeper's log is not silent (slf4j-simple ships with
+# libslf4j-java, a dependency of the zookeeper package; it logs to stderr,
+# which goes to the log file).
+SLF4J_BINDING=/usr/share/java/slf4j-simple.jar
+MAIN_CLASS=org.apache.zookeeper.server.quorum.QuorumPeerMain
+
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") start|stop|status|restart [options]
+
+Standalone ZooKeeper bound to 127.0.0.1 (Debian package 'zookeeper', 3.8.x).
+
+Commands:
+  start     start ZooKeeper in the background (no-op if already running) and
+            wait until it accepts client sessions; prints the connect string
+  stop      stop it (SIGTERM, then SIGKILL after ${STOP_TIMEOUT}s); no-op if not running
+  status    exit 0 and print the connect string if running, exit 3 if not
+  restart   stop then start
+
+Options:
+  --port PORT      client port (default 2181, env ZK_PORT)
+  --dir DIR        state directory: conf/, data/, zookeeper.log, zookeeper.pid
+                   (default <repo>/.deploy/zookeeper, env ZK_DIR)
+  --timeout SECS   how long 'start' waits for readiness (default 60, env ZK_START_TIMEOUT)
+  -h, --help       this help
+
+Environment: ZK_HEAP (default -Xmx256m), ZK_EXTRA_OPTS (more JVM flags, default
+-XX:TieredStopAtLevel=1), ZK_STOP_TIMEOUT (default 30), TK_PYTHON (python with kazoo, default
+<repo>/.venv/bin/python; without kazoo readiness falls back to the 'srvr' command).
+Installs the Debian 'zookeeper' package with apt-get if it is missing (needs root).
+EOF
+}
+
+log() { echo "zookeeper.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+CMD=""
+PORT_GIVEN=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        start|stop|status|restart) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
+        --port) [[ $# -ge 2 ]] || die "--port needs a value"; PORT="$2"; PORT_GIVEN=1; shift 2 ;;
+        --port=*) PORT="${1#*=}"; PORT_GIVEN=1; shift ;;
+        --dir) [[ $# -ge 2 ]] || die "--dir needs a value"; DIR="$2"; shift 2 ;;
+        --dir=*) DIR="${1#*=}"; shift ;;
+        --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; TIMEOUT="$2"; shift 2 ;;
+        --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+[[ -n "$CMD" ]] || { usage >&2; exit 2; }
+[[ "$PORT" =~ ^[0-9]+$ ]] || die "bad --port: $PORT"
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "bad --timeout: $TIMEOUT"
+
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+CONF_DIR="$DIR/conf"
+DATA_DIR="$DIR/data"
+PID_FILE="$DIR/zookeeper.pid"
+PORT_FILE="$DIR/zookeeper.port"
+LOG_FILE="$DIR/zookeeper.log"
+
+# --- helpers -----------------------------------------------------------------
+
+# Prints the pid if the pid file names a live ZooKeeper JVM started from this DIR.
+running_pid() {
+    [[ -f "$PID_FILE" ]] || return 1
+    local pid
+    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    # Guard against pid reuse: the command line must be ours.
+    local cmdline
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    [[ "$cmdline" == *"$MAIN_CLASS"* && "$cmdline" == *"$CONF_DIR/zoo.cfg"* ]] || return 1
+    echo "$pid"
+}
+
+current_port() {
+    if [[ -f "$PORT_FILE" ]]; then cat "$PORT_FILE"; else echo "$PORT"; fi
+}
+
+port_in_use() {
+    # true if something listens on 127.0.0.1:$1 (or on all interfaces)
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+four_letter() { # four_letter PORT CMD
+    timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"; printf "%s" "$1" >&3; cat <&3' "$1" "$2" 2>/dev/null || true
+}
+
+HAS_KAZOO=""
+has_kazoo() {
+    if [[ -z "$HAS_KAZOO" ]]; then
+        if [[ -x "$PYTHON" ]] && "$PYTHON" -c "import kazoo" 2>/dev/null; then
+            HAS_KAZOO=yes
+        else
+            HAS_KAZOO=no
+            log "kazoo not importable with $PYTHON; probing with 'srvr' instead"
+        fi
+    fi
+    [[ "$HAS_KAZOO" == yes ]]
+}
+
+# One readiness probe: a real client session (create/read/delete a znode) when
+# kazoo is available, else 'srvr' reporting standalone mode.
+probe() {
+    local port="$1"
+    if has_kazoo; then
+        "$PYTHON" - "$port" <<'PY' >/dev/null 2>&1
+import sys, uuid
+from kazoo.client import KazooClient
+zk = KazooClient(hosts="127.0.0.1:%s" % sys.argv[1], timeout=2.0, connection_retry=None)
+try:
+    zk.start(timeout=3)
+    path = "/tk-deploy-probe-" + uuid.uuid4().hex
+    zk.create(path, b"ok", ephemeral=True)
+    assert zk.get(path)[0] == b"ok"
+    zk.delete(path)
+finally:
+    zk.stop()
+    zk.close()
+PY
+    else
+        four_letter "$port" srvr | grep -q "Mode: standalone"
+    fi
+}
+
+ensure_installed() {
+    [[ -f "$ZK_JAR" ]] && return 0
+    log "Debian package 'zookeeper' not installed; installing it with apt-get"
+    local sudo=""
+    if [[ "$(id -u)" != 0 ]]; then
+        command -v sudo >/dev/null || die "not root and no sudo: install the 'zookeeper' package"
+        sudo="sudo"
+    fi
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+    [[ -f "$ZK_JAR" ]] || die "apt-get install zookeeper did not provide $ZK_JAR"
+}
+
+ensure_java() {
+    command -v java >/dev/null && return 0
+    log "java not found; installing openjdk-17-jre-headless with apt-get"
+    local sudo=""; [[ "$(id -u)" == 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+}
+
+write_config() {
+    mkdir -p "$CONF_DIR" "$DATA_DIR"
+    cat >"$CONF_DIR/zoo.cfg" <<EOF
+# Generated by deploy/zookeeper.sh -- rewritten on every start.
+# Small tickTime so clients may use short session timeouts (>= 2*tickTime = 1 s).
+tickTime=500
+minSessionTimeout=1000
+maxSessionTimeout=60000
+initLimit=20
+syncLimit=10
+dataDir=$DATA_DIR
+clientPort=$PORT
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+# No Jetty admin server (it would bind 0.0.0.0:8080).
+admin.enableServer=false
+4lw.commands.whitelist=ruok,srvr,stat,mntr
+standaloneEnabled=true
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
+EOF
+}
+
+# --- commands ----------------------------------------------------------------
+
+do_status() {
+    local pid port
+    if pid="$(running_pid)"; then
+        port="$(current_port)"
+        if [[ "$(four_letter "$port" ruok)" == "imok" ]]; then
+            log "running (pid $pid), log $LOG_FILE"
+            echo "127.0.0.1:$port"
+            return 0
+        fi
+        log "process $pid is running but 127.0.0.1:$port does not answer 'ruok' yet"
+        return 1
+    fi
+    log "not running"
+    return 3
+}
+
+take_lock() {
+    exec 9>"$DIR/.lock"
+    flock -w "$((TIMEOUT + STOP_TIMEOUT))" 9 || die "another start/stop holds $DIR/.lock"
+}
+
+do_start() {
+    local pid
+    take_lock
+    if pid="$(running_pid)"; then
+        local port; port="$(current_port)"
+        if [[ "$PORT_GIVEN" == 1 && "$port" != "$PORT" ]]; then
+            die "already running (pid $pid) on port $port, not $PORT; stop it first"
+        fi
+        PORT="$port"
+        log "already running (pid $pid)"
+    else
+        rm -f "$PID_FILE"
+        ensure_installed
+        ensure_java
+        [[ -f "$SLF4J_BINDING" ]] || SLF4J_BINDING=""
+        if port_in_use "$PORT"; then
+            die "port $PORT is already in use by another process"
+        fi
+        write_config
+        echo "$PORT" >"$PORT_FILE"
+        local cp="$CONF_DIR:$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}"
+        {
+            echo "=== $(date -Is) starting ZooKeeper on 127.0.0.1:$PORT"
+        } >>"$LOG_FILE"
+        # setsid: own session, so Ctrl-C / process-group kills of the caller do
+        # not take ZooKeeper down.  The inner shell records its pid and execs java.
+        # shellcheck disable=SC2016,SC2086
+        setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
+            java $HEAP $EXTRA_OPTS -Djava.net.preferIPv4Stack=true \
+            -Dorg.slf4j.simpleLogger.showDateTime=true \
+            -Dorg.slf4j.simpleLogger.dateTimeFormat="yyyy-MM-dd'T'HH:mm:ss.SSS" \
+            -Dzookeeper.log.dir="$DIR" \
+            -cp "$cp" "$MAIN_CLASS" "$CONF_DIR/zoo.cfg" \
+            </dev/null >>"$LOG_FILE" 2>&1 9>&- &
+        # wait for the pid file written by the child
+        local i
+        for i in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
+        pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+        [[ -n "$pid" ]] || die "failed to launch java (see $LOG_FILE)"
+        log "started pid $pid, log $LOG_FILE"
+    fi
+
+    local deadline=$((SECONDS + TIMEOUT))
+    until probe "$PORT"; do
+        if ! running_pid >/dev/null; then
+            tail -n 30 "$LOG_FILE" >&2 || true
+            rm -f "$PID_FILE"
+            die "ZooKeeper exited during start-up (log: $LOG_FILE)"
+        fi
+        if (( SECONDS >= deadline )); then
+            tail -n 30 "$LOG_FILE" >&2 || true
+            die "ZooKeeper not ready after ${TIMEOUT}s (still running as pid $pid; log: $LOG_FILE)"
+        fi
+        sleep 0.3
+    done
+    log "ready"
+    exec 9>&-
+    echo "127.0.0.1:$PORT"
+}
+
+do_stop() {
+    local pid
+    take_lock
+    if ! pid="$(running_pid)"; then
+        rm -f "$PID_FILE"
+        log "not running"
+        return 0
+    fi
+    log "stopping pid $pid"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if (( SECONDS >= deadline )); then
+            log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 0.5
+            break
+        fi
+        sleep 0.2
+    done
+    rm -f "$PID_FILE"
+    echo "=== $(date -Is) stopped" >>"$LOG_FILE"
+    log "stopped"
+    exec 9>&-
+}
+
+case "$CMD" in
+    start) do_start ;;
+    stop) do_stop ;;
+    status) do_status ;;
+    restart) do_stop; do_start ;;
+esac
