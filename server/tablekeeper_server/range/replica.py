@@ -112,12 +112,28 @@ class Range:
 
     async def open(self) -> None:
         """Recover and start serving. Blocking work runs in a worker thread."""
-        await asyncio.to_thread(self._recover)
+        try:
+            await asyncio.to_thread(self._recover)
+        except CorruptionError as exc:
+            # Table ranges open on first use, long after startup: say it in the server log too.
+            log.error("range %s: refusing to serve: %s", self.name.log_name, exc.message)
+            raise
         self._accepting = True
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
 
     def _recover(self) -> None:
         store = self._store_factory()
+        try:
+            sm, writer = self._replay(store)
+        except BaseException:
+            # Release the store (RocksDB's LOCK) so the next open attempt reports the real
+            # problem again instead of "lock held" from this half-opened range.
+            with contextlib.suppress(Exception):
+                store.close()
+            raise
+        self._store, self._sm, self._writer = store, sm, writer
+
+    def _replay(self, store: KvStore) -> tuple[RangeStateMachine, LogWriter]:
         sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds)
         writer = self._log_backend.open_writer(
             self.name.log_name, min_last_sequence=sm.applied_sequence
@@ -154,7 +170,7 @@ class Range:
                 sm.applied_sequence,
                 time.monotonic() - started,
             )
-        self._store, self._sm, self._writer = store, sm, writer
+        return sm, writer
 
     async def close(self) -> None:
         """Stop accepting, finish what is queued, then close the log and the store."""
