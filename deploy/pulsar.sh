@@ -408,8 +408,8 @@ do_start() {
             --bookkeeper-dir "$DATA_DIR/bookkeeper" \
             --bookkeeper-port "$BOOKIE_PORT" \
             </dev/null >>"$LOG_FILE" 2>&1 8>&- 9>&- &
-        local i
-        for i in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
+        # wait for the pid file written by the child
+        for _ in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
         pid="$(cat "$PID_FILE" 2>/dev/null || true)"
         [[ -n "$pid" ]] || die "failed to launch java (see $LOG_FILE)"
         log "started pid $pid, log $LOG_FILE"
@@ -434,6 +434,7 @@ do_start() {
     wait_until "admin API (http://127.0.0.1:$HTTP_PORT/admin/v2/clusters)" admin_ready
     ensure_python_client
     local out
+    # shellcheck disable=SC2016
     wait_until "produce/consume round trip" eval 'out="$(roundtrip 2>>"$DIR/check.log")"'
     log "$out"
     log "ready ($((SECONDS - t0))s after launch/attach)"

@@ -104,6 +104,7 @@ port_in_use() {
 }
 
 four_letter() { # four_letter PORT CMD
+    # shellcheck disable=SC2016
     timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"; printf "%s" "$1" >&3; cat <&3' "$1" "$2" 2>/dev/null || true
 }
 
@@ -246,8 +247,7 @@ do_start() {
             -cp "$cp" "$MAIN_CLASS" "$CONF_DIR/zoo.cfg" \
             </dev/null >>"$LOG_FILE" 2>&1 9>&- &
         # wait for the pid file written by the child
-        local i
-        for i in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
+        for _ in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
         pid="$(cat "$PID_FILE" 2>/dev/null || true)"
         [[ -n "$pid" ]] || die "failed to launch java (see $LOG_FILE)"
         log "started pid $pid, log $LOG_FILE"
