@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
+
 from tablekeeper.client import DEFAULT_SERVICE, Client
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import KeyValue
@@ -108,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
     delete = key_command("del", "delete a key (exit 1 if it did not exist)")
     delete.add_argument("key")
 
+    admin = commands.add_parser("admin", help="checkpoints and per-range status")
+    admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    admin_checkpoint = admin_commands.add_parser(
+        "checkpoint", help="checkpoint ranges now and truncate their logs"
+    )
+    admin_checkpoint.add_argument(
+        "--table",
+        type=_split_table,
+        metavar="NAMESPACE/TABLE",
+        help="only this table's ranges (default: every open range)",
+    )
+    admin_commands.add_parser(
+        "status", help="per range: applied position, WAL size, keys, last checkpoint"
+    )
+
     scan = commands.add_parser("scan", help="list the keys of one pkey, in order")
     scan.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
     scan.add_argument("pkey")
@@ -118,7 +135,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_ranges(ranges: Any) -> None:
+    header = (
+        f"{'container':>9} {'table':>6} {'range':>6} {'applied':>9} {'wal bytes':>11} "
+        f"{'keys~':>8} {'ckpt at':>9} {'ckpt age':>9} {'ckpt s':>7} {'uploaded':>10} "
+        f"{'files up/reused':>15}"
+    )
+    print(header)
+    for r in ranges:
+        age = "never" if r.checkpoint_age_ms < 0 else f"{r.checkpoint_age_ms / 1000:.0f}s"
+        print(
+            f"{r.container_id:>9} {r.stream_id:>6} {r.range_id:>6} {r.applied_sequence:>9} "
+            f"{r.wal_bytes:>11} {r.estimated_keys:>8} {r.checkpoint_sequence:>9} {age:>9} "
+            f"{r.checkpoint_seconds:>7.3f} {r.checkpoint_bytes_uploaded:>10} "
+            f"{r.checkpoint_files_uploaded:>7}/{r.checkpoint_files_reused:<7}"
+            + (f"  restored from {r.restored_from}" if r.restored_from else "")
+            + (f"  ERROR: {r.error}" if r.error else "")
+        )
+
+
 def _run(args: argparse.Namespace, client: Client) -> int:
+    if args.command == "admin":
+        if args.admin_command == "checkpoint":
+            namespace, table = args.table if args.table else (None, None)
+            response = client.checkpoint(namespace, table)
+            print(f"checkpointed {len(response.ranges)} ranges")
+            _print_ranges(response.ranges)
+        else:
+            status = client.status()
+            print(
+                f"{status.num_storage_containers} storage containers; checkpoints: "
+                f"{status.checkpoint_store}, every {status.checkpoint_interval_s:.0f}s"
+            )
+            _print_ranges(status.ranges)
+        return EXIT_OK
     if args.command == "ns":
         if args.action == "create":
             print(f"created namespace {args.name} (id {client.create_namespace(args.name)})")
@@ -192,6 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, client)
     except TableKeeperError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except grpc.RpcError as exc:  # the Admin service reports errors as gRPC statuses
+        code = exc.code().name if hasattr(exc, "code") else "error"
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        print(f"error: {code}: {details}", file=sys.stderr)
         return EXIT_ERROR
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
-from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
+from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tablekeeper_pb2_grpc
 
 T = TypeVar("T")
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"
@@ -176,6 +176,25 @@ class AsyncClient:
         """A handle on an existing table. Raises `TableNotFoundError`."""
         return AsyncTable(self, await self.get_table(namespace, name))
 
+    async def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
+        """Checkpoint one table's ranges now (or every open range if no table is given) and
+        truncate their logs; returns the server's `CheckpointResponse` (per-range status)."""
+        stream_id = 0
+        if table is not None:
+            if namespace is None:
+                raise ValueError("a table needs its namespace")
+            stream_id = (await self.get_table(namespace, table)).table_id
+        stub = self._stub("admin", admin_pb2_grpc.AdminStub)
+        return await stub.Checkpoint(
+            admin_pb2.CheckpointRequest(stream_id=stream_id), timeout=self.retry.call_timeout_s * 10
+        )
+
+    async def status(self) -> Any:
+        """The server's per-range status (`StatusResponse`): applied positions, WAL sizes,
+        checkpoints."""
+        stub = self._stub("admin", admin_pb2_grpc.AdminStub)
+        return await stub.Status(admin_pb2.StatusRequest(), timeout=self.retry.call_timeout_s)
+
     async def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
         return await call(  # type: ignore[no-any-return]
             self._tablekeeper_stub().ServerInfo,
@@ -264,6 +283,12 @@ class Client:
 
     def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
         return self._runner.run(self._async.server_info())
+
+    def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
+        return self._runner.run(self._async.checkpoint(namespace, table))
+
+    def status(self) -> Any:
+        return self._runner.run(self._async.status())
 
 
 class Txn:

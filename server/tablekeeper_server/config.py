@@ -14,6 +14,12 @@ class ServerConfig:
     data_dir: Path = Path("./data")
     wal_dir: Path | None = None
     """Where range logs live; defaults to `<data_dir>/wal`."""
+    checkpoint_dir: Path | None = None
+    """Where range checkpoints go; defaults to `<data_dir>/checkpoints`. Put it (and the WAL)
+    outside the data directory to be able to rebuild a server on an empty data directory."""
+    checkpoint_interval_s: float = 300.0
+    """0 disables periodic checkpoints (on-demand ones still work)."""
+    checkpoints_kept: int = 2
     bind_host: str = "127.0.0.1"
     advertised_host: str = "127.0.0.1"
     port: int = 4181
@@ -29,6 +35,14 @@ class ServerConfig:
     @property
     def effective_wal_dir(self) -> Path:
         return self.wal_dir if self.wal_dir is not None else self.data_dir / "wal"
+
+    @property
+    def effective_checkpoint_dir(self) -> Path:
+        return (
+            self.checkpoint_dir
+            if self.checkpoint_dir is not None
+            else self.data_dir / "checkpoints"
+        )
 
     @property
     def db_dir(self) -> Path:
@@ -47,6 +61,12 @@ class ServerConfig:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
         if self.key_bytes_max < 1 or self.value_bytes_max < 0:
             raise ValueError("size limits must be positive")
+        if self.checkpoint_interval_s < 0:
+            raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
+        if self.wal_segment_bytes_max < 4096:
+            raise ValueError("--wal-segment-bytes must be at least 4096")
+        if self.checkpoints_kept < 1:
+            raise ValueError("--checkpoints-kept must be at least 1")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +76,30 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--wal-dir", type=Path, default=None, help="range logs (default DATA_DIR/wal)"
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=None,
+        help="checkpoint store directory, local or shared (default DATA_DIR/checkpoints)",
+    )
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=d.checkpoint_interval_s,
+        help="seconds between checkpoints of each changed range, 0 = on demand only (default 300)",
+    )
+    parser.add_argument(
+        "--wal-segment-bytes",
+        type=int,
+        default=d.wal_segment_bytes_max,
+        help="WAL segment size; truncation deletes whole segments (default 64 MiB)",
+    )
+    parser.add_argument(
+        "--checkpoints-kept",
+        type=int,
+        default=d.checkpoints_kept,
+        help="checkpoints kept per range (default 2)",
     )
     parser.add_argument("--host", default=d.bind_host, help="address to bind (default 127.0.0.1)")
     parser.add_argument(
@@ -87,6 +131,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         data_dir=args.data_dir,
         wal_dir=args.wal_dir,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_interval_s=args.checkpoint_interval,
+        checkpoints_kept=args.checkpoints_kept,
+        wal_segment_bytes_max=args.wal_segment_bytes,
         bind_host=args.host,
         advertised_host=args.advertise_host or args.host,
         port=args.port,

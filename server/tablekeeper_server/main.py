@@ -15,13 +15,16 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.config import ServerConfig
 from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import SystemClock
+from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.server import GrpcServer
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
@@ -44,16 +47,23 @@ async def serve(config: ServerConfig) -> None:
     lock_fd = _lock_data_dir(config.data_dir)
     registry_metrics = CollectorRegistry()
     metrics = ServerMetrics(registry_metrics)
+    failpoints = Failpoints.from_env()
+    checkpoint_store = DirectoryCheckpointStore(config.effective_checkpoint_dir)
     env = ContainerEnv(
         num_containers=config.containers,
         log_backend=LocalLogBackend(
-            config.effective_wal_dir, segment_bytes_max=config.wal_segment_bytes_max
+            config.effective_wal_dir,
+            segment_bytes_max=config.wal_segment_bytes_max,
+            failpoints=failpoints,
         ),
         store_factory=RocksKvStore,
         db_dir=config.db_dir,
         clock=SystemClock(),
         limits=config.limits,
         metrics=metrics,
+        checkpoint_store=checkpoint_store,
+        checkpoints_kept=config.checkpoints_kept,
+        failpoints=failpoints,
     )
     registry = ContainerRegistry(env, list(range(config.containers)))
     metrics.register_container_stats(
@@ -63,9 +73,10 @@ async def serve(config: ServerConfig) -> None:
         }
     )
     log.info(
-        "starting: data dir %s, wal dir %s, %d containers",
+        "starting: data dir %s, wal dir %s, checkpoints in %s, %d containers",
         config.data_dir,
         config.effective_wal_dir,
+        checkpoint_store.describe(),
         config.containers,
     )
     server = GrpcServer(
@@ -75,6 +86,11 @@ async def serve(config: ServerConfig) -> None:
         advertised_host=config.advertised_host,
         limits=config.limits,
         metrics=metrics,
+        admin=AdminServicer(
+            registry,
+            checkpoint_store=checkpoint_store.describe(),
+            interval_s=config.checkpoint_interval_s,
+        ),
     )
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
@@ -93,6 +109,11 @@ async def serve(config: ServerConfig) -> None:
         server.port,
         f"{config.bind_host}:{config.metrics_port}/metrics" if config.metrics_port else "off",
     )
+    checkpoints = (
+        asyncio.create_task(_checkpoint_periodically(registry, config.checkpoint_interval_s))
+        if config.checkpoint_interval_s
+        else None
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -100,9 +121,24 @@ async def serve(config: ServerConfig) -> None:
     await stop.wait()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
+    if checkpoints is not None:
+        checkpoints.cancel()
     await registry.stop()
     os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: float) -> None:
+    """Every `interval_s`, checkpoint each open range that changed since its last checkpoint."""
+    while True:
+        await asyncio.sleep(interval_s)
+        for range_ in registry.all_ranges():
+            try:
+                await range_.checkpoint()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("checkpoint of range %s failed", range_.name.log_name)
 
 
 def run(config: ServerConfig) -> int:

@@ -19,6 +19,7 @@ from tablekeeper_server.errors import (
     StreamNotFoundError,
 )
 from tablekeeper_server.log.memory import MemoryLogBackend
+from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.memory import MemoryKvStore
 
 pytestmark = pytest.mark.unit
@@ -31,10 +32,13 @@ def conf(ranges: int = 4) -> stream_pb2.StreamConfiguration:
 async def make_registry(
     log: MemoryLogBackend, stores: dict[Path, MemoryKvStore], containers: int = 4
 ) -> ContainerRegistry:
+    def open_store(path: Path, *, read_only: bool = False) -> KvStore:
+        return stores.setdefault(path, MemoryKvStore())
+
     env = ContainerEnv(
         num_containers=containers,
         log_backend=log,
-        store_factory=lambda path: stores.setdefault(path, MemoryKvStore()),
+        store_factory=open_store,
         db_dir=Path("/nonexistent"),
         clock=ManualClock(),
     )

@@ -7,7 +7,6 @@ import asyncio
 import enum
 import logging
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,12 +16,15 @@ from tablekeeper_server.catalog.meta import (
     MetaCatalog,
 )
 from tablekeeper_server.catalog.root import RootCatalog
+from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import UnavailableError
 from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.storage.api import KvStore
+from tablekeeper_server.storage.api import StoreOpener
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +39,15 @@ class ContainerEnv:
 
     num_containers: int
     log_backend: LogBackend
-    store_factory: Callable[[Path], KvStore]
+    store_factory: StoreOpener
     db_dir: Path
     clock: Clock
     limits: Limits = field(default_factory=Limits)
     metrics: RangeMetrics | None = None
+    checkpoint_store: CheckpointStore | None = None
+    """Where range checkpoints go; None disables checkpoints (and restore)."""
+    checkpoints_kept: int = 2
+    failpoints: Failpoints = NO_FAILPOINTS
 
 
 class ContainerState(enum.Enum):
@@ -65,15 +71,29 @@ class StorageContainer:
         return self.env.db_dir / f"{name.container_id:05d}" / f"{name.stream_id}-{name.range_id}"
 
     def _new_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+        env = self.env
         name = RangeName(self.id, stream_id, range_id)
         path = self._range_dir(name)
+        checkpointer = None
+        if env.checkpoint_store is not None:
+            checkpointer = RangeCheckpointer(
+                name.log_name,
+                path,
+                env.store_factory,
+                env.checkpoint_store,
+                env.log_backend,
+                env.clock,
+                keep=env.checkpoints_kept,
+                failpoints=env.failpoints,
+            )
         return Range(
             name,
-            self.env.log_backend,
-            lambda: self.env.store_factory(path),
-            self.env.clock,
+            env.log_backend,
+            lambda: env.store_factory(path),
+            env.clock,
             ttl_seconds=ttl_seconds,
-            metrics=self.env.metrics,
+            metrics=env.metrics,
+            checkpointer=checkpointer,
         )
 
     async def start(self) -> None:

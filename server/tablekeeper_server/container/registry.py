@@ -117,5 +117,28 @@ class ContainerRegistry:
             except Exception:
                 log.exception("could not remove the data of deleted table %d", props.stream_id)
 
+    async def open_table_ranges(self, stream_id: int) -> list[Range]:
+        """Open every range of a table (for checkpoints and status of a whole table)."""
+        route = await self._route(stream_id)
+        ranges = []
+        for range_props in route.ranges.values():
+            container = self.container(range_props.storage_container_id)
+            ranges.append(
+                await container.data_range(
+                    stream_id, range_props.range_id, route.props.stream_conf.ttl_seconds
+                )
+            )
+        return ranges
+
+    def all_ranges(self) -> list[Range]:
+        return [r for c in self.containers.values() for r in c.ranges.values()]
+
+    async def checkpoint(self, stream_id: int = 0, *, force: bool = True) -> list[Range]:
+        """Checkpoint one table's ranges (`stream_id`), or every open range (0)."""
+        ranges = await self.open_table_ranges(stream_id) if stream_id else self.all_ranges()
+        for range_ in ranges:
+            await range_.checkpoint(force=force)
+        return ranges
+
     def open_ranges(self) -> int:
         return sum(len(c.ranges) for c in self.containers.values())

@@ -88,3 +88,7 @@ class LogBackend(Protocol):
     def delete(self, log_name: str) -> None:
         """Remove the whole log. Used when a table is deleted."""
         ...
+
+    def size_bytes(self, log_name: str) -> int:
+        """Bytes the log holds now (for metrics and status); 0 if it does not exist."""
+        ...

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
 from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
 from tablekeeper_server.log.codec import (
@@ -363,9 +364,12 @@ class LocalLogBackend:
         *,
         segment_bytes_max: int = DEFAULT_SEGMENT_BYTES_MAX,
         sync: SyncFunction | None = None,
+        failpoints: Failpoints = NO_FAILPOINTS,
     ) -> None:
         """`sync` replaces `os.fdatasync` for segment files (tests count or fail syncs with it);
-        directories are always synced with `os.fsync`."""
+        directories are always synced with `os.fsync`. `failpoints` lets crash tests stop the
+        process between two segment deletions (`wal.truncate.after_segment_delete`)."""
+        self._failpoints = failpoints
         if segment_bytes_max <= SEGMENT_HEADER_SIZE:
             raise ValueError(f"segment_bytes_max must exceed {SEGMENT_HEADER_SIZE}")
         self._root = Path(root_dir)
@@ -651,10 +655,21 @@ class LocalLogBackend:
                     break
                 segment.path.unlink(missing_ok=True)
                 deleted += 1
+                self._failpoints.hit("wal.truncate.after_segment_delete")
             if deleted:
                 _fsync_dir(log_dir)
         except OSError as exc:
             raise UnavailableError(f"log {log_name!r}: truncate failed: {exc}") from exc
+
+    def size_bytes(self, log_name: str) -> int:
+        """Bytes in the log's segment files now."""
+        total = 0
+        for segment in _list_segments(self.log_dir(log_name)):
+            try:
+                total += segment.path.stat().st_size
+            except FileNotFoundError:
+                continue
+        return total
 
     def delete(self, log_name: str) -> None:
         """Remove the whole log; a no-op if it does not exist.

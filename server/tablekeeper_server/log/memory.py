@@ -145,6 +145,11 @@ class MemoryLogBackend:
             cut = bisect.bisect_left(log.records, before_sequence, key=_sequence_of)
             del log.records[: min(cut, len(log.records) - 1)]
 
+    def size_bytes(self, log_name: str) -> int:
+        with self._lock:
+            log = self._logs.get(log_name)
+            return sum(len(r.payload) for r in log.records) if log else 0
+
     def delete(self, log_name: str) -> None:
         """Remove the log and fence its writer. A no-op if the log does not exist."""
         with self._lock:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     CorruptionError,
@@ -35,6 +36,7 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.log.api import LogBackend, LogWriter
+from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.state_machine import RangeStateMachine, Response
 from tablekeeper_server.storage.api import KvStore
 
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 GROUP_RECORDS_MAX = 1024
 QUEUE_DEPTH_MAX = 16 * 1024
 REPLAY_BATCH = 1024
+
+
+class LogGapError(CorruptionError):
+    """The log does not continue where the store stopped (records were truncated)."""
 
 
 class IndeterminateError(TableKeeperError):
@@ -93,8 +99,11 @@ class Range:
         *,
         ttl_seconds: int = 0,
         metrics: RangeMetrics | None = None,
+        checkpointer: RangeCheckpointer | None = None,
     ) -> None:
         self.name = name
+        self._checkpointer = checkpointer
+        self._checkpoint_lock = asyncio.Lock()
         self._log_backend = log_backend
         self._store_factory = store_factory
         self._clock = clock
@@ -122,9 +131,30 @@ class Range:
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
 
     def _recover(self) -> None:
-        store = self._store_factory()
+        """Get a store (restoring a checkpoint if the local one is missing, unusable or older
+        than the log), open the log as its only writer, replay, and keep all three."""
+        checkpointer = self._checkpointer
+        restored = False
+        if checkpointer is not None and checkpointer.needs_restore():
+            checkpointer.restore()
+            restored = True
+        store = self._open_store(restored)
         try:
-            sm, writer = self._replay(store)
+            writer = self._log_backend.open_writer(
+                self.name.log_name, min_last_sequence=self._applied_of(store)
+            )
+            try:
+                sm = self._replay(store, writer)
+            except LogGapError as gap:
+                if checkpointer is None or restored or not checkpointer.has_checkpoints():
+                    raise
+                # The local store is older than what the log still holds (a stale data
+                # directory): a checkpoint covers the gap.
+                store.close()
+                checkpointer.set_aside_local_store(gap.message)
+                checkpointer.restore()
+                store = self._open_store(True)
+                sm = self._replay(store, writer)
         except BaseException:
             # Release the store (RocksDB's LOCK) so the next open attempt reports the real
             # problem again instead of "lock held" from this half-opened range.
@@ -133,15 +163,38 @@ class Range:
             raise
         self._store, self._sm, self._writer = store, sm, writer
 
-    def _replay(self, store: KvStore) -> tuple[RangeStateMachine, LogWriter]:
+    def _open_store(self, restored: bool) -> KvStore:
+        try:
+            return self._store_factory()
+        except CorruptionError as exc:
+            checkpointer = self._checkpointer
+            if checkpointer is None or restored or not checkpointer.has_checkpoints():
+                raise
+            checkpointer.set_aside_local_store(exc.message)
+            checkpointer.restore()
+            return self._store_factory()
+
+    def _applied_of(self, store: KvStore) -> int:
+        return RangeStateMachine(store).applied_sequence
+
+    def _replay(self, store: KvStore, writer: LogWriter) -> RangeStateMachine:
         sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds)
-        writer = self._log_backend.open_writer(
-            self.name.log_name, min_last_sequence=sm.applied_sequence
-        )
+        if sm.applied_sequence > writer.last_sequence:
+            raise CorruptionError(
+                f"log {self.name.log_name} ends at {writer.last_sequence} but the store has "
+                f"applied up to {sm.applied_sequence}: the log lost acknowledged records"
+            )
         started = time.monotonic()
         replayed = 0
         batch: list[tuple[int, wal_pb2.WalCommand]] = []
-        for record in self._log_backend.read(self.name.log_name, sm.applied_sequence + 1):
+        expected = sm.applied_sequence + 1
+        for record in self._log_backend.read(self.name.log_name, expected):
+            if replayed == 0 and not batch and record.sequence != expected:
+                raise LogGapError(
+                    f"log {self.name.log_name} starts at {record.sequence} but the store needs "
+                    f"{expected} next (records {expected}..{record.sequence - 1} were truncated "
+                    "after a checkpoint that this store does not include)"
+                )
             command = wal_pb2.WalCommand()
             try:
                 command.ParseFromString(record.payload)
@@ -158,7 +211,7 @@ class Range:
             sm.apply_batch(batch)
             replayed += len(batch)
         if sm.applied_sequence < writer.last_sequence:
-            raise CorruptionError(
+            raise LogGapError(
                 f"log {self.name.log_name} ends at {writer.last_sequence} but replay stopped at "
                 f"{sm.applied_sequence}: records are missing"
             )
@@ -170,7 +223,28 @@ class Range:
                 sm.applied_sequence,
                 time.monotonic() - started,
             )
-        return sm, writer
+        return sm
+
+    async def checkpoint(self, *, force: bool = False) -> Manifest | None:
+        """Checkpoint the range now (if anything changed since the last one, or `force`) and
+        truncate its log. None if the range has no checkpointer or nothing to do."""
+        checkpointer = self._checkpointer
+        if checkpointer is None:
+            return None
+        async with self._checkpoint_lock:
+            if self._store is None or self._sm is None or self.failed:
+                return None
+            stats = checkpointer.stats
+            if not force and stats.count and stats.applied_sequence == self._sm.applied_sequence:
+                return None
+            return await asyncio.to_thread(checkpointer.checkpoint, self._store)
+
+    @property
+    def checkpointer(self) -> RangeCheckpointer | None:
+        return self._checkpointer
+
+    def wal_bytes(self) -> int:
+        return self._log_backend.size_bytes(self.name.log_name)
 
     async def close(self) -> None:
         """Stop accepting, finish what is queued, then close the log and the store."""
@@ -180,6 +254,8 @@ class Range:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        async with self._checkpoint_lock:  # let a running checkpoint finish first
+            pass
         if self._writer is not None:
             await self._writer.close()
             self._writer = None
@@ -279,6 +355,10 @@ class Range:
     @property
     def failed(self) -> bool:
         return self._failure is not None
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
 
 
 def _flush_and_close(store: KvStore) -> None:

@@ -20,8 +20,15 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
-from tablekeeper_proto.v1 import wal_pb2
-from tablekeeper_server.core.keys import pkey_prefix, prefix_end, system_key
+from tablekeeper_proto.v1 import tablekeeper_pb2, wal_pb2
+from tablekeeper_server.core.keys import (
+    SYSTEM_PREFIX,
+    pkey_prefix,
+    prefix_end,
+    split_store_key,
+    store_key,
+    system_key,
+)
 from tablekeeper_server.errors import Code
 from tablekeeper_server.range.records import (
     StoredRecord,
@@ -224,10 +231,21 @@ class RangeStateMachine:
         return response
 
     def _increment(
-        self, view: _ApplyView, revision: int, now: int, req: kv_rpc_pb2.IncrementRequest
+        self,
+        view: _ApplyView,
+        revision: int,
+        now: int,
+        req: kv_rpc_pb2.IncrementRequest,
+        writes: dict[bytes, StoredRecord | None] | None = None,
     ) -> kv_rpc_pb2.IncrementResponse:
+        """Add to a number key. Inside a txn (`writes` given) the write is collected like the
+        txn's other writes, and an increment of a key this txn already wrote adds to that write
+        (two increments of one key in one txn add up)."""
         key = pkey_prefix(req.header.r_key) + req.key
-        prev = view.get_live(key, now)
+        if writes is not None and key in writes:
+            prev = writes[key]
+        else:
+            prev = view.get_live(key, now)
         if prev is not None and not prev.is_number:
             return kv_rpc_pb2.IncrementResponse(header=_header(Code.BAD_REQUEST))
         if prev is None:
@@ -245,7 +263,10 @@ class RangeStateMachine:
                 self._expire_at(now),
                 encode_number(total),
             )
-        view.put(key, record)
+        if writes is None:
+            view.put(key, record)
+        else:
+            writes[key] = record
         response = kv_rpc_pb2.IncrementResponse(header=_header(Code.SUCCESS))
         if req.get_total:
             response.total_amount = total
@@ -323,6 +344,13 @@ class RangeStateMachine:
                 read.CopyFrom(op.request_range)
                 read.header.r_key = req.header.r_key
                 result.response_range.CopyFrom(self._read(view.get, view.scan, read, now))
+            elif kind == "request_increment":
+                increment = kv_rpc_pb2.IncrementRequest()
+                increment.CopyFrom(op.request_increment)
+                increment.header.r_key = req.header.r_key
+                result.response_increment.CopyFrom(
+                    self._increment(view, revision, now, increment, writes)
+                )
         _flush_writes(view, writes)
         return response
 
@@ -340,6 +368,32 @@ class RangeStateMachine:
                 yield key, decode_record(raw)
 
         return self._read(get, scan, req, now_ms)
+
+    def scan_range(
+        self, req: tablekeeper_pb2.ScanRangeRequest, now_ms: int
+    ) -> tablekeeper_pb2.ScanRangeResponse:
+        """One page of every live key of the range, every pkey, in store order, resuming after
+        `req.start_after`. The range's own bookkeeping keys (`SYSTEM_PREFIX`) are never seen."""
+        start = b""
+        if req.HasField("start_after"):
+            start = store_key(req.start_after.pkey, req.start_after.lkey) + b"\x00"
+        limit = min(req.limit, SCAN_ROWS_MAX) if req.limit > 0 else SCAN_ROWS_MAX
+        response = tablekeeper_pb2.ScanRangeResponse(header=_header(Code.SUCCESS))
+        rows = response.rows
+        size = 0
+        for key, raw in self.store.scan(start, SYSTEM_PREFIX):
+            record = decode_record(raw)
+            if not record.is_live(now_ms):
+                continue
+            if len(rows) >= limit or size >= SCAN_BYTES_MAX:
+                response.more = True
+                break
+            pkey, lkey = split_store_key(key)
+            row = rows.add()
+            row.pkey = pkey
+            row.kv.CopyFrom(to_key_value(lkey, record, keys_only=req.keys_only))
+            size += len(key) + (0 if req.keys_only else len(record.value))
+        return response
 
     def _read(
         self,

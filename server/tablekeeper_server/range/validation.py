@@ -89,6 +89,8 @@ def check_txn(req: kv_rpc_pb2.TxnRequest, limits: Limits) -> None:
             check_delete(op.request_delete_range, limits)
         elif kind == "request_range":
             check_range(op.request_range, limits)
+        elif kind == "request_increment":
+            check_increment(op.request_increment, limits)
         else:
             raise BadRequestError("txn op has no request")
 

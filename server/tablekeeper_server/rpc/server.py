@@ -7,7 +7,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
-from tablekeeper_proto.v1 import tablekeeper_pb2_grpc
+from tablekeeper_proto.v1 import admin_pb2_grpc, tablekeeper_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
@@ -39,6 +39,7 @@ class GrpcServer:
         advertised_host: str,
         limits: Limits,
         metrics: ServerMetrics | None,
+        admin: admin_pb2_grpc.AdminServicer | None = None,
     ) -> None:
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
@@ -69,6 +70,8 @@ class GrpcServer:
         tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
             TableKeeperServicer(ops, registry, metrics), self._server
         )
+        if admin is not None:
+            admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{bind_host}:{port}")

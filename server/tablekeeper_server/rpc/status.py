@@ -18,6 +18,7 @@ import grpc
 
 from tablekeeper_server.errors import (
     Code,
+    CorruptionError,
     RouteNotFoundError,
     TableKeeperError,
     UnavailableError,
@@ -82,6 +83,26 @@ async def serve(
         response = error_response(code)
     _record(metrics, method, code, started)
     return response
+
+
+async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable[M]]) -> M:
+    """TableKeeper's own Admin service reports errors as plain gRPC statuses (it has no body
+    status field): unavailable → UNAVAILABLE, corruption → DATA_LOSS, other domain errors →
+    FAILED_PRECONDITION, anything else → INTERNAL (logged)."""
+    try:
+        return await handler()
+    except (RouteNotFoundError, UnavailableError) as exc:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, _ascii(exc.message))
+    except CorruptionError as exc:
+        await context.abort(grpc.StatusCode.DATA_LOSS, _ascii(exc.message))
+    except TableKeeperError as exc:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _ascii(exc.message))
+    except Exception as exc:
+        if isinstance(exc, grpc.aio.AbortError):
+            raise
+        log.exception("%s failed", method)
+        await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
+    raise AssertionError("unreachable: context.abort raises")
 
 
 def _record(metrics: ServerMetrics | None, method: str, code: int, started: float) -> None:

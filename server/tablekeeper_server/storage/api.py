@@ -9,6 +9,7 @@ there. Calls are synchronous and short; they run on the serving event loop.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Protocol
 
 
@@ -21,6 +22,12 @@ class WriteBatch(Protocol):
 
     def delete_range(self, start: bytes, end: bytes) -> None:
         """Delete every key k with start <= k < end."""
+        ...
+
+
+class StoreOpener(Protocol):
+    def __call__(self, path: Path, *, read_only: bool = False) -> KvStore:
+        """Open (creating if absent, unless `read_only`) the store in directory `path`."""
         ...
 
 
@@ -41,6 +48,15 @@ class KvStore(Protocol):
 
     def flush(self) -> None:
         """Persist everything written so far (used at clean shutdown to shorten replay)."""
+        ...
+
+    def create_checkpoint(self, dest: Path) -> None:
+        """Write a consistent, openable copy of the store to the new directory `dest` (RocksDB:
+        hard links to the live files plus a flushed memtable). Callable from a worker thread."""
+        ...
+
+    def live_file_names(self) -> list[str]:
+        """Names of the files that make up the store now (for status)."""
         ...
 
     def close(self) -> None: ...

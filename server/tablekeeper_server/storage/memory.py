@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from pathlib import Path
 
 from tablekeeper_server.storage.api import WriteBatch
 
@@ -63,6 +64,12 @@ class MemoryKvStore:
 
     def flush(self) -> None:
         pass
+
+    def create_checkpoint(self, dest: Path) -> None:
+        raise RuntimeError("the in-memory store has no checkpoints; use RocksKvStore")
+
+    def live_file_names(self) -> list[str]:
+        return []
 
     def close(self) -> None:
         self.closed = True

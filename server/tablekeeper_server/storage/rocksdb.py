@@ -29,11 +29,17 @@ def _options() -> rocksdict.Options:
 
 
 class RocksKvStore:
-    def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        if not read_only:
+            path.mkdir(parents=True, exist_ok=True)
         self.path = path
         try:
-            self._db = rocksdict.Rdict(str(path), options=_options())
+            if read_only:
+                self._db = rocksdict.Rdict(
+                    str(path), options=_options(), access_type=rocksdict.AccessType.read_only()
+                )
+            else:
+                self._db = rocksdict.Rdict(str(path), options=_options())
         except Exception as exc:  # rocksdict raises plain exceptions for corruption and locks
             raise CorruptionError(f"cannot open RocksDB at {path}: {exc}") from exc
         self._write_opts = rocksdict.WriteOptions()
@@ -66,6 +72,12 @@ class RocksKvStore:
 
     def flush(self) -> None:
         self._db.flush()
+
+    def create_checkpoint(self, dest: Path) -> None:
+        rocksdict.Checkpoint(self._db).create_checkpoint(str(dest))
+
+    def live_file_names(self) -> list[str]:
+        return sorted(str(f["name"]).lstrip("/") for f in self._db.live_files())
 
     def close(self) -> None:
         self._db.close()

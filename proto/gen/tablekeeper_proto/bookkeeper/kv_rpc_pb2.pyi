@@ -380,24 +380,32 @@ class RequestOp(_message.Message):
     REQUEST_RANGE_FIELD_NUMBER: _builtins.int
     REQUEST_PUT_FIELD_NUMBER: _builtins.int
     REQUEST_DELETE_RANGE_FIELD_NUMBER: _builtins.int
+    REQUEST_INCREMENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def request_range(self) -> Global___RangeRequest: ...
     @_builtins.property
     def request_put(self) -> Global___PutRequest: ...
     @_builtins.property
     def request_delete_range(self) -> Global___DeleteRangeRequest: ...
+    @_builtins.property
+    def request_increment(self) -> Global___IncrementRequest:
+        """TableKeeper extension (BookKeeper clients never send it): an increment inside a txn, so a
+        txn can add to counters and record a marker atomically.
+        """
+
     def __init__(
         self,
         *,
         request_range: Global___RangeRequest | None = ...,
         request_put: Global___PutRequest | None = ...,
         request_delete_range: Global___DeleteRangeRequest | None = ...,
+        request_increment: Global___IncrementRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_increment", b"request_increment", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_delete_range", b"request_delete_range", "request_increment", b"request_increment", "request_put", b"request_put", "request_range", b"request_range"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["request_range", "request_put", "request_delete_range"]  # noqa: Y015
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["request_range", "request_put", "request_delete_range", "request_increment"]  # noqa: Y015
     _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
 
@@ -410,24 +418,28 @@ class ResponseOp(_message.Message):
     RESPONSE_RANGE_FIELD_NUMBER: _builtins.int
     RESPONSE_PUT_FIELD_NUMBER: _builtins.int
     RESPONSE_DELETE_RANGE_FIELD_NUMBER: _builtins.int
+    RESPONSE_INCREMENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def response_range(self) -> Global___RangeResponse: ...
     @_builtins.property
     def response_put(self) -> Global___PutResponse: ...
     @_builtins.property
     def response_delete_range(self) -> Global___DeleteRangeResponse: ...
+    @_builtins.property
+    def response_increment(self) -> Global___IncrementResponse: ...
     def __init__(
         self,
         *,
         response_range: Global___RangeResponse | None = ...,
         response_put: Global___PutResponse | None = ...,
         response_delete_range: Global___DeleteRangeResponse | None = ...,
+        response_increment: Global___IncrementResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_increment", b"response_increment", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "response_delete_range", b"response_delete_range", "response_increment", b"response_increment", "response_put", b"response_put", "response_range", b"response_range"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["response_range", "response_put", "response_delete_range"]  # noqa: Y015
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["response_range", "response_put", "response_delete_range", "response_increment"]  # noqa: Y015
     _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
 

@@ -22,28 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tablekeeper_proto.bookkeeper import kv_pb2 as tablekeeper__proto_dot_bookkeeper_dot_kv__pb2
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as tablekeeper__proto_dot_bookkeeper_dot_kv__rpc__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&tablekeeper_proto/v1/tablekeeper.proto\x12\x0etablekeeper.v1\x1a)tablekeeper_proto/bookkeeper/kv_rpc.proto\"\x13\n\x11ServerInfoRequest\"n\n\x12ServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x1e\n\x16num_storage_containers\x18\x02 \x01(\x05\x12\x12\n\ncontainers\x18\x03 \x03(\x03\x12\x13\n\x0bopen_ranges\x18\x04 \x01(\x03\"\x80\x02\n\x07\x42\x61tchOp\x12\x32\n\x03put\x18\x01 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.PutRequestH\x00\x12>\n\tincrement\x18\x02 \x01(\x0b\x32).bookkeeper.proto.kv.rpc.IncrementRequestH\x00\x12\x43\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32+.bookkeeper.proto.kv.rpc.DeleteRangeRequestH\x00\x12\x36\n\x05range\x18\x04 \x01(\x0b\x32%.bookkeeper.proto.kv.rpc.RangeRequestH\x00\x42\x04\n\x02op\"4\n\x0c\x42\x61tchRequest\x12$\n\x03ops\x18\x01 \x03(\x0b\x32\x17.tablekeeper.v1.BatchOp\"\xae\x02\n\x0b\x42\x61tchResult\x12\x33\n\x03put\x18\x01 \x01(\x0b\x32$.bookkeeper.proto.kv.rpc.PutResponseH\x00\x12?\n\tincrement\x18\x02 \x01(\x0b\x32*.bookkeeper.proto.kv.rpc.IncrementResponseH\x00\x12\x44\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32,.bookkeeper.proto.kv.rpc.DeleteRangeResponseH\x00\x12\x37\n\x05range\x18\x04 \x01(\x0b\x32&.bookkeeper.proto.kv.rpc.RangeResponseH\x00\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tretryable\x18\x0b \x01(\x08\x42\x08\n\x06result\"=\n\rBatchResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.BatchResult2\xa8\x01\n\x0bTableKeeper\x12S\n\nServerInfo\x12!.tablekeeper.v1.ServerInfoRequest\x1a\".tablekeeper.v1.ServerInfoResponse\x12\x44\n\x05\x42\x61tch\x12\x1c.tablekeeper.v1.BatchRequest\x1a\x1d.tablekeeper.v1.BatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&tablekeeper_proto/v1/tablekeeper.proto\x12\x0etablekeeper.v1\x1a%tablekeeper_proto/bookkeeper/kv.proto\x1a)tablekeeper_proto/bookkeeper/kv_rpc.proto\"\x13\n\x11ServerInfoRequest\"n\n\x12ServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x1e\n\x16num_storage_containers\x18\x02 \x01(\x05\x12\x12\n\ncontainers\x18\x03 \x03(\x03\x12\x13\n\x0bopen_ranges\x18\x04 \x01(\x03\"\xb4\x02\n\x07\x42\x61tchOp\x12\x32\n\x03put\x18\x01 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.PutRequestH\x00\x12>\n\tincrement\x18\x02 \x01(\x0b\x32).bookkeeper.proto.kv.rpc.IncrementRequestH\x00\x12\x43\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32+.bookkeeper.proto.kv.rpc.DeleteRangeRequestH\x00\x12\x36\n\x05range\x18\x04 \x01(\x0b\x32%.bookkeeper.proto.kv.rpc.RangeRequestH\x00\x12\x32\n\x03txn\x18\x05 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.TxnRequestH\x00\x42\x04\n\x02op\"4\n\x0c\x42\x61tchRequest\x12$\n\x03ops\x18\x01 \x03(\x0b\x32\x17.tablekeeper.v1.BatchOp\"\xe3\x02\n\x0b\x42\x61tchResult\x12\x33\n\x03put\x18\x01 \x01(\x0b\x32$.bookkeeper.proto.kv.rpc.PutResponseH\x00\x12?\n\tincrement\x18\x02 \x01(\x0b\x32*.bookkeeper.proto.kv.rpc.IncrementResponseH\x00\x12\x44\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32,.bookkeeper.proto.kv.rpc.DeleteRangeResponseH\x00\x12\x37\n\x05range\x18\x04 \x01(\x0b\x32&.bookkeeper.proto.kv.rpc.RangeResponseH\x00\x12\x33\n\x03txn\x18\x05 \x01(\x0b\x32$.bookkeeper.proto.kv.rpc.TxnResponseH\x00\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x11\n\tretryable\x18\x0b \x01(\x08\x42\x08\n\x06result\"=\n\rBatchResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.BatchResult\"\'\n\tKeyCursor\x12\x0c\n\x04pkey\x18\x01 \x01(\x0c\x12\x0c\n\x04lkey\x18\x02 \x01(\x0c\"\x89\x01\n\x10ScanRangeRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x10\n\x08range_id\x18\x02 \x01(\x03\x12.\n\x0bstart_after\x18\x03 \x01(\x0b\x32\x19.tablekeeper.v1.KeyCursor\x12\r\n\x05limit\x18\x04 \x01(\x03\x12\x11\n\tkeys_only\x18\x05 \x01(\x08\"G\n\x0cScanRangeRow\x12\x0c\n\x04pkey\x18\x01 \x01(\x0c\x12)\n\x02kv\x18\x02 \x01(\x0b\x32\x1d.bookkeeper.proto.kv.KeyValue\"\x86\x01\n\x11ScanRangeResponse\x12\x37\n\x06header\x18\x01 \x01(\x0b\x32\'.bookkeeper.proto.kv.rpc.ResponseHeader\x12*\n\x04rows\x18\x02 \x03(\x0b\x32\x1c.tablekeeper.v1.ScanRangeRow\x12\x0c\n\x04more\x18\x03 \x01(\x08\x32\xfa\x01\n\x0bTableKeeper\x12S\n\nServerInfo\x12!.tablekeeper.v1.ServerInfoRequest\x1a\".tablekeeper.v1.ServerInfoResponse\x12\x44\n\x05\x42\x61tch\x12\x1c.tablekeeper.v1.BatchRequest\x1a\x1d.tablekeeper.v1.BatchResponse\x12P\n\tScanRange\x12 .tablekeeper.v1.ScanRangeRequest\x1a!.tablekeeper.v1.ScanRangeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tablekeeper_proto.v1.tablekeeper_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVERINFOREQUEST']._serialized_start=101
-  _globals['_SERVERINFOREQUEST']._serialized_end=120
-  _globals['_SERVERINFORESPONSE']._serialized_start=122
-  _globals['_SERVERINFORESPONSE']._serialized_end=232
-  _globals['_BATCHOP']._serialized_start=235
-  _globals['_BATCHOP']._serialized_end=491
-  _globals['_BATCHREQUEST']._serialized_start=493
-  _globals['_BATCHREQUEST']._serialized_end=545
-  _globals['_BATCHRESULT']._serialized_start=548
-  _globals['_BATCHRESULT']._serialized_end=850
-  _globals['_BATCHRESPONSE']._serialized_start=852
-  _globals['_BATCHRESPONSE']._serialized_end=913
-  _globals['_TABLEKEEPER']._serialized_start=916
-  _globals['_TABLEKEEPER']._serialized_end=1084
+  _globals['_SERVERINFOREQUEST']._serialized_start=140
+  _globals['_SERVERINFOREQUEST']._serialized_end=159
+  _globals['_SERVERINFORESPONSE']._serialized_start=161
+  _globals['_SERVERINFORESPONSE']._serialized_end=271
+  _globals['_BATCHOP']._serialized_start=274
+  _globals['_BATCHOP']._serialized_end=582
+  _globals['_BATCHREQUEST']._serialized_start=584
+  _globals['_BATCHREQUEST']._serialized_end=636
+  _globals['_BATCHRESULT']._serialized_start=639
+  _globals['_BATCHRESULT']._serialized_end=994
+  _globals['_BATCHRESPONSE']._serialized_start=996
+  _globals['_BATCHRESPONSE']._serialized_end=1057
+  _globals['_KEYCURSOR']._serialized_start=1059
+  _globals['_KEYCURSOR']._serialized_end=1098
+  _globals['_SCANRANGEREQUEST']._serialized_start=1101
+  _globals['_SCANRANGEREQUEST']._serialized_end=1238
+  _globals['_SCANRANGEROW']._serialized_start=1240
+  _globals['_SCANRANGEROW']._serialized_end=1311
+  _globals['_SCANRANGERESPONSE']._serialized_start=1314
+  _globals['_SCANRANGERESPONSE']._serialized_end=1448
+  _globals['_TABLEKEEPER']._serialized_start=1451
+  _globals['_TABLEKEEPER']._serialized_end=1701
 # @@protoc_insertion_point(module_scope)

@@ -44,6 +44,11 @@ class TableKeeperStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchResponse.FromString,
                 _registered_method=True)
+        self.ScanRange = channel.unary_unary(
+                '/tablekeeper.v1.TableKeeper/ScanRange',
+                request_serializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeResponse.FromString,
+                _registered_method=True)
 
 
 class TableKeeperServicer:
@@ -61,6 +66,12 @@ class TableKeeperServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScanRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TableKeeperServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +84,11 @@ def add_TableKeeperServicer_to_server(servicer, server):
                     servicer.Batch,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchResponse.SerializeToString,
+            ),
+            'ScanRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScanRange,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +145,33 @@ class TableKeeper:
             '/tablekeeper.v1.TableKeeper/Batch',
             tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.BatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScanRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.TableKeeper/ScanRange',
+            tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_tablekeeper__pb2.ScanRangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,285 @@
+"""Checkpoints of one range: create (incremental), garbage-collect, truncate the log, restore.
+
+Create, in order (each step durable before the next; `failpoints` name the gaps a crash test
+stops the process in):
+  1. RocksDB checkpoint into a scratch directory (flushes the memtable; hard links otherwise);
+     the applied log position is read from the checkpoint itself, so it matches its files.
+  2. Upload each file the store does not hold yet, content-addressed by SHA-256. An SST whose
+     name and size equal an entry of the previous manifest is the same immutable file: its hash
+     is reused without reading it.                                   [checkpoint.during_upload]
+  3. Publish the manifest atomically.                                [checkpoint.before_manifest]
+  4. Delete manifests beyond the newest `keep`, then objects no kept manifest references.
+  5. Truncate the log before the OLDEST kept checkpoint's position, so falling back to an older
+     checkpoint never meets a gap in the log.                        [checkpoint.before_truncate]
+
+Restore (the local store is missing or unusable): take manifests newest first; download every
+file into a scratch directory, verifying SHA-256 [restore.during_download]; move it into place
+atomically [restore.before_open]. A damaged checkpoint is skipped for the next one; if none is
+valid the range refuses to open rather than serve incomplete data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tablekeeper_server.checkpoint.api import CheckpointStore
+from tablekeeper_server.checkpoint.manifest import (
+    FileEntry,
+    Manifest,
+    manifests_prefix,
+    object_name,
+)
+from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
+from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.storage.api import KvStore, StoreOpener
+
+log = logging.getLogger(__name__)
+_HASH_CHUNK = 1024 * 1024
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    """What the last checkpoint of a range did (for metrics and `admin status`)."""
+
+    applied_sequence: int = 0
+    created_at_ms: int = 0
+    duration_s: float = 0.0
+    bytes_uploaded: int = 0
+    files_uploaded: int = 0
+    files_reused: int = 0
+    count: int = 0
+    restored_from: str = ""
+    errors: list[str] = field(default_factory=list)
+
+
+class RangeCheckpointer:
+    """Checkpoints of one range. Methods block: run them in a worker thread, one at a time."""
+
+    def __init__(
+        self,
+        range_name: str,
+        store_path: Path,
+        store_opener: StoreOpener,
+        checkpoint_store: CheckpointStore,
+        log_backend: LogBackend,
+        clock: Clock,
+        *,
+        keep: int = 2,
+        failpoints: Failpoints = NO_FAILPOINTS,
+    ) -> None:
+        if keep < 1:
+            raise ValueError("keep at least one checkpoint")
+        self.range_name = range_name
+        self.store_path = store_path
+        self._open = store_opener
+        self._store = checkpoint_store
+        self._log = log_backend
+        self._clock = clock
+        self._keep = keep
+        self._failpoints = failpoints
+        self.stats = CheckpointStats()
+
+    # ------------------------------------------------------------------ create
+
+    def checkpoint(self, store: KvStore) -> Manifest:
+        """Checkpoint `store` (the range's open store) and truncate the log. See module doc."""
+        started = time.monotonic()
+        scratch = self.store_path.parent / f".checkpoint-{self.store_path.name}-{uuid.uuid4().hex}"
+        try:
+            store.create_checkpoint(scratch)
+            applied = self._applied_sequence_of(scratch)
+            previous = self._newest_valid_manifest()
+            known = {(f.name, f.size): f.sha256 for f in previous.files} if previous else {}
+            entries = []
+            uploaded_bytes = uploaded = reused = 0
+            for path in sorted(scratch.iterdir()):
+                if not path.is_file():
+                    continue
+                size = path.stat().st_size
+                digest = known.get((path.name, size)) if path.suffix == ".sst" else None
+                if digest is not None and self._store.exists(object_name(self.range_name, digest)):
+                    reused += 1
+                else:
+                    digest = sha256_of(path)
+                    written = self._store.put_file(object_name(self.range_name, digest), path)
+                    if written:
+                        uploaded += 1
+                        uploaded_bytes += written
+                        self._failpoints.hit("checkpoint.during_upload")
+                    else:
+                        reused += 1
+                entries.append(FileEntry(path.name, digest, size))
+            manifest = Manifest(self.range_name, applied, self._clock.now_ms(), tuple(entries))
+            self._failpoints.hit("checkpoint.before_manifest")
+            self._store.put_bytes(manifest.object_name, manifest.encode())
+            kept = self._collect_garbage()
+            self._failpoints.hit("checkpoint.before_truncate")
+            oldest_kept = min(m.applied_sequence for m in kept)
+            self._log.truncate(self.range_name, oldest_kept + 1)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        duration = time.monotonic() - started
+        stats = self.stats
+        stats.applied_sequence = applied
+        stats.created_at_ms = manifest.created_at_ms
+        stats.duration_s = duration
+        stats.bytes_uploaded = uploaded_bytes
+        stats.files_uploaded = uploaded
+        stats.files_reused = reused
+        stats.count += 1
+        log.info(
+            "range %s: checkpoint at %d in %.3fs: %d files uploaded (%d bytes), %d reused",
+            self.range_name,
+            applied,
+            duration,
+            uploaded,
+            uploaded_bytes,
+            reused,
+        )
+        return manifest
+
+    def _applied_sequence_of(self, directory: Path) -> int:
+        store = self._open(directory, read_only=True)
+        try:
+            return RangeStateMachine(store).applied_sequence
+        finally:
+            store.close()
+
+    def _manifests(self) -> list[str]:
+        """Manifest object names, newest (highest position, then latest) first."""
+        return sorted(self._store.list(manifests_prefix(self.range_name)), reverse=True)
+
+    def _load(self, name: str) -> Manifest:
+        try:
+            raw = self._store.get_bytes(name)
+        except FileNotFoundError as exc:
+            raise CorruptionError(f"manifest {name} vanished") from exc
+        return Manifest.decode(raw, f"{self._store.describe()}:{name}")
+
+    def _newest_valid_manifest(self) -> Manifest | None:
+        for name in self._manifests():
+            try:
+                return self._load(name)
+            except CorruptionError as exc:
+                log.warning("range %s: skipping %s", self.range_name, exc.message)
+        return None
+
+    def _collect_garbage(self) -> list[Manifest]:
+        """Keep the newest `keep` valid manifests; delete the rest and unreferenced objects."""
+        kept: list[Manifest] = []
+        for name in self._manifests():
+            manifest: Manifest | None = None
+            if len(kept) < self._keep:
+                try:
+                    manifest = self._load(name)
+                except CorruptionError as exc:
+                    log.warning("range %s: deleting damaged %s", self.range_name, exc.message)
+            if manifest is not None:
+                kept.append(manifest)
+            else:
+                self._store.delete(name)
+        referenced = {object_name(self.range_name, f.sha256) for m in kept for f in m.files}
+        for name in self._store.list(f"{self.range_name}/objects"):
+            if name not in referenced:
+                self._store.delete(name)
+        return kept
+
+    # ------------------------------------------------------------------ restore
+
+    def needs_restore(self) -> bool:
+        return not (self.store_path / "CURRENT").is_file()
+
+    def set_aside_local_store(self, reason: str) -> None:
+        """Move an unusable local store out of the way (kept for inspection, never deleted)."""
+        if not self.store_path.exists():
+            return
+        aside = self.store_path.with_name(f"{self.store_path.name}.unusable-{int(time.time())}")
+        log.warning("range %s: moving local store to %s: %s", self.range_name, aside, reason)
+        os.replace(self.store_path, aside)
+
+    def has_checkpoints(self) -> bool:
+        return bool(self._manifests())
+
+    def restore(self) -> int | None:
+        """Rebuild the local store from the newest valid checkpoint; return its position.
+
+        None when there is no checkpoint at all (the range starts empty). Raises
+        `CorruptionError` when checkpoints exist but none is valid.
+        """
+        names = self._manifests()
+        if not names:
+            return None
+        scratch = self.store_path.parent / f".restore-{self.store_path.name}-{uuid.uuid4().hex}"
+        problems = []
+        for name in names:
+            started = time.monotonic()
+            try:
+                manifest = self._load(name)
+                self._download(manifest, scratch)
+            except (CorruptionError, OSError) as exc:
+                message = exc.message if isinstance(exc, CorruptionError) else repr(exc)
+                log.warning("range %s: checkpoint %s unusable: %s", self.range_name, name, message)
+                problems.append(f"{name}: {message}")
+                shutil.rmtree(scratch, ignore_errors=True)
+                continue
+            self._failpoints.hit("restore.before_open")
+            if self.store_path.exists():
+                self.set_aside_local_store("replaced by a restored checkpoint")
+            self.store_path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(scratch, self.store_path)
+            _fsync_dir(self.store_path.parent)
+            self.stats.restored_from = name
+            log.info(
+                "range %s: restored checkpoint at %d (%d files) in %.3fs",
+                self.range_name,
+                manifest.applied_sequence,
+                len(manifest.files),
+                time.monotonic() - started,
+            )
+            return manifest.applied_sequence
+        raise CorruptionError(
+            f"range {self.range_name}: no valid checkpoint in {self._store.describe()} "
+            f"({'; '.join(problems)}); refusing to start it with incomplete data"
+        )
+
+    def _download(self, manifest: Manifest, scratch: Path) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        for entry in manifest.files:
+            dest = scratch / entry.name
+            try:
+                self._store.get_file(object_name(self.range_name, entry.sha256), dest)
+            except FileNotFoundError as exc:
+                raise CorruptionError(f"file {entry.name} ({entry.sha256}) is missing") from exc
+            if sha256_of(dest) != entry.sha256:
+                raise CorruptionError(f"file {entry.name} fails its SHA-256 check")
+            with open(dest, "rb") as f:
+                os.fsync(f.fileno())
+            self._failpoints.hit("restore.during_download")
+        _fsync_dir(scratch)
