@@ -34,6 +34,9 @@ class ServerProcess:
     metrics_port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None
+    """Extra environment variables for the server process (merged into `os.environ`), e.g.
+    `{"TABLEKEEPER_FAILPOINTS": "checkpoint.before_manifest=crash"}`."""
 
     @property
     def service(self) -> str:
@@ -65,6 +68,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
+            env={**os.environ, **self.env} if self.env is not None else None,
         )
         log.close()
         self.wait_serving(timeout_s)
