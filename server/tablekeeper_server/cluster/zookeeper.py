@@ -1,0 +1,281 @@
+"""Cluster coordination in ZooKeeper (through kazoo): membership, controller election, the
+container assignment, and container ownership epochs. It only reads, writes and watches;
+decisions are made by `placement` and by the serving code.
+
+Layout under `/tablekeeper/<cluster>`:
+
+    metadata              ClusterMetadata{num_storage_containers}; written once by `cluster init`
+    servers/<endpoint>    ephemeral, one per live server (its gRPC host:port)
+    controller/           kazoo Election: the live server that runs the controller
+    assignment            ClusterAssignmentData{endpoint -> containers}; its ZooKeeper version is
+                          the assignment's revision (writes are compare-and-set on it)
+    owners/<container>    "<endpoint> <epoch>": the container's current owner; every takeover
+                          raises the epoch by one (compare-and-set), and the epoch fences the
+                          previous owner's log writer
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.recipe.election import Election
+
+from tablekeeper_proto.bookkeeper import cluster_pb2
+from tablekeeper_server.cluster.placement import Assignment, compute_assignment
+
+log = logging.getLogger(__name__)
+
+
+class ClusterError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    endpoint: str
+    epoch: int
+
+
+class ZkCoordinator:
+    """One server's (or tool's) connection to the cluster's coordination state.
+
+    Blocking calls; kazoo runs watches and callbacks on its own threads. Session states are
+    reported to listeners as "connected", "suspended" (stop acknowledging writes) and "lost"
+    (close the containers: ephemeral nodes are gone, another owner may take over).
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        cluster: str,
+        *,
+        session_timeout_s: float = 2.0,
+    ) -> None:
+        if not cluster or "/" in cluster:
+            raise ValueError(f"invalid cluster name {cluster!r}")
+        self.root = f"/tablekeeper/{cluster}"
+        self.zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
+        self._listeners: list[Callable[[str], None]] = []
+        self._election: Election | None = None
+        self._election_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.zk.add_listener(self._on_state)
+
+    # ------------------------------------------------------------------ session
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        self.zk.start(timeout=timeout_s)
+
+    def stop(self) -> None:
+        """Leave the election (ending `lead`), then close the session."""
+        self._stopping.set()
+        if self._election is not None:
+            self._election.cancel()
+        if self._election_thread is not None:
+            self._election_thread.join(timeout=5)
+        self.zk.stop()
+        self.zk.close()
+
+    def add_state_listener(self, listener: Callable[[str], None]) -> None:
+        self._listeners.append(listener)
+
+    def _on_state(self, state: str) -> None:
+        name = {
+            KazooState.CONNECTED: "connected",
+            KazooState.SUSPENDED: "suspended",
+            KazooState.LOST: "lost",
+        }.get(state, str(state).lower())
+        for listener in list(self._listeners):
+            try:
+                listener(name)
+            except Exception:
+                log.exception("session listener failed")
+
+    # ------------------------------------------------------------------ metadata
+
+    def init_cluster(self, num_containers: int) -> bool:
+        """Create the cluster's nodes. True if created; False if it already exists with the same
+        number of containers; `ClusterError` if it exists with a different one."""
+        if num_containers < 1:
+            raise ValueError("a cluster needs at least one storage container")
+        metadata = cluster_pb2.ClusterMetadata(num_storage_containers=num_containers)
+        transaction = self.zk.transaction()
+        self.zk.ensure_path("/tablekeeper")
+        transaction.create(self.root, b"")
+        transaction.create(f"{self.root}/metadata", metadata.SerializeToString())
+        transaction.create(f"{self.root}/servers", b"")
+        transaction.create(f"{self.root}/controller", b"")
+        transaction.create(
+            f"{self.root}/assignment", cluster_pb2.ClusterAssignmentData().SerializeToString()
+        )
+        transaction.create(f"{self.root}/owners", b"")
+        results = transaction.commit()
+        if not any(isinstance(r, Exception) for r in results):
+            return True
+        existing = self.num_containers()
+        if existing != num_containers:
+            raise ClusterError(
+                f"cluster {self.root} already exists with {existing} containers, "
+                f"not {num_containers}"
+            )
+        return False
+
+    def num_containers(self) -> int:
+        try:
+            raw, _ = self.zk.get(f"{self.root}/metadata")
+        except NoNodeError as exc:
+            raise ClusterError(
+                f"cluster {self.root} is not initialised (run `tablekeeper cluster init`)"
+            ) from exc
+        return int(cluster_pb2.ClusterMetadata.FromString(raw).num_storage_containers)
+
+    # ------------------------------------------------------------------ membership
+
+    def register(self, endpoint: str) -> None:
+        """Announce this server as live (an ephemeral node, gone when the session ends)."""
+        path = f"{self.root}/servers/{endpoint}"
+        try:
+            self.zk.create(path, endpoint.encode(), ephemeral=True)
+        except NodeExistsError:
+            # Our own node from a previous session that has not expired yet: replace it.
+            self.zk.delete(path)
+            self.zk.create(path, endpoint.encode(), ephemeral=True)
+
+    def live_servers(self) -> list[str]:
+        return sorted(self.zk.get_children(f"{self.root}/servers"))
+
+    def watch_servers(self, callback: Callable[[list[str]], None]) -> None:
+        """Call `callback(sorted endpoints)` now and whenever membership changes."""
+
+        def on_change(children: list[str]) -> None:
+            callback(sorted(children))
+
+        self.zk.ChildrenWatch(f"{self.root}/servers", on_change)
+
+    # ------------------------------------------------------------------ assignment
+
+    def read_assignment(self) -> tuple[Assignment, int]:
+        raw, stat = self.zk.get(f"{self.root}/assignment")
+        return _decode_assignment(raw), int(stat.version)
+
+    def write_assignment(self, assignment: Assignment, expected_version: int) -> bool:
+        """Compare-and-set the assignment; False if someone else wrote it first."""
+        data = cluster_pb2.ClusterAssignmentData()
+        for endpoint, containers in assignment.items():
+            data.servers[endpoint].containers.extend(sorted(containers))
+        try:
+            self.zk.set(f"{self.root}/assignment", data.SerializeToString(), expected_version)
+        except BadVersionError:
+            return False
+        return True
+
+    def watch_assignment(self, callback: Callable[[Assignment, int], None]) -> None:
+        """Call `callback(assignment, version)` now and on every change."""
+
+        def on_change(raw: bytes | None, stat: object) -> None:
+            if raw is not None:
+                callback(_decode_assignment(raw), int(getattr(stat, "version", -1)))
+
+        self.zk.DataWatch(f"{self.root}/assignment", on_change)
+
+    # ------------------------------------------------------------------ ownership
+
+    def owner(self, container: int) -> Ownership | None:
+        try:
+            raw, _ = self.zk.get(f"{self.root}/owners/{container}")
+        except NoNodeError:
+            return None
+        endpoint, _, epoch = raw.decode().rpartition(" ")
+        return Ownership(endpoint, int(epoch))
+
+    def claim(self, container: int, endpoint: str) -> int:
+        """Make `endpoint` the owner of `container` with a new, higher epoch; return it.
+
+        Compare-and-set against concurrent claims: of two claimants, one wins each round and the
+        other sees the higher epoch on its retry. The caller must then fence the container's logs
+        with the returned epoch before serving.
+        """
+        path = f"{self.root}/owners/{container}"
+        while True:
+            try:
+                raw, stat = self.zk.get(path)
+            except NoNodeError:
+                try:
+                    self.zk.create(path, f"{endpoint} 1".encode())
+                    return 1
+                except NodeExistsError:
+                    continue
+            epoch = int(raw.decode().rpartition(" ")[2]) + 1
+            try:
+                self.zk.set(path, f"{endpoint} {epoch}".encode(), stat.version)
+                return epoch
+            except BadVersionError:
+                continue
+
+    # ------------------------------------------------------------------ controller
+
+    def run_for_controller(self, endpoint: str, lead: Callable[[threading.Event], None]) -> None:
+        """Contend for the controller role in a background thread. `lead(stop)` runs while this
+        server is the controller and must return soon after `stop` is set (by `stop()`)."""
+        election = Election(self.zk, f"{self.root}/controller", endpoint)
+        thread = threading.Thread(
+            target=election.run,
+            args=(lead, self._stopping),
+            name="tablekeeper-controller",
+            daemon=True,
+        )
+        self._election, self._election_thread = election, thread
+        thread.start()
+
+    def controller(self) -> str | None:
+        contenders = Election(self.zk, f"{self.root}/controller").contenders()
+        return str(contenders[0]) if contenders else None
+
+
+def _decode_assignment(raw: bytes) -> Assignment:
+    data = cluster_pb2.ClusterAssignmentData.FromString(raw)
+    return {endpoint: frozenset(s.containers) for endpoint, s in data.servers.items()}
+
+
+class Controller:
+    """Keeps the assignment equal to the placement of the live servers. Run by the elected
+    controller only; reacts to membership changes at once (no throttle)."""
+
+    def __init__(self, coordinator: ZkCoordinator) -> None:
+        self._zk = coordinator
+        self._num_containers = coordinator.num_containers()
+        self._changed = threading.Event()
+
+    def reconcile(self) -> bool:
+        """One compare-and-set round; True if the assignment is now what placement wants."""
+        assignment, version = self._zk.read_assignment()
+        wanted = compute_assignment(self._zk.live_servers(), self._num_containers, assignment)
+        if _nonempty(wanted) == _nonempty(assignment):
+            return True
+        if self._zk.write_assignment(wanted, version):
+            log.info("controller: new assignment %s", _describe(wanted))
+            return True
+        return False
+
+    def lead(self, stop: threading.Event) -> None:
+        """The body of `run_for_controller`: reconcile on every membership change until `stop`."""
+        self._zk.watch_servers(lambda _: self._changed.set())
+        self._changed.set()
+        while not stop.is_set():
+            if self._changed.wait(timeout=0.5):
+                self._changed.clear()
+                while not self.reconcile() and not stop.is_set():
+                    pass
+
+
+def _nonempty(assignment: Assignment) -> Assignment:
+    return {server: containers for server, containers in assignment.items() if containers}
+
+
+def _describe(assignment: Assignment) -> str:
+    return ", ".join(f"{s}: {sorted(c)}" for s, c in sorted(assignment.items()))

@@ -1,0 +1,142 @@
+"""Cluster coordination against a real ZooKeeper: metadata, membership, controller election,
+assignment reconciliation and ownership epochs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tablekeeper_server.cluster.zookeeper import ClusterError, Controller, ZkCoordinator
+from tests.support.zookeeper import ZooKeeperProcess
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperProcess]:
+    zk = ZooKeeperProcess(tmp_path_factory.mktemp("zookeeper")).start()
+    yield zk
+    zk.stop()
+
+
+@pytest.fixture
+def connect(
+    zookeeper: ZooKeeperProcess, request: pytest.FixtureRequest
+) -> Iterator[Callable[[], ZkCoordinator]]:
+    cluster = request.node.name.replace("[", "-").replace("]", "")
+    made: list[ZkCoordinator] = []
+
+    def make() -> ZkCoordinator:
+        coordinator = ZkCoordinator(zookeeper.hosts, cluster, session_timeout_s=2.0)
+        coordinator.start()
+        made.append(coordinator)
+        return coordinator
+
+    yield make
+    for coordinator in made:
+        if coordinator.zk.connected:
+            coordinator.stop()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_cluster_init_is_idempotent_and_checked(connect: Callable[[], ZkCoordinator]) -> None:
+    zk = connect()
+    with pytest.raises(ClusterError, match="not initialised"):
+        zk.num_containers()
+    assert zk.init_cluster(8) is True
+    assert zk.init_cluster(8) is False
+    with pytest.raises(ClusterError, match="already exists with 8"):
+        zk.init_cluster(16)
+    assert zk.num_containers() == 8
+    assert zk.read_assignment() == ({}, 0)
+
+
+def test_membership_follows_sessions(connect: Callable[[], ZkCoordinator]) -> None:
+    admin = connect()
+    admin.init_cluster(4)
+    seen: list[list[str]] = []
+    admin.watch_servers(seen.append)
+    a, b = connect(), connect()
+    a.register("127.0.0.1:1001")
+    b.register("127.0.0.1:1002")
+    wait_for(lambda: admin.live_servers() == ["127.0.0.1:1001", "127.0.0.1:1002"])
+    b.stop()  # a server's session ends: its node goes
+    wait_for(lambda: admin.live_servers() == ["127.0.0.1:1001"])
+    wait_for(lambda: bool(seen) and seen[-1] == ["127.0.0.1:1001"])
+
+
+def test_controller_assigns_and_reassigns_a_dead_servers_containers(
+    connect: Callable[[], ZkCoordinator],
+) -> None:
+    admin = connect()
+    admin.init_cluster(8)
+    servers = {endpoint: connect() for endpoint in ("s1:1", "s2:1", "s3:1")}
+    for endpoint, zk in servers.items():
+        zk.register(endpoint)
+        zk.run_for_controller(endpoint, Controller(zk).lead)
+
+    def owners() -> dict[str, frozenset[int]]:
+        return {s: c for s, c in admin.read_assignment()[0].items() if c}
+
+    wait_for(lambda: sorted(len(c) for c in owners().values()) == [2, 3, 3])
+    leader = admin.controller()
+    assert leader in servers
+    before = owners()
+    victim = next(s for s in servers if s != leader)
+    started = time.monotonic()
+    servers[victim].stop()  # the server dies
+    wait_for(lambda: victim not in owners() and sum(len(c) for c in owners().values()) == 8)
+    took = time.monotonic() - started
+    after = owners()
+    moved = {c for s, cs in after.items() for c in cs if c not in before.get(s, frozenset())}
+    assert moved == set(before[victim])  # only the dead server's containers moved
+    assert took < 10, took
+
+    # The controller dies: another server takes over and keeps reconciling.
+    servers[leader].stop()
+    survivor = next(s for s in servers if s not in (leader, victim))
+    wait_for(lambda: admin.controller() == survivor)
+    wait_for(lambda: owners() == {survivor: frozenset(range(8))})
+
+
+def test_claims_raise_the_epoch_under_contention(connect: Callable[[], ZkCoordinator]) -> None:
+    admin = connect()
+    admin.init_cluster(2)
+    a, b = connect(), connect()
+    assert admin.owner(0) is None
+    epochs: list[int] = []
+
+    def claim(zk: ZkCoordinator, endpoint: str) -> None:
+        for _ in range(20):
+            epochs.append(zk.claim(0, endpoint))
+
+    threads = [threading.Thread(target=claim, args=(zk, e)) for zk, e in ((a, "a:1"), (b, "b:1"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(epochs) == list(range(1, 41))  # every claim got its own, higher epoch
+    final = admin.owner(0)
+    assert final is not None and final.epoch == 40
+
+
+def test_assignment_writes_are_compare_and_set(
+    connect: Callable[[], ZkCoordinator], tmp_path: Path
+) -> None:
+    zk = connect()
+    zk.init_cluster(2)
+    _, version = zk.read_assignment()
+    assert zk.write_assignment({"x:1": frozenset({0, 1})}, version)
+    assert not zk.write_assignment({"y:1": frozenset({0, 1})}, version)
+    assert zk.read_assignment()[0] == {"x:1": frozenset({0, 1})}
