@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pulsar import pulsar_service  # noqa: F401 (a session fixture)
 from tests.support.server import ServerProcess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pulsar: needs a real Pulsar (started by the `pulsar_service` fixture)"
+    )
 
 
 @pytest.fixture

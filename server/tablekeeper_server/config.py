@@ -8,6 +8,9 @@ from pathlib import Path
 
 from tablekeeper_server.range.validation import Limits
 
+LOG_BACKENDS = ("local", "pulsar")
+CHECKPOINT_STORES = ("dir", "pulsar")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -31,6 +34,17 @@ class ServerConfig:
     wal_segment_bytes_max: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
+    log_backend: str = "local"
+    """`local` (segment files in `wal_dir`) or `pulsar` (one Pulsar topic per range)."""
+    checkpoint_store: str = "dir"
+    """`dir` (`checkpoint_dir`) or `pulsar` (topics in `<pulsar_namespace>-checkpoints`)."""
+    pulsar_url: str = "pulsar://127.0.0.1:6650"
+    pulsar_admin_url: str = "http://127.0.0.1:8080"
+    pulsar_namespace: str = "public/tablekeeper"
+    """`tenant/namespace` of the range logs; checkpoints go to `tenant/namespace-checkpoints`.
+    Servers that should share (take over) ranges use the same one."""
+    pulsar_timeout_s: float = 30.0
+    """Pulsar operation and send timeout: how long an append waits while Pulsar is away."""
 
     @property
     def effective_wal_dir(self) -> Path:
@@ -67,6 +81,20 @@ class ServerConfig:
             raise ValueError("--wal-segment-bytes must be at least 4096")
         if self.checkpoints_kept < 1:
             raise ValueError("--checkpoints-kept must be at least 1")
+        if self.log_backend not in LOG_BACKENDS:
+            raise ValueError(f"--log must be one of {', '.join(LOG_BACKENDS)}")
+        if self.checkpoint_store not in CHECKPOINT_STORES:
+            raise ValueError(f"--checkpoint-store must be one of {', '.join(CHECKPOINT_STORES)}")
+        tenant, _, namespace = self.pulsar_namespace.partition("/")
+        if not tenant or not namespace or "/" in namespace:
+            raise ValueError("--pulsar-namespace must be TENANT/NAMESPACE")
+        if self.pulsar_timeout_s <= 0:
+            raise ValueError("--pulsar-timeout must be positive")
+
+    @property
+    def pulsar_tenant_and_namespace(self) -> tuple[str, str]:
+        tenant, _, namespace = self.pulsar_namespace.partition("/")
+        return tenant, namespace
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +153,40 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-key-bytes", type=int, default=d.key_bytes_max, help="largest key (default 64 KiB)"
     )
     parser.add_argument("--log-level", default=d.log_level, help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument(
+        "--log",
+        choices=LOG_BACKENDS,
+        default=d.log_backend,
+        help="range write-ahead logs: local segment files (default) or Pulsar topics",
+    )
+    parser.add_argument(
+        "--checkpoint-store",
+        choices=CHECKPOINT_STORES,
+        default=d.checkpoint_store,
+        help="checkpoints: a directory (--checkpoint-dir, default) or Pulsar topics",
+    )
+    parser.add_argument(
+        "--pulsar-url",
+        default=d.pulsar_url,
+        help=f"Pulsar service URL for --log/--checkpoint-store pulsar (default {d.pulsar_url})",
+    )
+    parser.add_argument(
+        "--pulsar-admin-url",
+        default=d.pulsar_admin_url,
+        help=f"Pulsar admin (HTTP) URL (default {d.pulsar_admin_url})",
+    )
+    parser.add_argument(
+        "--pulsar-namespace",
+        default=d.pulsar_namespace,
+        help="TENANT/NAMESPACE of the range logs; checkpoints use NAMESPACE-checkpoints "
+        f"(default {d.pulsar_namespace})",
+    )
+    parser.add_argument(
+        "--pulsar-timeout",
+        type=float,
+        default=d.pulsar_timeout_s,
+        help="seconds a Pulsar operation or append may take before failing (default 30)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -143,6 +205,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         key_bytes_max=args.max_key_bytes,
         value_bytes_max=args.max_value_bytes,
         log_level=args.log_level.upper(),
+        log_backend=args.log,
+        checkpoint_store=args.checkpoint_store,
+        pulsar_url=args.pulsar_url,
+        pulsar_admin_url=args.pulsar_admin_url,
+        pulsar_namespace=args.pulsar_namespace,
+        pulsar_timeout_s=args.pulsar_timeout,
     )
     config.validate()
     return config

@@ -1,6 +1,7 @@
 """Composition root of the standalone server: build everything from config, run, shut down.
 
-Only this module picks implementations (RocksDB store, local log) and wires them together.
+Only this module picks implementations (RocksDB store, local or Pulsar log, directory or Pulsar
+checkpoint store) and wires them together.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.config import ServerConfig
 from tablekeeper_server.container.container import ContainerEnv
@@ -22,6 +25,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.rpc.admin import AdminServicer
@@ -43,19 +47,57 @@ def _lock_data_dir(data_dir: Path) -> int:
     return fd
 
 
+def _log_backend(
+    config: ServerConfig, failpoints: Failpoints
+) -> tuple[LogBackend, str, Callable[[], None]]:
+    """The configured log backend, a description, and how to release it."""
+    if config.log_backend == "pulsar":
+        from tablekeeper_server.log.pulsar import PulsarLogBackend
+
+        tenant, namespace = config.pulsar_tenant_and_namespace
+        pulsar_log = PulsarLogBackend(
+            config.pulsar_url,
+            config.pulsar_admin_url,
+            tenant=tenant,
+            namespace=namespace,
+            timeout_s=config.pulsar_timeout_s,
+        )
+        return pulsar_log, pulsar_log.describe(), pulsar_log.close
+    local = LocalLogBackend(
+        config.effective_wal_dir,
+        segment_bytes_max=config.wal_segment_bytes_max,
+        failpoints=failpoints,
+    )
+    return local, f"local {config.effective_wal_dir}", lambda: None
+
+
+def _checkpoint_store(config: ServerConfig) -> tuple[CheckpointStore, Callable[[], None]]:
+    """The configured checkpoint store and how to release it."""
+    if config.checkpoint_store == "pulsar":
+        from tablekeeper_server.checkpoint.pulsar import PulsarCheckpointStore
+
+        tenant, namespace = config.pulsar_tenant_and_namespace
+        store = PulsarCheckpointStore(
+            config.pulsar_url,
+            config.pulsar_admin_url,
+            tenant=tenant,
+            namespace=f"{namespace}-checkpoints",
+            timeout_s=config.pulsar_timeout_s,
+        )
+        return store, store.close
+    return DirectoryCheckpointStore(config.effective_checkpoint_dir), lambda: None
+
+
 async def serve(config: ServerConfig) -> None:
     lock_fd = _lock_data_dir(config.data_dir)
     registry_metrics = CollectorRegistry()
     metrics = ServerMetrics(registry_metrics)
     failpoints = Failpoints.from_env()
-    checkpoint_store = DirectoryCheckpointStore(config.effective_checkpoint_dir)
+    log_backend, log_description, close_log = _log_backend(config, failpoints)
+    checkpoint_store, close_checkpoint_store = _checkpoint_store(config)
     env = ContainerEnv(
         num_containers=config.containers,
-        log_backend=LocalLogBackend(
-            config.effective_wal_dir,
-            segment_bytes_max=config.wal_segment_bytes_max,
-            failpoints=failpoints,
-        ),
+        log_backend=log_backend,
         store_factory=RocksKvStore,
         db_dir=config.db_dir,
         clock=SystemClock(),
@@ -73,9 +115,9 @@ async def serve(config: ServerConfig) -> None:
         }
     )
     log.info(
-        "starting: data dir %s, wal dir %s, checkpoints in %s, %d containers",
+        "starting: data dir %s, logs: %s, checkpoints in %s, %d containers",
         config.data_dir,
-        config.effective_wal_dir,
+        log_description,
         checkpoint_store.describe(),
         config.containers,
     )
@@ -124,6 +166,8 @@ async def serve(config: ServerConfig) -> None:
     if checkpoints is not None:
         checkpoints.cancel()
     await registry.stop()
+    await asyncio.to_thread(close_log)
+    await asyncio.to_thread(close_checkpoint_store)
     os.close(lock_fd)
     log.info("stopped cleanly")
 

@@ -1,6 +1,9 @@
-"""The `LogBackend` contract, run against every backend (`memory`, `local`).
+"""The `LogBackend` contract, run against every backend (`memory`, `local`, `pulsar`).
 
-Fencing contract (the same for both): opening a writer on a log fences the earlier writer of
+The `pulsar` runs use the session's real Pulsar (tests/support/pulsar.py) and a fresh Pulsar
+namespace per test; "restart" there is a new backend (a new client) on the same namespace.
+
+Fencing contract (the same for all): opening a writer on a log fences the earlier writer of
 that log held by the same process; the earlier writer then raises `LogFencedError` on every
 append, its `close` does not disturb the new writer, and the new writer continues the numbering
 from the last durable record. (The local backend additionally refuses, with `LogLockedError`, a
@@ -24,6 +27,7 @@ from tablekeeper_server.errors import LogFencedError, UnavailableError
 from tablekeeper_server.log.api import LogBackend, LogRecord
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.log.memory import MemoryLogBackend
+from tests.support.pulsar import PulsarService, unique_namespace
 
 pytestmark = pytest.mark.contract
 
@@ -66,11 +70,13 @@ class _FailingSync:
         os.fdatasync(fd)
 
 
-@pytest.fixture(params=["memory", "local"])
+@pytest.fixture(params=["memory", "local", pytest.param("pulsar", marks=pytest.mark.pulsar)])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     if request.param == "memory":
         memory = MemoryLogBackend()
         yield Harness("memory", lambda: memory, memory.fail_next_append)
+    elif request.param == "pulsar":
+        yield from _pulsar_harness(request.getfixturevalue("pulsar_service"))
     else:
         sync = _FailingSync()
 
@@ -82,6 +88,27 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
             sync.fail_next = True
 
         yield Harness("local", make, fail)
+
+
+def _pulsar_harness(service: PulsarService) -> Iterator[Harness]:
+    from tablekeeper_server.log.pulsar import PulsarLogBackend
+
+    namespace = unique_namespace("contract")
+    backends: list[PulsarLogBackend] = []
+
+    def make() -> LogBackend:
+        backend = PulsarLogBackend(
+            service.service_url, service.admin_url, namespace=namespace, timeout_s=10
+        )
+        backends.append(backend)
+        return backend
+
+    def fail(log_name: str) -> None:
+        backends[-1].fail_next_append(log_name)
+
+    yield Harness("pulsar", make, fail)
+    for backend in backends:
+        backend.close()
 
 
 def payload(sequence: int) -> bytes:

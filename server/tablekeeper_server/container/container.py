@@ -119,6 +119,9 @@ class StorageContainer:
         range_ = self._ranges.get(key)
         if range_ is not None and not range_.failed:
             return range_
+        if range_ is not None and range_.fenced:
+            # Another server owns the range's (shared) log now; reopening would fence it back.
+            raise UnavailableError(range_.failure or f"range {range_.name.log_name} is fenced")
         task = self._opening.get(key)
         if task is None:
             if range_ is not None:  # failed: close it and recover from the log

@@ -116,6 +116,7 @@ class Range:
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
         self._failure: str | None = None
+        self._fenced = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -313,6 +314,7 @@ class Range:
                 last = await writer.append(payloads)
             except LogFencedError as exc:
                 # A newer owner has the log: this group was not appended, and none can be.
+                self._fenced = True
                 self._fail(group, f"log fenced by a newer writer: {exc}", indeterminate=False)
                 return
             except Exception as exc:
@@ -359,6 +361,11 @@ class Range:
     @property
     def failure(self) -> str | None:
         return self._failure
+
+    @property
+    def fenced(self) -> bool:
+        """Another writer (another server, with a shared log) took the range's log over."""
+        return self._fenced
 
 
 def _flush_and_close(store: KvStore) -> None:

@@ -1,0 +1,987 @@
+"""The `pulsar` log backend: each log is a persistent Apache Pulsar topic, kept in BookKeeper.
+
+A range's log then lives off the server's disk: a server that lost its disk (or a second server
+taking over) opens the same topic and continues. This module and `checkpoint/pulsar.py` are the
+only ones that import the `pulsar` client; the admin REST API is used with `urllib` only.
+
+Topics and namespace: log `name` is the topic `persistent://<tenant>/<namespace>/<name>`. Names
+are 1..200 characters of `[A-Za-z0-9_.-]`, not starting with '.'. On first use the backend
+creates the namespace if needed and sets its policies (admin REST API):
+
+* retention 0 minutes / 0 MB: entries that every subscription has acknowledged are deleted when
+  their ledger is closed (BookKeeper deletes whole ledgers; Pulsar rolls them over by size, age,
+  and on every topic load), so truncation is coarse and lazy, as the interface allows;
+* message TTL 0 (never acknowledge on age), no automatic topic creation (a writer fenced by a
+  `delete` cannot recreate the topic), inactive topics are never deleted.
+
+Each topic is created explicitly, together with one durable subscription, the *truncation cursor*
+(`tablekeeper-truncation`, starting at the earliest entry), before anything is written. The
+subscription holds every entry after its mark-delete position: that is what keeps unconsumed
+records, since nothing ever reads through it.
+
+Messages: every message starts with a 24-byte header (big-endian)::
+
+    magic b"TK" | version u8 (1) | kind u8 | epoch u64 | sequence u64 | fragment u16 | count u16
+
+* DATA (kind 1): a record, or fragment `fragment` of `count` (payloads over 4 MiB are split,
+  Pulsar's message limit being 5 MB); all fragments carry the record's sequence;
+* FENCE (kind 2): a writer took the log over with epoch `epoch`; the body is a random nonce;
+* START (kind 3): the writer of `epoch` numbers its first record `sequence + 1` (the log's last
+  sequence when it opened, or the caller's higher `min_last_sequence`).
+
+Writers and fencing (`open_writer`):
+
+1. Create the producer with `ProducerAccessMode.ExclusiveWithFencing`. The broker fences every
+   earlier producer of the topic (its sends, including reconnects with the older topic epoch,
+   fail with `ProducerFenced`, reported as `LogFencedError`); only this one can write now.
+2. Replay the topic from the truncation cursor to its end (rules below).
+3. Send FENCE with epoch = highest epoch seen + 1. Replay on up to that FENCE: records the old
+   writer had in flight and that the broker persisted before the fence ("slipped in") come before
+   it and are counted. If another writer's FENCE with an epoch >= ours shows up first (two
+   writers opening at once), send a new FENCE with a higher epoch and repeat.
+4. Send START with the last sequence (or `min_last_sequence`, if higher).
+
+Replay rules (the same for `read`, recovery and truncation; see `_Replay`). Messages are taken in
+topic order with a current epoch and last sequence:
+
+* FENCE with an epoch above the current one makes it current; an older or equal one (a writer
+  that lost a race) is ignored;
+* START of the current epoch sets the last sequence to its base (never lowering it);
+* DATA of the current epoch with sequence last + 1 is the next record (its fragments must follow
+  in order). DATA of an *older* epoch after a newer FENCE is skipped: a fenced writer's record
+  that slipped in late; it was never acknowledged. DATA with a sequence <= last is a duplicate (the
+  client re-sends unacknowledged messages after a reconnect) and is skipped; DATA with a gap
+  belongs to an append that failed and was never acknowledged, and is skipped too.
+* A read that starts after the truncation point takes its epoch and numbering from the first
+  message it reads (truncation only ever cuts in front of a record's first message).
+* A message without a valid header raises `CorruptionError`.
+
+Group commit: `append` sends all records of the group with `send_async` on a producer with
+batching enabled, flushes, and returns when the broker has acknowledged every message, i.e. once
+BookKeeper has persisted them. Any failure makes the writer unusable (a later group must not
+follow a partly persisted one); it must be reopened, and the new writer's replay decides which
+records of the failed group exist.
+
+Truncation (`truncate`): the truncation cursor is reset (admin `resetcursor`) to the entry that
+starts the last record at or below `before_sequence` that the backend knows of; entries before it
+are acknowledged and deleted with their ledgers. It never moves back and never passes the last
+record. Positions of record starts come from a sparse in-memory index fed by the writer's
+acknowledgements and by replays (every `INDEX_STRIDE` records), or from a replay.
+
+Pulsar or its admin API unreachable: `UnavailableError` (retryable; for `append` it means the
+group may or may not be persisted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import struct
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import pulsar
+
+from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+
+_log = logging.getLogger(__name__)
+
+MiB: Final = 1 << 20
+MAGIC: Final = b"TK"
+FORMAT_VERSION: Final = 1
+KIND_DATA: Final = 1
+KIND_FENCE: Final = 2
+KIND_START: Final = 3
+HEADER: Final = struct.Struct(">2sBBQQHH")
+FRAGMENT_BYTES: Final = 4 * MiB
+"""Largest payload piece per message (Pulsar's default message limit is 5 MB)."""
+TRUNCATION_SUBSCRIPTION: Final = "tablekeeper-truncation"
+INDEX_STRIDE: Final = 64
+"""Record one truncation point per this many records (at most): truncation is that coarse."""
+DEFAULT_NAMESPACE: Final = "tablekeeper"
+_LOG_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
+
+Position = tuple[int, int, int]
+"""(ledger id, entry id, batch index); batch index -1 for a message sent outside a batch."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers (also used by checkpoint/pulsar.py)
+
+
+def quiet_logger(name: str) -> logging.Logger:
+    """A logger for the Pulsar C++ client: warnings and errors only, into our logging."""
+    logger = logging.getLogger(name)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    return logger
+
+
+def new_client(service_url: str, timeout_s: float, logger_name: str) -> pulsar.Client:
+    return pulsar.Client(
+        service_url,
+        operation_timeout_seconds=max(1, round(timeout_s)),
+        connection_timeout_ms=max(1000, round(timeout_s * 1000)),
+        logger=quiet_logger(logger_name),
+    )
+
+
+class PulsarSendError(Exception):
+    """A message was not acknowledged; `result` is the `pulsar.Result` the client reported."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__(f"Pulsar send failed: {result}")
+        self.result = result
+
+
+def is_fenced(exc: BaseException) -> bool:
+    """Whether `exc` says that a newer exclusive producer fenced ours."""
+    if isinstance(exc, PulsarSendError):
+        return bool(exc.result == pulsar.Result.ProducerFenced)
+    return isinstance(exc, pulsar.ProducerFenced)
+
+
+def message_position(message_id: Any) -> Position:
+    return (int(message_id.ledger_id()), int(message_id.entry_id()), int(message_id.batch_index()))
+
+
+def entry_message_id(ledger: int, entry: int) -> Any:
+    """The id of the start of entry (ledger, entry), for `create_reader(..., inclusive=True)`."""
+    return pulsar.MessageId(-1, ledger, entry, -1)
+
+
+class PulsarAdmin:
+    """The few Pulsar admin REST calls we need, over `urllib` (JSON in, JSON out)."""
+
+    def __init__(self, admin_url: str, *, timeout_s: float = 10.0) -> None:
+        self.url = admin_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        allow: tuple[int, ...] = (),
+        timeout_s: float | None = None,
+    ) -> tuple[int, Any]:
+        """Return (status, decoded JSON body or None). 2xx and the `allow`ed statuses are
+        returned; anything else, and any connection problem, raises `UnavailableError`."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
+                status, raw = int(response.status), response.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = int(exc.code), exc.read()
+            if status not in allow:
+                reason = raw.decode(errors="replace")[:300]
+                raise UnavailableError(
+                    f"pulsar admin {method} {path}: HTTP {status}: {reason}"
+                ) from None
+        except (OSError, ValueError) as exc:
+            raise UnavailableError(f"pulsar admin {method} {path} failed: {exc}") from exc
+        try:
+            decoded = json.loads(raw) if raw.strip() else None
+        except ValueError:
+            decoded = raw.decode(errors="replace")
+        return status, decoded
+
+    def ensure_namespace(self, tenant: str, namespace: str, policies: dict[str, object]) -> None:
+        """Create `tenant/namespace` if absent and (re)apply `policies` (path -> JSON body)."""
+        base = f"/admin/v2/namespaces/{tenant}/{namespace}"
+        self.call("PUT", base, allow=(409,))
+        for policy, body in policies.items():
+            self.call("POST", f"{base}/{policy}", body)
+
+    def topic_path(self, tenant: str, namespace: str, local_name: str) -> str:
+        return f"/admin/v2/persistent/{tenant}/{namespace}/{urllib.parse.quote(local_name, '')}"
+
+
+def log_namespace_policies() -> dict[str, object]:
+    return {
+        "retention": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
+        "messageTTL": 0,
+        "autoTopicCreation": {"allowAutoTopicCreation": False},
+        "inactiveTopicPolicies": {
+            "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
+            "maxInactiveDurationSeconds": 3600,
+            "deleteWhileInactive": False,
+        },
+    }
+
+
+def send_and_wait(producer: Any, messages: Sequence[bytes], timeout_s: float) -> list[Any]:
+    """Send `messages` asynchronously, flush, and block until all are acknowledged; return
+    their message ids. Raises `PulsarSendError` for the first failure, `UnavailableError` if no
+    answer comes within `timeout_s` (plus a margin: the client's own send timeout fires first).
+    """
+    if not messages:
+        return []
+    done = threading.Event()
+    ids: list[Any] = [None] * len(messages)
+    failures: list[PulsarSendError] = []
+    remaining = [len(messages)]
+    lock = threading.Lock()
+
+    def callback(index: int, result: Any, message_id: Any) -> None:  # on a client thread
+        with lock:
+            if result == pulsar.Result.Ok:
+                ids[index] = message_id
+            else:
+                failures.append(PulsarSendError(result))
+            remaining[0] -= 1
+            if remaining[0] == 0 or failures:
+                done.set()
+
+    for index, data in enumerate(messages):
+        producer.send_async(data, functools.partial(callback, index))
+    flush(producer)
+    if not done.wait(timeout_s + 10):
+        raise UnavailableError(f"no acknowledgement from Pulsar within {timeout_s + 10:.0f}s")
+    if failures:
+        raise failures[0]
+    return ids
+
+
+def flush(producer: Any) -> None:
+    """Send the producer's open batch now rather than after the batching delay (no waiting)."""
+    inner = getattr(producer, "_producer", None)
+    flush_async = getattr(inner, "flush_async", None)
+    if flush_async is not None:
+        flush_async(_ignore_result)
+
+
+def _ignore_result(*_args: object) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Message format
+
+
+def encode_header(kind: int, epoch: int, sequence: int, fragment: int = 0, count: int = 1) -> bytes:
+    return HEADER.pack(MAGIC, FORMAT_VERSION, kind, epoch, sequence, fragment, count)
+
+
+def encode_records(epoch: int, first_sequence: int, payloads: Sequence[bytes]) -> list[bytes]:
+    """The messages of an append: one per record, or per fragment of a large record."""
+    messages = []
+    for sequence, payload in enumerate(payloads, start=first_sequence):
+        data = bytes(payload)
+        count = max(1, -(-len(data) // FRAGMENT_BYTES))
+        if count > 0xFFFF:
+            raise ValueError(f"payload of {len(data)} bytes is too large for the log")
+        for fragment in range(count):
+            piece = data[fragment * FRAGMENT_BYTES : (fragment + 1) * FRAGMENT_BYTES]
+            messages.append(encode_header(KIND_DATA, epoch, sequence, fragment, count) + piece)
+    return messages
+
+
+@dataclass(slots=True)
+class _Replay:
+    """The replay rules of the module docstring, applied to one pass over a topic."""
+
+    log_name: str
+    epoch: int | None = None
+    last: int | None = None
+    max_epoch: int = 0
+    fence: tuple[int, bytes] | None = None
+    """(epoch, nonce) of the last FENCE message fed."""
+    skipped: int = 0
+    _parts: list[bytes] = field(default_factory=list)
+    _partial: tuple[int, int, int] | None = None
+    _partial_start: Position = (0, 0, 0)
+
+    def feed(self, data: bytes, position: Position) -> tuple[LogRecord, Position] | None:
+        """Take the next message; return the record it completes (with the position of the
+        record's first message), if any."""
+        if len(data) < HEADER.size:
+            raise self._damaged(position, f"{len(data)} bytes, shorter than a header")
+        magic, version, kind, epoch, sequence, fragment, count = HEADER.unpack_from(data)
+        if magic != MAGIC or version != FORMAT_VERSION:
+            raise self._damaged(position, f"bad magic/version {magic!r}/{version}")
+        self.max_epoch = max(self.max_epoch, epoch)
+        if kind == KIND_FENCE:
+            self.fence = (epoch, data[HEADER.size :])
+            if self.epoch is None or epoch > self.epoch:
+                self.epoch = epoch
+                self._drop_partial()
+            return None
+        if kind == KIND_START:
+            if self.epoch is None:
+                self.epoch = epoch
+            if epoch != self.epoch:
+                self.skipped += 1
+                return None
+            if self.last is not None and sequence < self.last:
+                raise CorruptionError(
+                    f"log {self.log_name!r} at {position}: epoch {epoch} starts after sequence "
+                    f"{sequence} but the log already holds sequence {self.last}"
+                )
+            self.last = sequence
+            self._drop_partial()
+            return None
+        if kind != KIND_DATA:
+            raise self._damaged(position, f"unknown message kind {kind}")
+        if count < 1 or fragment >= count:
+            raise self._damaged(position, f"fragment {fragment} of {count}")
+        if self.epoch is None:
+            self.epoch = epoch
+        if epoch < self.epoch:
+            self.skipped += 1  # a fenced writer's record that slipped in after the new FENCE
+            return None
+        if epoch > self.epoch:
+            raise CorruptionError(
+                f"log {self.log_name!r} at {position}: record {sequence} of epoch {epoch} "
+                f"without that epoch's FENCE (current epoch {self.epoch})"
+            )
+        if self.last is None:
+            if fragment != 0:
+                self.skipped += 1
+                return None
+            self.last = sequence - 1
+        if sequence != self.last + 1:
+            self.skipped += 1  # a duplicate (<= last) or a record of a failed append (gap)
+            return None
+        key = (epoch, sequence, count)
+        if fragment == 0:
+            self._parts = [data[HEADER.size :]]
+            self._partial = key
+            self._partial_start = position
+        elif self._partial == key and fragment == len(self._parts):
+            self._parts.append(data[HEADER.size :])
+        else:
+            self.skipped += 1
+            return None
+        if len(self._parts) < count:
+            return None
+        payload = self._parts[0] if count == 1 else b"".join(self._parts)
+        start = self._partial_start
+        self._drop_partial()
+        self.last = sequence
+        return LogRecord(sequence, payload), start
+
+    def _drop_partial(self) -> None:
+        self._parts = []
+        self._partial = None
+
+    def _damaged(self, position: Position, reason: str) -> CorruptionError:
+        return CorruptionError(f"log {self.log_name!r}: damaged message at {position}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class _IndexEntry:
+    sequence: int
+    position: Position
+
+
+@dataclass(slots=True)
+class _LogState:
+    """Per log, per backend: the writer open here and the sparse index of record starts."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    writer: PulsarLogWriter | None = None
+    index: list[_IndexEntry] = field(default_factory=list)
+
+    def add_index(self, sequence: int, position: Position) -> None:
+        if position[2] > 0:
+            return  # not the first message of its entry: no cursor position starts there
+        if self.index and sequence - self.index[-1].sequence < INDEX_STRIDE:
+            return
+        if self.index and sequence <= self.index[-1].sequence:
+            return
+        self.index.append(_IndexEntry(sequence, position))
+
+    def best_start(self, sequence: int) -> _IndexEntry | None:
+        """The indexed record start with the highest sequence <= `sequence`."""
+        at = bisect.bisect_right([e.sequence for e in self.index], sequence)
+        return self.index[at - 1] if at else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+
+
+class PulsarLogWriter:
+    """The writer of one Pulsar log. Create it with `PulsarLogBackend.open_writer`."""
+
+    def __init__(
+        self,
+        backend: PulsarLogBackend,
+        log_name: str,
+        producer: Any,
+        epoch: int,
+        last_sequence: int,
+        state: _LogState,
+    ) -> None:
+        self._backend = backend
+        self._log_name = log_name
+        self._producer = producer
+        self._epoch = epoch
+        self._last = last_sequence
+        self._state = state
+        self._busy = False
+        self._closed = False
+        self._fenced = False
+        self._broken: str | None = None
+        self._close_lock = threading.Lock()
+
+    @property
+    def log_name(self) -> str:
+        return self._log_name
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last acknowledged record (or the START base); see `LogWriter`."""
+        return self._last
+
+    async def append(self, payloads: Sequence[bytes]) -> int:
+        """Append `payloads` as one group; return the last one's sequence (see `LogWriter`).
+
+        Every record is sent with `send_async` (batched), the batch is flushed, and the call
+        returns once the broker acknowledged all of them. Raises `LogFencedError` once another
+        writer opened the log (or it was deleted here), `UnavailableError` for any other failure
+        (the writer is then unusable: reopen the log), `RuntimeError` for overlapping calls. If
+        the awaiting task is cancelled, the sends complete or fail in the background and the
+        writer refuses further appends. An empty `payloads` returns `last_sequence`."""
+        if self._busy:
+            raise RuntimeError(f"log {self._log_name!r}: append calls must not overlap")
+        self._check_usable()
+        if not payloads:
+            return self._last
+        self._busy = True
+        try:
+            return await self._append(payloads)
+        except asyncio.CancelledError:
+            self._broken = "an append was cancelled while in flight"
+            raise
+        finally:
+            self._busy = False
+
+    async def _append(self, payloads: Sequence[bytes]) -> int:
+        first = self._last + 1
+        last = first + len(payloads) - 1
+        injected = self._backend._take_injected_failure(self._log_name)
+        if injected is not None and not injected:
+            self._broken = "injected append failure"
+            raise UnavailableError(
+                f"log {self._log_name!r}: injected failure appending sequences {first}..{last}"
+            )
+        messages = encode_records(self._epoch, first, payloads)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        remaining = [len(messages)]
+        first_id: list[Any] = [None]
+
+        def settle(index: int, result: Any, message_id: Any) -> None:  # on the event loop
+            if done.done():
+                return
+            if result != pulsar.Result.Ok:
+                done.set_exception(PulsarSendError(result))
+                return
+            if index == 0:
+                first_id[0] = message_id
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.set_result(None)
+
+        def callback(index: int, result: Any, message_id: Any) -> None:  # on a client thread
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(settle, index, result, message_id)
+
+        try:
+            for index, data in enumerate(messages):
+                self._producer.send_async(data, functools.partial(callback, index))
+            flush(self._producer)
+            await done
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(exc, first, last)
+        if injected:
+            self._broken = "injected append failure (after persisting)"
+            raise UnavailableError(
+                f"log {self._log_name!r}: injected failure after appending {first}..{last}"
+            )
+        self._last = last
+        if first_id[0] is not None:
+            with self._state.lock:
+                self._state.add_index(first, message_position(first_id[0]))
+        return last
+
+    def _fail(self, exc: BaseException, first: int, last: int) -> None:
+        if self._fenced:
+            self._check_usable()
+        if is_fenced(exc):
+            self._fenced = True
+            raise LogFencedError(
+                f"log {self._log_name!r}: fenced, another writer opened the log (epoch "
+                f"{self._epoch}, sequences {first}..{last} not acknowledged): {exc}"
+            ) from exc
+        self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
+        raise UnavailableError(
+            f"log {self._log_name!r}: append of sequences {first}..{last} failed; they may or "
+            f"may not be persisted: {exc}"
+        ) from exc
+
+    async def close(self) -> None:
+        """Close the producer. Durable records stay. Idempotent; a fenced writer's close does
+        not disturb the newer writer."""
+        await asyncio.to_thread(self.close_sync)
+
+    def close_sync(self) -> None:
+        """`close` for callers outside the event loop (blocking)."""
+        self._closed = True
+        self._release()
+        with self._state.lock:
+            if self._state.writer is self:
+                self._state.writer = None
+
+    def _fence_local(self) -> None:
+        """A newer writer of this backend (or `delete`) took the log: refuse further appends."""
+        self._fenced = True
+        self._release()
+
+    def _release(self) -> None:
+        with self._close_lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                producer.close()
+
+    def _check_usable(self) -> None:
+        if self._fenced:
+            raise LogFencedError(
+                f"log {self._log_name!r}: fenced, another writer opened (or deleted) the log"
+            )
+        if self._closed or self._producer is None:
+            raise UnavailableError(f"log {self._log_name!r}: the writer is closed")
+        if self._broken is not None:
+            raise UnavailableError(
+                f"log {self._log_name!r}: the writer is unusable after an earlier failure "
+                f"({self._broken}); reopen the log"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend
+
+
+class _Scan:
+    """A reader over one log topic from a start position, feeding a `_Replay`."""
+
+    def __init__(
+        self,
+        backend: PulsarLogBackend,
+        log_name: str,
+        start: Position | None,
+        skip_through: Position | None,
+    ) -> None:
+        """Read from the entry of `start` (the earliest entry if None), skipping messages at or
+        before `skip_through` and messages before `start` within its entry."""
+        self.replay = _Replay(log_name)
+        self._backend = backend
+        self._log_name = log_name
+        self._start = start
+        self._skip_through = skip_through
+        start_id = (
+            pulsar.MessageId.earliest if start is None else entry_message_id(start[0], start[1])
+        )
+        try:
+            self._reader = backend._client().create_reader(
+                backend._topic(log_name),
+                start_id,
+                start_message_id_inclusive=True,
+                receiver_queue_size=1000,
+            )
+        except pulsar.PulsarException as exc:
+            raise UnavailableError(f"log {log_name!r}: cannot open a reader: {exc}") from exc
+
+    def has_more(self) -> bool:
+        try:
+            return bool(self._reader.has_message_available())
+        except pulsar.PulsarException as exc:
+            raise UnavailableError(f"log {self._log_name!r}: read failed: {exc}") from exc
+
+    def next(self) -> tuple[LogRecord, Position] | None:
+        """Read and feed one message; return the record it completes, if any."""
+        try:
+            message = self._reader.read_next(self._backend._timeout_ms)
+        except pulsar.PulsarException as exc:
+            raise UnavailableError(f"log {self._log_name!r}: read failed: {exc}") from exc
+        position = message_position(message.message_id())
+        if self._skip_through is not None and _entry(position) <= _entry(self._skip_through):
+            return None
+        if self._start is not None and position < self._start:
+            return None
+        return self.replay.feed(message.data(), position)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._reader.close()
+
+
+def _entry(position: Position) -> tuple[int, int]:
+    return position[0], position[1]
+
+
+class PulsarLogBackend:
+    """Logs stored as Pulsar topics (see the module docstring).
+
+    All methods block (call them from a worker thread) and are thread-safe. `service_url` is the
+    binary protocol URL (`pulsar://host:6650`), `admin_url` the HTTP one (`http://host:8080`).
+    `timeout_s` bounds Pulsar operations and sends: an append waits at most about that long
+    for its acknowledgement while Pulsar is unreachable before failing with `UnavailableError`.
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        admin_url: str,
+        *,
+        tenant: str = "public",
+        namespace: str = DEFAULT_NAMESPACE,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        self.service_url = service_url
+        self.tenant = tenant
+        self.namespace = namespace
+        self._timeout_s = timeout_s
+        self._timeout_ms = max(1000, round(timeout_s * 1000))
+        self._admin = PulsarAdmin(admin_url, timeout_s=timeout_s)
+        self._lock = threading.Lock()
+        self._pulsar: Any = None
+        self._namespace_ready = False
+        self._states: dict[str, _LogState] = {}
+        self._injected: dict[str, bool] = {}
+
+    def describe(self) -> str:
+        return f"pulsar {self.service_url} namespace {self.tenant}/{self.namespace}"
+
+    def close(self) -> None:
+        """Close the Pulsar client (and with it every producer and reader)."""
+        with self._lock:
+            client, self._pulsar = self._pulsar, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._pulsar is None:
+                self._pulsar = new_client(self.service_url, self._timeout_s, "tablekeeper.pulsar")
+            return self._pulsar
+
+    def _topic(self, log_name: str) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/{log_name}"
+
+    def _topic_path(self, log_name: str) -> str:
+        return self._admin.topic_path(self.tenant, self.namespace, log_name)
+
+    def _state(self, log_name: str) -> _LogState:
+        with self._lock:
+            state = self._states.get(log_name)
+            if state is None:
+                state = self._states[log_name] = _LogState()
+            return state
+
+    def _ensure_namespace(self) -> None:
+        if self._namespace_ready:
+            return
+        self._admin.ensure_namespace(self.tenant, self.namespace, log_namespace_policies())
+        self._namespace_ready = True
+
+    def _ensure_topic(self, log_name: str) -> None:
+        """Create the topic and its truncation cursor (at the earliest entry) if absent."""
+        self._ensure_namespace()
+        path = self._topic_path(log_name)
+        self._admin.call("PUT", path, allow=(409,))
+        earliest = {"ledgerId": -1, "entryId": -1, "partitionIndex": -1}
+        self._admin.call(
+            "PUT", f"{path}/subscription/{TRUNCATION_SUBSCRIPTION}", earliest, allow=(409,)
+        )
+
+    def _cursor(self, log_name: str) -> Position | None:
+        """The truncation cursor's mark-delete position, `(ledger, entry, -1)`; None when the
+        log does not exist."""
+        status, stats = self._admin.call(
+            "GET", f"{self._topic_path(log_name)}/internalStats", allow=(404,)
+        )
+        if status == 404 or not isinstance(stats, dict):
+            return None
+        cursor = (stats.get("cursors") or {}).get(TRUNCATION_SUBSCRIPTION)
+        if not isinstance(cursor, dict):
+            _log.warning("log %r: truncation cursor missing; reading from the start", log_name)
+            return (-1, -1, -1)
+        ledger, _, entry = str(cursor.get("markDeletePosition", "-1:-1")).partition(":")
+        return (int(ledger), int(entry), -1)
+
+    def _new_scan(self, log_name: str, cursor: Position, hint: _IndexEntry | None) -> _Scan:
+        if hint is not None and _entry(hint.position) > _entry(cursor):
+            return _Scan(self, log_name, hint.position, cursor)
+        start = None if cursor[0] < 0 else (cursor[0], cursor[1], -1)
+        return _Scan(self, log_name, start, cursor if cursor[0] >= 0 else None)
+
+    # -- open / recover -------------------------------------------------------------------------
+
+    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> PulsarLogWriter:
+        """Open `log_name` for writing (creating it), fencing every earlier writer, here or in
+        any other process. Follows the protocol of the module docstring. Raises
+        `UnavailableError` when Pulsar cannot be reached, `LogFencedError` if yet another writer
+        took over meanwhile, `CorruptionError` for a message that is not ours."""
+        if min_last_sequence < 0:
+            raise ValueError(f"min_last_sequence must be >= 0, got {min_last_sequence}")
+        _check_log_name(log_name)
+        self._ensure_topic(log_name)
+        state = self._state(log_name)
+        with state.lock:
+            old, state.writer = state.writer, None
+        if old is not None:
+            old._fence_local()
+        try:
+            producer = self._client().create_producer(
+                self._topic(log_name),
+                access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing,
+                batching_enabled=True,
+                batching_max_messages=1024,
+                batching_max_allowed_size_in_bytes=MiB,
+                batching_max_publish_delay_ms=1,
+                max_pending_messages=8192,
+                block_if_queue_full=True,
+                send_timeout_millis=self._timeout_ms,
+            )
+        except pulsar.PulsarException as exc:
+            raise _open_error(log_name, exc) from exc
+        try:
+            epoch, last, index = self._recover(log_name, producer, min_last_sequence)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                producer.close()
+            raise
+        writer = PulsarLogWriter(self, log_name, producer, epoch, last, state)
+        with state.lock:
+            state.writer = writer
+            state.index = index
+        _log.debug("log %r: opened with epoch %d at sequence %d", log_name, epoch, last)
+        return writer
+
+    def _recover(
+        self, log_name: str, producer: Any, min_last_sequence: int
+    ) -> tuple[int, int, list[_IndexEntry]]:
+        cursor = self._cursor(log_name)
+        if cursor is None:
+            raise UnavailableError(f"log {log_name!r}: the topic vanished while opening")
+        scan = self._new_scan(log_name, cursor, None)
+        index = _LogState()
+        try:
+
+            def step() -> None:
+                out = scan.next()
+                if out is not None:
+                    index.add_index(out[0].sequence, out[1])
+
+            while scan.has_more():
+                step()
+            epoch = scan.replay.max_epoch + 1
+            while True:
+                nonce = os.urandom(16)
+                scan.replay.fence = None
+                self._send(log_name, producer, [encode_header(KIND_FENCE, epoch, 0) + nonce])
+                conflict = False
+                while True:
+                    step()
+                    fence = scan.replay.fence
+                    if fence is None:
+                        continue
+                    if fence[1] == nonce:
+                        break
+                    if fence[0] >= epoch:
+                        conflict = True
+                    scan.replay.fence = None
+                if not conflict:
+                    break
+                epoch = scan.replay.max_epoch + 1
+            base = max(scan.replay.last or 0, min_last_sequence)
+            self._send(log_name, producer, [encode_header(KIND_START, epoch, base)])
+        finally:
+            scan.close()
+        if scan.replay.skipped:
+            _log.info(
+                "log %r: recovery skipped %d messages (duplicates, fenced or failed appends)",
+                log_name,
+                scan.replay.skipped,
+            )
+        return epoch, base, index.index
+
+    def _send(self, log_name: str, producer: Any, messages: Sequence[bytes]) -> None:
+        try:
+            send_and_wait(producer, messages, self._timeout_s)
+        except (PulsarSendError, pulsar.PulsarException) as exc:
+            raise _open_error(log_name, exc) from exc
+
+    # -- read / truncate / delete ---------------------------------------------------------------
+
+    def read(self, log_name: str, from_sequence: int) -> Iterator[LogRecord]:
+        """Yield the records with sequence >= `from_sequence`, in order (see `LogBackend.read`).
+
+        Starts at the truncation cursor (or at an indexed record start closer to
+        `from_sequence`) and stops at the topic's end as of each `next()`; when a writer of the
+        log is open in this backend, stops at its `last_sequence` as of the first `next()`."""
+        _check_log_name(log_name)
+        return self._read(log_name, max(1, from_sequence))
+
+    def _read(self, log_name: str, from_sequence: int) -> Iterator[LogRecord]:
+        state = self._state(log_name)
+        with state.lock:
+            writer = state.writer
+            stop_after = writer.last_sequence if writer is not None else None
+            hint = state.best_start(from_sequence)
+        cursor = self._cursor(log_name)
+        if cursor is None:
+            return
+        scan = self._new_scan(log_name, cursor, hint)
+        try:
+            while scan.has_more():
+                out = scan.next()
+                if out is None:
+                    continue
+                record = out[0]
+                if stop_after is not None and record.sequence > stop_after:
+                    return
+                if record.sequence >= from_sequence:
+                    yield record
+        finally:
+            scan.close()
+
+    def truncate(self, log_name: str, before_sequence: int) -> None:
+        """Move the truncation cursor to the start of the last known record at or below
+        `before_sequence` (never back, never past the last record). Deletion follows lazily,
+        a ledger at a time."""
+        _check_log_name(log_name)
+        cursor = self._cursor(log_name)
+        if cursor is None:
+            return
+        state = self._state(log_name)
+        with state.lock:
+            cut = state.best_start(before_sequence)
+        if cut is None or _entry(cut.position) <= _entry(cursor):
+            cut = self._scan_for_cut(log_name, cursor, before_sequence)
+        if cut is None or _entry(cut.position) <= _entry(cursor):
+            return
+        ledger, entry, _ = cut.position
+        self._admin.call(
+            "POST",
+            f"{self._topic_path(log_name)}/subscription/{TRUNCATION_SUBSCRIPTION}/resetcursor",
+            {"ledgerId": ledger, "entryId": entry, "partitionIndex": -1},
+        )
+        with state.lock:
+            state.index = [e for e in state.index if e.sequence >= cut.sequence]
+
+    def _scan_for_cut(
+        self, log_name: str, cursor: Position, before_sequence: int
+    ) -> _IndexEntry | None:
+        """Replay from the cursor to find the last record start at or below `before_sequence`
+        (every record start qualifies here, not only indexed ones)."""
+        scan = self._new_scan(log_name, cursor, None)
+        best: _IndexEntry | None = None
+        try:
+            while scan.has_more():
+                out = scan.next()
+                if out is None:
+                    continue
+                record, position = out
+                if record.sequence > before_sequence:
+                    break
+                if position[2] <= 0:
+                    best = _IndexEntry(record.sequence, position)
+        finally:
+            scan.close()
+        return best
+
+    def size_bytes(self, log_name: str) -> int:
+        """The topic's storage size from the broker's stats; 0 if absent or unreachable."""
+        _check_log_name(log_name)
+        try:
+            status, stats = self._admin.call(
+                "GET", f"{self._topic_path(log_name)}/stats", allow=(404,), timeout_s=2.0
+            )
+        except UnavailableError as exc:
+            _log.debug("log %r: size unknown: %s", log_name, exc.message)
+            return 0
+        if status == 404 or not isinstance(stats, dict):
+            return 0
+        return int(stats.get("storageSize", 0))
+
+    def delete(self, log_name: str) -> None:
+        """Delete the topic (with its cursor); fences this backend's writer of it. A no-op if the
+        log does not exist. Writers elsewhere fail on their next append (the topic is gone and is
+        not created again automatically)."""
+        _check_log_name(log_name)
+        state = self._state(log_name)
+        with state.lock:
+            writer, state.writer = state.writer, None
+            state.index = []
+        if writer is not None:
+            writer._fence_local()
+        self._admin.call("DELETE", f"{self._topic_path(log_name)}?force=true", allow=(404,))
+
+    # -- tests ----------------------------------------------------------------------------------
+
+    def fail_next_append(self, log_name: str, *, persist: bool = False) -> None:
+        """Make the next append to `log_name` in this backend fail with `UnavailableError`
+        (the writer is then unusable). With `persist=True` its records are persisted anyway."""
+        with self._lock:
+            self._injected[log_name] = persist
+
+    def _take_injected_failure(self, log_name: str) -> bool | None:
+        with self._lock:
+            return self._injected.pop(log_name, None)
+
+
+def _open_error(log_name: str, exc: BaseException) -> UnavailableError:
+    if is_fenced(exc):
+        return LogFencedError(f"log {log_name!r}: another writer took over while opening: {exc}")
+    return UnavailableError(f"log {log_name!r}: cannot open for writing: {exc}")
+
+
+def _check_log_name(log_name: str) -> None:
+    if not _LOG_NAME.match(log_name):
+        raise ValueError(
+            f"invalid log name {log_name!r}: 1..200 characters of [A-Za-z0-9_.-], not "
+            "starting with '.'"
+        )
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_interface(
+        backend: PulsarLogBackend, writer: PulsarLogWriter
+    ) -> tuple[LogBackend, LogWriter]:
+        return backend, writer
