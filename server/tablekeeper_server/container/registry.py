@@ -93,10 +93,20 @@ class ContainerRegistry:
         self._routes[stream_id] = route
         return route
 
-    async def table_range(self, stream_id: int, pkey: bytes) -> Range:
-        """The range that serves `pkey` of table `stream_id`, opened if needed."""
+    async def table_range(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Range:
+        """The range that serves `pkey` of table `stream_id`, opened if needed.
+
+        Requests are routed by their pkey. A request that also names a range (`range_id` > 0,
+        as proxies and Java clients send) must name that same range; otherwise it was routed
+        with stale information and gets `RouteNotFoundError` (clients retry after refreshing).
+        """
         route = await self._route(stream_id)
         range_props = route.ranges[route.router.route(pkey)]
+        if range_id > 0 and range_id != range_props.range_id:
+            raise RouteNotFoundError(
+                f"range {range_id} of table {stream_id} does not hold this key "
+                f"(it belongs to range {range_props.range_id})"
+            )
         container = self.container(range_props.storage_container_id)
         return await container.data_range(
             stream_id, range_props.range_id, route.props.stream_conf.ttl_seconds
