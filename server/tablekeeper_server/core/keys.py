@@ -28,6 +28,17 @@ def store_key(pkey: bytes, lkey: bytes) -> bytes:
     return pkey_prefix(pkey) + lkey
 
 
+def split_store_key(key: bytes) -> tuple[bytes, bytes]:
+    """`(pkey, lkey)` of a stored table key (the inverse of `store_key`)."""
+    if key[:1] == _NO_PKEY_TAG:
+        return b"", key[1:]
+    if key[:1] != _PKEY_TAG or len(key) < 1 + _LEN.size:
+        raise ValueError(f"not a table key: {key[:16]!r}")
+    (length,) = _LEN.unpack_from(key, 1)
+    start = 1 + _LEN.size
+    return key[start : start + length], key[start + length :]
+
+
 def prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key starting with `prefix` (prefix never all 0xff)."""
     stripped = prefix.rstrip(b"\xff")

@@ -242,10 +242,7 @@ class RangeStateMachine:
         txn's other writes, and an increment of a key this txn already wrote adds to that write
         (two increments of one key in one txn add up)."""
         key = pkey_prefix(req.header.r_key) + req.key
-        if writes is not None and key in writes:
-            prev = writes[key]
-        else:
-            prev = view.get_live(key, now)
+        prev = writes[key] if writes is not None and key in writes else view.get_live(key, now)
         if prev is not None and not prev.is_number:
             return kv_rpc_pb2.IncrementResponse(header=_header(Code.BAD_REQUEST))
         if prev is None:

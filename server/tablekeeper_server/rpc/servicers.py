@@ -29,7 +29,7 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.metrics import ServerMetrics
-from tablekeeper_server.range import validation
+from tablekeeper_server.range import scan, validation
 from tablekeeper_server.rpc.status import command_status_reason, serve
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ _BATCH_METHODS = {
     "increment": "Increment",
     "delete_range": "Delete",
     "range": "Range",
+    "txn": "Txn",
 }
 Context: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type stubs)
 M = TypeVar("M")
@@ -247,6 +248,12 @@ class TableOps:
         range_ = await self.registry.table_range(stream_id, req.header.r_key)
         return range_.read(req)
 
+    async def scan_range(
+        self, req: tablekeeper_pb2.ScanRangeRequest
+    ) -> tablekeeper_pb2.ScanRangeResponse:
+        range_ = await scan.table_range_by_id(self.registry, req.stream_id, req.range_id)
+        return scan.scan_page(range_, req)
+
 
 class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):
     def __init__(self, ops: TableOps, metrics: ServerMetrics | None) -> None:
@@ -332,6 +339,19 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         results = await asyncio.gather(*(self._one(op, context) for op in request.ops))
         return tablekeeper_pb2.BatchResponse(results=results)
 
+    async def ScanRange(  # noqa: N802
+        self, request: tablekeeper_pb2.ScanRangeRequest, context: Context
+    ) -> tablekeeper_pb2.ScanRangeResponse:
+        async def handle() -> tablekeeper_pb2.ScanRangeResponse:
+            return await self._ops.scan_range(request)
+
+        def error(code: int) -> tablekeeper_pb2.ScanRangeResponse:
+            return tablekeeper_pb2.ScanRangeResponse(
+                header=kv_rpc_pb2.ResponseHeader(code=code)  # type: ignore[arg-type]
+            )
+
+        return await serve("ScanRange", context, self._metrics, handle, error, _header_code)
+
     async def _one(
         self, op: tablekeeper_pb2.BatchOp, context: Context
     ) -> tablekeeper_pb2.BatchResult:
@@ -347,6 +367,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             "increment": self._ops.increment,
             "delete_range": self._ops.delete,
             "range": self._ops.range,
+            "txn": self._ops.txn,
         }
         handler = handlers[kind]
         try:

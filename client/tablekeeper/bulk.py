@@ -1,0 +1,374 @@
+"""Bulk access to a table: its ranges, whole-range scans, batched writes, effectively-once
+increments. Used by `tablekeeper.spark`; usable on its own with an `AsyncClient`.
+
+- `table_ranges` lists a table's hash ranges (BookKeeper's `MetaRangeService.GetActiveRanges`);
+  `tablekeeper.routing.RangeRouter` tells which of them holds a pkey.
+- `scan_range` pages through every key of one range (TableKeeper's `ScanRange`), whatever its
+  pkey, so a table can be read range by range in parallel.
+- `BatchSender` sends many independent ops per `Batch` RPC and retries exactly what is safe:
+  ops the server reports as certainly not applied (`retryable`) always; a whole call that failed
+  in an unknown state only when its ops are idempotent (puts, marker-guarded txns), never for
+  plain increments.
+- `once_txns` builds the effectively-once increment txns: one txn per pkey (and per chunk of at
+  most `TXN_INCREMENTS_MAX` lkeys) that applies the increments and writes a marker, unless the
+  marker says this (scope, partition, chunk) was already applied. See `Epoch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tablekeeper._transport import call
+from tablekeeper.errors import (
+    TableKeeperError,
+    TableNotFoundError,
+    UnavailableError,
+    error_for_code,
+)
+from tablekeeper.routing import RangeInfo
+from tablekeeper.table import KeyValue
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.v1 import tablekeeper_pb2
+
+if TYPE_CHECKING:
+    from tablekeeper.client import AsyncClient
+
+MARKER_PREFIX = b"\xfftk-once\x00"
+"""Every lkey of an effectively-once marker starts with this. 0xff never occurs in UTF-8, so no
+string lkey can collide with a marker; readers hide these keys."""
+TXN_INCREMENTS_MAX = 1000
+"""Increments per marker txn (the server allows 1024 compares and ops per txn)."""
+_SC_METADATA_KEY = "bk-rt-sc-id-bin"
+_ID = struct.Struct(">q")
+_MARKER_TAIL = struct.Struct(">II")
+
+
+@dataclass(frozen=True, slots=True)
+class TableLayout:
+    """A table and its ranges."""
+
+    namespace: str
+    name: str
+    table_id: int
+    container_id: int
+    ranges: list[RangeInfo]
+
+
+async def table_layout(client: AsyncClient, namespace: str, name: str) -> TableLayout:
+    """The table's id and its active ranges. Raises `TableNotFoundError`."""
+    request = storage_pb2.GetStreamRequest(
+        stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
+    )
+    props = (await client._root("GetStream", request, idempotent=True)).stream_props
+    stub = client._stub("meta", storage_pb2_grpc.MetaRangeServiceStub)
+    response = await call(
+        stub.GetActiveRanges,
+        storage_pb2.GetActiveRangesRequest(stream_id=props.stream_id),
+        metadata=((_SC_METADATA_KEY, _ID.pack(props.storage_container_id)),),
+        idempotent=True,
+        policy=client.retry,
+        status_of=lambda r: r.code,
+    )
+    ranges = [
+        RangeInfo(
+            range_id=r.props.range_id,
+            start_hash=r.props.start_hash_key,
+            end_hash=r.props.end_hash_key,
+            container_id=r.props.storage_container_id,
+        )
+        for r in response.ranges
+    ]
+    if not ranges:
+        raise TableNotFoundError(f"table {namespace}/{name} has no active ranges")
+    return TableLayout(
+        namespace, name, props.stream_id, props.storage_container_id, sorted_ranges(ranges)
+    )
+
+
+def sorted_ranges(ranges: Iterable[RangeInfo]) -> list[RangeInfo]:
+    return sorted(ranges, key=lambda r: r.start_hash)
+
+
+async def scan_range(
+    client: AsyncClient,
+    table_id: int,
+    range_id: int,
+    *,
+    page_size: int = 1000,
+    start_after: tuple[bytes, bytes] | None = None,
+    keys_only: bool = False,
+) -> AsyncIterator[list[KeyValue]]:
+    """Yield the keys of one range, one page (list) at a time, in the range's store order.
+
+    Each page is a consistent read; the scan as a whole is not a snapshot (keys written during
+    the scan may or may not be seen). Pages are retried on transport errors (reads are safe).
+    """
+    stub = client._tablekeeper_stub()
+    cursor = start_after
+    while True:
+        request = tablekeeper_pb2.ScanRangeRequest(
+            stream_id=table_id, range_id=range_id, limit=page_size, keys_only=keys_only
+        )
+        if cursor is not None:
+            request.start_after.pkey, request.start_after.lkey = cursor
+        response = await call(
+            stub.ScanRange,
+            request,
+            metadata=None,
+            idempotent=True,
+            policy=client.retry,
+            status_of=lambda r: r.header.code,
+        )
+        page = [KeyValue.from_proto(row.pkey, row.kv) for row in response.rows]
+        if page:
+            yield page
+            cursor = (page[-1].pkey, page[-1].lkey)
+        if not response.more or not page:
+            return
+
+
+# ---------------------------------------------------------------------------------- writes
+
+
+def put_op(table_id: int, pkey: bytes, lkey: bytes, value: bytes) -> tablekeeper_pb2.BatchOp:
+    op = tablekeeper_pb2.BatchOp()
+    put = op.put
+    put.header.stream_id = table_id
+    put.header.r_key = pkey
+    put.key = lkey
+    put.value = value
+    return op
+
+
+def increment_op(table_id: int, pkey: bytes, lkey: bytes, amount: int) -> tablekeeper_pb2.BatchOp:
+    op = tablekeeper_pb2.BatchOp()
+    inc = op.increment
+    inc.header.stream_id = table_id
+    inc.header.r_key = pkey
+    inc.key = lkey
+    inc.amount = amount
+    return op
+
+
+class BatchOpError(TableKeeperError):
+    """An op of a batch failed on its own (e.g. a put on a number key): `pkey`, `lkey` say which."""
+
+    def __init__(self, error: TableKeeperError, pkey: bytes, lkey: bytes, reason: str) -> None:
+        super().__init__(
+            f"{type(error).__name__} on pkey={pkey!r} lkey={lkey!r}: {reason or error}",
+            code=error.code,
+        )
+        self.pkey = pkey
+        self.lkey = lkey
+
+
+def _op_key(op: tablekeeper_pb2.BatchOp) -> tuple[bytes, bytes]:
+    inner = getattr(op, str(op.WhichOneof("op")))
+    if isinstance(inner, kv_rpc_pb2.TxnRequest):
+        keys = [o.request_increment.key for o in inner.failure if o.HasField("request_increment")]
+        return inner.header.r_key, keys[0] if keys else b""
+    return inner.header.r_key, inner.key
+
+
+class BatchSender:
+    """Sends ops in `Batch` RPCs and retries what is safe to retry.
+
+    `idempotent`: the ops may be applied twice without harm (puts of fixed values, marker-guarded
+    txns), so a call that failed in an unknown state (timeout, dropped connection) is sent again.
+    Otherwise (plain increments) only ops the server reports as not applied are resent, and an
+    unknown outcome raises `UnavailableError`: the caller must not resend those ops.
+    """
+
+    def __init__(self, client: AsyncClient, *, idempotent: bool) -> None:
+        self._client = client
+        self._idempotent = idempotent
+
+    async def send(
+        self, ops: Sequence[tablekeeper_pb2.BatchOp]
+    ) -> list[tablekeeper_pb2.BatchResult]:
+        """Apply every op; returns their results in order. Raises `BatchOpError` for the first op
+        that failed for a reason of its own, `UnavailableError` if the deadline passes."""
+        policy = self._client.retry
+        stub = self._client._tablekeeper_stub()
+        results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(ops)
+        pending = list(range(len(ops)))
+        deadline = time.monotonic() + policy.deadline_s
+        backoff = policy.initial_backoff_s
+        while pending:
+            request = tablekeeper_pb2.BatchRequest(ops=[ops[i] for i in pending])
+            response = await call(
+                stub.Batch,
+                request,
+                metadata=None,
+                idempotent=self._idempotent,
+                policy=policy,
+                status_of=lambda r: 0,
+            )
+            retry: list[int] = []
+            for index, result in zip(pending, response.results, strict=True):
+                inner = getattr(result, str(result.WhichOneof("result")))
+                code = inner.header.code
+                if code and result.retryable:
+                    retry.append(index)
+                    continue
+                if code:
+                    pkey, lkey = _op_key(ops[index])
+                    raise BatchOpError(error_for_code(code), pkey, lkey, result.error)
+                results[index] = result
+            pending = retry
+            if pending:
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(
+                        f"{len(pending)} ops of a batch were not accepted before the deadline"
+                    )
+                await asyncio.sleep(random.uniform(0, backoff))
+                backoff = min(policy.max_backoff_s, backoff * 2)
+        return [r for r in results if r is not None]
+
+
+# ------------------------------------------------------------------- effectively-once txns
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """What a marker records, and which existing marker means "already applied".
+
+    - `Epoch.sequence(n)` (streaming batch ids): the marker holds n as 8 bytes big-endian; a marker
+      at n or later skips the txn, so a replay of batch n, or a late attempt of an older batch,
+      never applies again.
+    - `Epoch.token(t)` (one batch write job): the marker holds the job's token; only a marker
+      equal to it skips the txn (a retried task of the same job). A later job with a new token
+      applies and takes the marker over, so markers do not pile up job after job.
+    """
+
+    value: bytes
+    skip_if: Literal["==", ">"]
+    compare_to: bytes
+
+    @staticmethod
+    def sequence(n: int) -> Epoch:
+        if n < 0:
+            raise ValueError("a sequence epoch is >= 0")
+        previous = (n - 1).to_bytes(8, "big") if n else b""  # b"": any marker is > "absent"
+        return Epoch(n.to_bytes(8, "big"), ">", previous)
+
+    @staticmethod
+    def token(token: bytes) -> Epoch:
+        if not token:
+            raise ValueError("a token epoch needs a non-empty token")
+        return Epoch(token, "==", token)
+
+
+def marker_lkey(scope: bytes, partition: int, chunk: int) -> bytes:
+    """The lkey of the marker of (scope, partition, chunk) under a pkey."""
+    return MARKER_PREFIX + scope + b"\x00" + _MARKER_TAIL.pack(partition, chunk)
+
+
+def once_txns(
+    table_id: int,
+    increments: Mapping[bytes, Mapping[bytes, int]],
+    *,
+    scope: bytes,
+    partition: int,
+    epoch: Epoch,
+) -> list[tablekeeper_pb2.BatchOp]:
+    """Marker-guarded increment txns for `increments` ({pkey: {lkey: amount}}).
+
+    Per pkey, lkeys are sorted and cut into chunks of `TXN_INCREMENTS_MAX`, so the same input
+    always gives the same txns (and markers) however it was ordered. Each txn: compare the
+    marker; if it says "applied", do nothing (the txn *succeeds*); otherwise (the txn's failure
+    branch) apply the increments and write the marker, all at one revision.
+    """
+    compare_result = (
+        kv_rpc_pb2.Compare.EQUAL if epoch.skip_if == "==" else kv_rpc_pb2.Compare.GREATER
+    )
+    ops: list[tablekeeper_pb2.BatchOp] = []
+    for pkey in sorted(increments):
+        items = sorted(increments[pkey].items())
+        for chunk, start in enumerate(range(0, len(items), TXN_INCREMENTS_MAX)):
+            marker = marker_lkey(scope, partition, chunk)
+            op = tablekeeper_pb2.BatchOp()
+            txn = op.txn
+            txn.header.stream_id = table_id
+            txn.header.r_key = pkey
+            txn.compare.add(
+                key=marker,
+                target=kv_rpc_pb2.Compare.VALUE,
+                result=compare_result,
+                value=epoch.compare_to,
+            )
+            for lkey, amount in items[start : start + TXN_INCREMENTS_MAX]:
+                inc = txn.failure.add().request_increment
+                inc.key = lkey
+                inc.amount = amount
+            put = txn.failure.add().request_put
+            put.key = marker
+            put.value = epoch.value
+            ops.append(op)
+    return ops
+
+
+@dataclass(slots=True)
+class OnceOutcome:
+    applied_txns: int = 0
+    skipped_txns: int = 0
+    """Txns whose marker said they had been applied before (a retry or a replay)."""
+
+
+def check_once_results(
+    ops: Sequence[tablekeeper_pb2.BatchOp], results: Sequence[tablekeeper_pb2.BatchResult]
+) -> OnceOutcome:
+    """Count applied / skipped txns; raise `BatchOpError` for an increment that failed on its
+    own (an lkey holding bytes, not a number)."""
+    outcome = OnceOutcome()
+    for op, result in zip(ops, results, strict=True):
+        response = result.txn
+        if response.succeeded:
+            outcome.skipped_txns += 1
+            continue
+        outcome.applied_txns += 1
+        for request, answer in zip(op.txn.failure, response.responses, strict=True):
+            code = (
+                answer.response_increment.header.code
+                if answer.HasField("response_increment")
+                else answer.response_put.header.code
+            )
+            if code:
+                key = (
+                    request.request_increment.key
+                    if request.HasField("request_increment")
+                    else request.request_put.key
+                )
+                reason = "the key holds bytes, not a number" if code == 400 else result.error
+                raise BatchOpError(error_for_code(code), op.txn.header.r_key, key, reason)
+    return outcome
+
+
+def is_marker(lkey: bytes) -> bool:
+    return lkey.startswith(MARKER_PREFIX)
+
+
+__all__ = [
+    "MARKER_PREFIX",
+    "TXN_INCREMENTS_MAX",
+    "BatchOpError",
+    "BatchSender",
+    "Epoch",
+    "OnceOutcome",
+    "RangeInfo",
+    "TableLayout",
+    "check_once_results",
+    "increment_op",
+    "is_marker",
+    "marker_lkey",
+    "once_txns",
+    "put_op",
+    "scan_range",
+    "table_layout",
+]
