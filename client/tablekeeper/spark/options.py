@@ -10,7 +10,7 @@
 | `pushdown` | `true` | read: push `pkey` = / IN filters down (see below) |
 | `mode` | `put` | write: `put` (columns pkey, lkey, value) or `increment` (pkey, lkey, amount) |
 | `batchSize` | `1000` | write: ops (or marker txns) per Batch RPC |
-| `maxInFlight` | `4` | write: Batch RPCs in flight per task |
+| `maxInFlight` | `2` | write: Batch RPCs in flight per task |
 | `exactlyOnce` | `true` | increments: marker-guarded txns (retries and replays never count twice) |
 | `writerId` | `batch` | batch increments: the marker scope (one running job per writer id) |
 | `maxKeysPerPartition` | `2000000` | increments: distinct (pkey, lkey) a task may aggregate |
@@ -65,7 +65,7 @@ class Options:
     pushdown: bool = True
     mode: str = "put"
     batch_size: int = 1000
-    max_in_flight: int = 4
+    max_in_flight: int = 2
     exactly_once: bool = True
     writer_id: str = "batch"
     max_keys_per_partition: int = 2_000_000
@@ -130,7 +130,7 @@ def parse_options(options: Mapping[str, str]) -> Options:
         pushdown=_flag(lowered, "pushdown", True),
         mode=mode,
         batch_size=_int(lowered, "batchSize", 1000, 1, 10_000),
-        max_in_flight=_int(lowered, "maxInFlight", 4, 1, 64),
+        max_in_flight=_int(lowered, "maxInFlight", 2, 1, 64),
         exactly_once=_flag(lowered, "exactlyOnce", True),
         writer_id=writer_id,
         max_keys_per_partition=_int(lowered, "maxKeysPerPartition", 2_000_000, 1, 10**9),

@@ -4,12 +4,15 @@ Read: one input partition per range of the table (`ScanRange`, in pages). A `pke
 `pkey IN (...)` filter is pushed down: only the ranges that hold those pkeys are planned, and
 each reads just its pkeys (per-pkey `Range` scans).
 
-Write (`mode` put | increment): each task sends its rows in `Batch` RPCs of `batchSize` ops,
-`maxInFlight` at a time, so it holds at most batchSize x maxInFlight rows plus one Arrow batch.
-Puts are retried when a call fails in an unknown state (a put of the same value twice is
-harmless). Increments are, by default (`exactlyOnce`), aggregated per task and applied with
-marker-guarded txns (see `tablekeeper.bulk.once_txns`): a retried task, a retried call or a
-replayed streaming batch finds its markers and changes nothing.
+Write (`mode` put | increment): each task first checks all its rows (null or empty keys, null
+values or amounts fail the task before it sends anything; checked rows are held in memory up to
+`SPOOL_MEMORY_BYTES` and spilled to a temporary Arrow file beyond), then sends them in `Batch`
+RPCs of `batchSize` ops, `maxInFlight` at a time. Puts are resent when a call fails in an unknown
+state (a put of the same value twice is harmless). Increments are, by default (`exactlyOnce`),
+summed per (pkey, lkey) over the task (at most `maxKeysPerPartition` of them) and applied with
+marker-guarded txns (see `tablekeeper.bulk.once_txns`): a retried task, a resent call or a
+replayed streaming batch finds its markers and changes nothing. With `exactlyOnce=false` they
+are plain increments, resent only when certainly not applied; a retried task applies them again.
 
 Streaming write: the same, with the marker scope = the query id and the epoch = the batch id
 (both from the task's local properties that Structured Streaming sets). So each
@@ -559,9 +562,18 @@ def _write_increments_once(
         outcome = check_once_results(chunk, await sender.send(chunk))
         return outcome.applied_txns, outcome.skipped_txns
 
+    # A Batch RPC carries txns until they hold about `batchSize` increments.
     results = []
-    for start in range(0, len(ops), size):
-        chunk = ops[start : start + size]
+    chunk: list[tablekeeper_pb2.BatchOp] = []
+    weight = 0
+    for op in ops:
+        chunk.append(op)
+        weight += len(op.txn.failure)
+        if weight >= size:
+            stats.ops += len(chunk)
+            results += window.add(connection.submit(send(chunk)))
+            chunk, weight = [], 0
+    if chunk:
         stats.ops += len(chunk)
         results += window.add(connection.submit(send(chunk)))
     results += window.wait_all()
