@@ -22,6 +22,7 @@ from tablekeeper_proto.bookkeeper import (
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import (
+    BadRequestError,
     Code,
     IllegalOpError,
     RouteNotFoundError,
@@ -197,7 +198,7 @@ def _stream_id(header: kv_rpc_pb2.RoutingHeader, context: Context) -> int:
             stream_id = int(struct.unpack(">q", value)[0])
             header.stream_id = stream_id
             return stream_id
-    raise TableKeeperError("request has no table (stream) id")
+    raise BadRequestError("request has no table (stream) id")
 
 
 class TableOps:
@@ -210,7 +211,7 @@ class TableOps:
     async def put(self, stream_id: int, req: kv_rpc_pb2.PutRequest) -> kv_rpc_pb2.PutResponse:
         validation.check_routing(req.header, self.limits)
         validation.check_put(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
         response = await range_.execute(wal_pb2.WalCommand(put=req))
         assert isinstance(response, kv_rpc_pb2.PutResponse)
         return response
@@ -220,7 +221,7 @@ class TableOps:
     ) -> kv_rpc_pb2.IncrementResponse:
         validation.check_routing(req.header, self.limits)
         validation.check_increment(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
         response = await range_.execute(wal_pb2.WalCommand(increment=req))
         assert isinstance(response, kv_rpc_pb2.IncrementResponse)
         return response
@@ -230,7 +231,7 @@ class TableOps:
     ) -> kv_rpc_pb2.DeleteRangeResponse:
         validation.check_routing(req.header, self.limits)
         validation.check_delete(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
         response = await range_.execute(wal_pb2.WalCommand(delete_range=req))
         assert isinstance(response, kv_rpc_pb2.DeleteRangeResponse)
         return response
@@ -238,14 +239,14 @@ class TableOps:
     async def txn(self, stream_id: int, req: kv_rpc_pb2.TxnRequest) -> kv_rpc_pb2.TxnResponse:
         validation.check_routing(req.header, self.limits)
         validation.check_txn(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
         response = await range_.execute(wal_pb2.WalCommand(txn=req))
         assert isinstance(response, kv_rpc_pb2.TxnResponse)
         return response
 
     async def range(self, stream_id: int, req: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
         validation.check_range(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key)
+        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
         return range_.read(req)
 
     async def scan_range(

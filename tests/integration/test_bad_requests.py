@@ -1,0 +1,81 @@
+"""Malformed requests and requests for ranges this server does not host: a specific status,
+nothing changes, the server keeps serving."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from tablekeeper import Client
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper_server.core.routing import RangeRouter, split_hash_space
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def test_garbage_and_truncated_requests_get_a_clear_error(server: ServerProcess) -> None:
+    with Client(server.service) as client:
+        client.create_namespace("bad")
+        info = client.create_table("bad", "t")
+        table = client.table("bad", "t")
+        table.put("p", "k", "before")
+        good = kv_rpc_pb2.PutRequest(
+            key=b"k",
+            value=b"after",
+            header=kv_rpc_pb2.RoutingHeader(stream_id=info.table_id, r_key=b"p"),
+        ).SerializeToString()
+        with grpc.insecure_channel(server.target) as channel:
+            raw_put = channel.unary_unary(
+                "/bookkeeper.proto.kv.rpc.TableService/Put",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            # Bytes that are not a PutRequest: gRPC's own clear error, nothing applied.
+            for payload in (b"\xff\xff\xff\xff", b"\x0a\xff", good[:-3]):
+                with pytest.raises(grpc.RpcError) as raised:
+                    raw_put(payload, timeout=10)
+                assert raised.value.code() == grpc.StatusCode.UNKNOWN
+                assert "wire format was corrupt" in (raised.value.details() or "").lower()
+            # A message cut at a field boundary parses as a smaller message: without its routing
+            # header it is a BAD_REQUEST (400) in the body, not a retryable error.
+            key_only = kv_rpc_pb2.PutRequest(key=b"k", value=b"after").SerializeToString()
+            response = kv_rpc_pb2.PutResponse.FromString(raw_put(key_only, timeout=10))
+            assert response.header.code == 400
+            unknown = channel.unary_unary(
+                "/bookkeeper.proto.kv.rpc.TableService/NoSuchMethod",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            with pytest.raises(grpc.RpcError) as raised:
+                unknown(b"", timeout=10)
+            assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        kv = table.get("p", "k")
+        assert kv is not None and kv.value == b"before" and kv.version == 0
+
+
+def test_a_request_naming_another_range_is_not_served_here(server: ServerProcess) -> None:
+    with Client(server.service) as client:
+        client.create_namespace("routes")
+        info = client.create_table("routes", "t", ranges=4)
+        table = client.table("routes", "t")
+        table.put("p", "k", "v")
+        split = split_hash_space(4)
+        router = RangeRouter([r.start for r in split], [1024 + i for i in range(len(split))])
+        right = router.route(b"p")
+        with grpc.insecure_channel(server.target) as channel:
+            stub = kv_rpc_pb2_grpc.TableServiceStub(channel)
+            for range_id in (1024, 1025, 1026, 1027, 999_999):
+                header = kv_rpc_pb2.RoutingHeader(
+                    stream_id=info.table_id, r_key=b"p", range_id=range_id
+                )
+                request = kv_rpc_pb2.PutRequest(key=b"k", value=b"%d" % range_id, header=header)
+                if range_id == right:
+                    assert stub.Put(request, timeout=10).header.code == 0
+                    continue
+                with pytest.raises(grpc.RpcError) as raised:
+                    stub.Put(request, timeout=10)
+                assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+                assert "does not hold this key" in (raised.value.details() or "")
+        kv = table.get("p", "k")
+        assert kv is not None and kv.value == b"%d" % right and kv.version == 1
