@@ -366,10 +366,18 @@ class Table:
         *,
         expected_version: int | None = None,
         prev_kv: bool = False,
+        ttl_s: float | None = None,
     ) -> KeyValue | None:
         return self._runner.run(
-            self._table.put(pkey, lkey, value, expected_version=expected_version, prev_kv=prev_kv)
+            self._table.put(
+                pkey, lkey, value, expected_version=expected_version, prev_kv=prev_kv, ttl_s=ttl_s
+            )
         )
+
+    def put_sequential(
+        self, pkey: Key, prefix: Key, value: Key, *, ttl_s: float | None = None
+    ) -> bytes:
+        return self._runner.run(self._table.put_sequential(pkey, prefix, value, ttl_s=ttl_s))
 
     def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
         return self._runner.run(self._table.get(pkey, lkey))
@@ -400,8 +408,8 @@ class Table:
     def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
         return self._runner.run(self._table.count(pkey, start, end))
 
-    def delete(self, pkey: Key, lkey: Key) -> int:
-        return self._runner.run(self._table.delete(pkey, lkey))
+    def delete(self, pkey: Key, lkey: Key, *, expected_version: int | None = None) -> int:
+        return self._runner.run(self._table.delete(pkey, lkey, expected_version=expected_version))
 
     def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
         return self._runner.run(self._table.delete_range(pkey, start, end))

@@ -28,6 +28,12 @@ def _bytes(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+def _ttl_ms(ttl_s: float) -> int:
+    if ttl_s <= 0:
+        raise ValueError("ttl_s must be > 0")
+    return max(1, round(ttl_s * 1000))
+
+
 # On the wire a range end of b"\x00" means "to the end of the pkey" (etcd's convention).
 _TO_THE_END = b"\x00"
 
@@ -263,20 +269,35 @@ class AsyncTable:
         *,
         expected_version: int | None = None,
         prev_kv: bool = False,
+        ttl_s: float | None = None,
     ) -> KeyValue | None:
         """Store `value`. Durable when this returns.
 
         `expected_version`: None = unconditional; -1 = the key must not exist (else
         `KeyExistsError`); N = the key's version must be N (`BadVersionError`, or
         `KeyNotFoundError` if it is missing). Returns the previous value if `prev_kv`.
-        A put on a number key raises `BadRequestError`.
+        `ttl_s`: the key is invisible `ttl_s` seconds after this write (instead of the table's
+        TTL). A put on a number key raises `BadRequestError`.
         """
         pk = _bytes(pkey)
         request = kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), prev_kv=prev_kv)
         if expected_version is not None:
             request.expected_version = expected_version
+        if ttl_s is not None:
+            request.ttl_ms = _ttl_ms(ttl_s)
         response = await self._call("Put", request, pk, idempotent=False)
         return KeyValue.from_proto(pk, response.prev_kv) if response.HasField("prev_kv") else None
+
+    async def put_sequential(
+        self, pkey: Key, prefix: Key, value: Key, *, ttl_s: float | None = None
+    ) -> bytes:
+        """Create the key `prefix` + a zero-padded 20-digit counter, unique under `pkey` (the
+        counter only grows, also across deletes); returns the created lkey."""
+        request = kv_rpc_pb2.PutRequest(key=_bytes(prefix), value=_bytes(value), sequential=True)
+        if ttl_s is not None:
+            request.ttl_ms = _ttl_ms(ttl_s)
+        response = await self._call("Put", request, _bytes(pkey), idempotent=False)
+        return bytes(response.key)
 
     async def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
         """The key's current value, or None if it does not exist (or expired)."""
@@ -329,9 +350,12 @@ class AsyncTable:
         response = await self._call("Range", request, _bytes(pkey), idempotent=True)
         return int(response.count)
 
-    async def delete(self, pkey: Key, lkey: Key) -> int:
-        """Delete one key; returns 1 if it existed, else 0."""
+    async def delete(self, pkey: Key, lkey: Key, *, expected_version: int | None = None) -> int:
+        """Delete one key; returns 1 if it existed, else 0. With `expected_version`, only if
+        the key's version is that (`BadVersionError`; `KeyNotFoundError` if it is missing)."""
         request = kv_rpc_pb2.DeleteRangeRequest(key=_bytes(lkey))
+        if expected_version is not None:
+            request.expected_version = expected_version
         response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
         return int(response.deleted)
 

@@ -12,6 +12,12 @@ replays the log after the applied position.
 Semantics follow BookKeeper's table service, with its known bugs fixed: `expected_version` on
 Put is honoured; Delete returns the real number of deleted keys; TTL hides expired keys (instead
 of the inverted check); a Txn comparing a missing key answers KEY_NOT_FOUND deterministically.
+
+TableKeeper extensions: CAS delete (`DeleteRangeRequest.expected_version`), per-key TTL
+(`PutRequest.ttl_ms`: expiry = command timestamp + ttl) and sequential puts
+(`PutRequest.sequential`: a 20-digit counter per pkey, kept in a system key, is appended to the
+lkey). Every change is reported as a `ChangeEvent` (`last_events` after `apply_batch`) and written
+to the range's event history (`range.events`) in the same store batch.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from tablekeeper_server.core.keys import (
     system_key,
 )
 from tablekeeper_server.errors import Code
+from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import (
     StoredRecord,
     decode_record,
@@ -40,6 +47,13 @@ from tablekeeper_server.storage.api import KvStore, WriteBatch
 
 APPLIED_KEY = system_key(b"applied-sequence")
 _SEQ = struct.Struct(">q")
+SEQUENCE_DIGITS = 20
+
+
+def sequence_counter_key(pkey: bytes) -> bytes:
+    """The system key holding the next sequential-put counter of `pkey`."""
+    return system_key(b"seq/" + pkey_prefix(pkey))
+
 
 # A scan response stops at whichever limit comes first; `more` tells the caller to continue.
 SCAN_ROWS_MAX = 10_000
@@ -93,17 +107,37 @@ def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
 class _ApplyView:
     """Store state during one apply batch: the store plus this batch's not-yet-written changes."""
 
-    def __init__(self, store: KvStore) -> None:
+    def __init__(self, store: KvStore, history: EventHistory | None) -> None:
         self.store = store
+        self.history = history
         self.pending: dict[bytes, StoredRecord | None] = {}
+        self.read_cache: dict[bytes, StoredRecord | None] = {}
         self.batch: WriteBatch = store.new_batch()
         self.dirty = False
+        self.events: list[ChangeEvent] = []
+        self.event_revision = 0
+        self.event_index = 0
 
     def get(self, key: bytes) -> StoredRecord | None:
         if key in self.pending:
             return self.pending[key]
+        if key in self.read_cache:
+            return self.read_cache[key]
         raw = self.store.get(key)
-        return None if raw is None else decode_record(raw)
+        record = None if raw is None else decode_record(raw)
+        self.read_cache[key] = record
+        return record
+
+    def record_event(
+        self, revision: int, key: bytes, record: StoredRecord | None, prev: StoredRecord | None
+    ) -> None:
+        if revision != self.event_revision:
+            self.event_revision, self.event_index = revision, 0
+        event = ChangeEvent(revision, self.event_index, key, record, prev)
+        self.event_index += 1
+        self.events.append(event)
+        if self.history is not None:
+            self.history.append(self.batch, event)
 
     def get_live(self, key: bytes, now_ms: int) -> StoredRecord | None:
         record = self.get(key)
@@ -130,8 +164,11 @@ class _ApplyView:
     def commit(self, applied_sequence: int) -> None:
         """Write pending changes together with the applied position, atomically."""
         self.batch.put(APPLIED_KEY, _SEQ.pack(applied_sequence))
+        if self.history is not None:
+            self.history.seal(self.batch)
         self.store.write(self.batch)
         self.pending.clear()
+        self.read_cache.clear()
         self.batch = self.store.new_batch()
         self.dirty = False
 
@@ -139,11 +176,20 @@ class _ApplyView:
 class RangeStateMachine:
     """Applies commands to one range's store. Owned by the range; one caller at a time."""
 
-    def __init__(self, store: KvStore, *, ttl_seconds: int = 0) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        *,
+        ttl_seconds: int = 0,
+        history: EventHistory | None = None,
+    ) -> None:
         self.store = store
         self.ttl_ms = max(0, ttl_seconds) * 1000
         raw = store.get(APPLIED_KEY)
         self.applied_sequence: int = 0 if raw is None else int(_SEQ.unpack(raw)[0])
+        self.history = history
+        self.last_events: list[ChangeEvent] = []
+        """The changes of the last `apply_batch`, in order (for live watchers)."""
 
     # ------------------------------------------------------------------ writes
 
@@ -153,7 +199,7 @@ class RangeStateMachine:
         Commands at or below the applied position are skipped (their response is a bare
         SUCCESS header); this is what makes replay idempotent.
         """
-        view = _ApplyView(self.store)
+        view = _ApplyView(self.store, self.history)
         responses: list[Response] = []
         last = self.applied_sequence
         for sequence, command in commands:
@@ -165,6 +211,7 @@ class RangeStateMachine:
         if last > self.applied_sequence:
             view.commit(last)
             self.applied_sequence = last
+        self.last_events = view.events
         return responses
 
     def _apply_one(
@@ -175,22 +222,27 @@ class RangeStateMachine:
         if op == "put":
             writes: dict[bytes, StoredRecord | None] = {}
             put_response = self._put(view, revision, now, command.put, writes)
-            _flush_writes(view, writes)
+            _flush_writes(view, writes, revision, now)
             return put_response
         if op == "increment":
-            return self._increment(view, revision, now, command.increment)
+            writes = {}
+            increment_response = self._increment(view, revision, now, command.increment, writes)
+            _flush_writes(view, writes, revision, now)
+            return increment_response
         if op == "delete_range":
             if view.dirty:
                 view.commit(previous)
             writes = {}
             delete_response = self._delete_range(view, now, command.delete_range, writes)
-            _flush_writes(view, writes)
+            _flush_writes(view, writes, revision, now)
             return delete_response
         if op == "txn":
             return self._txn(view, previous, revision, now, command.txn)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
 
-    def _expire_at(self, now_ms: int) -> int:
+    def _expire_at(self, now_ms: int, ttl_ms: int = 0) -> int:
+        if ttl_ms > 0:
+            return now_ms + ttl_ms
         return now_ms + self.ttl_ms if self.ttl_ms else 0
 
     def _put(
@@ -201,7 +253,14 @@ class RangeStateMachine:
         req: kv_rpc_pb2.PutRequest,
         writes: dict[bytes, StoredRecord | None],
     ) -> kv_rpc_pb2.PutResponse:
-        key = pkey_prefix(req.header.r_key) + req.key
+        lkey = req.key
+        if req.sequential:
+            counter_key = sequence_counter_key(req.header.r_key)
+            counter = writes[counter_key] if counter_key in writes else view.get(counter_key)
+            number = 0 if counter is None else counter.number
+            writes[counter_key] = StoredRecord(0, revision, 0, True, 0, encode_number(number + 1))
+            lkey = req.key + b"%0*d" % (SEQUENCE_DIGITS, number)
+        key = pkey_prefix(req.header.r_key) + lkey
         prev = view.get_live(key, now)
         if req.HasField("expected_version"):
             expected = req.expected_version
@@ -213,21 +272,19 @@ class RangeStateMachine:
                 return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_VERSION))
         if prev is not None and prev.is_number:
             return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
+        expire = self._expire_at(now, req.ttl_ms)
         if prev is None:
-            record = StoredRecord(revision, revision, 0, False, self._expire_at(now), req.value)
+            record = StoredRecord(revision, revision, 0, False, expire, req.value)
         else:
             record = StoredRecord(
-                prev.create_revision,
-                revision,
-                prev.version + 1,
-                False,
-                self._expire_at(now),
-                req.value,
+                prev.create_revision, revision, prev.version + 1, False, expire, req.value
             )
         writes[key] = record
         response = kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+        if req.sequential:
+            response.key = lkey
         if req.prev_kv and prev is not None:
-            response.prev_kv.CopyFrom(to_key_value(req.key, prev))
+            response.prev_kv.CopyFrom(to_key_value(lkey, prev))
         return response
 
     def _increment(
@@ -236,13 +293,13 @@ class RangeStateMachine:
         revision: int,
         now: int,
         req: kv_rpc_pb2.IncrementRequest,
-        writes: dict[bytes, StoredRecord | None] | None = None,
+        writes: dict[bytes, StoredRecord | None],
     ) -> kv_rpc_pb2.IncrementResponse:
         """Add to a number key. Inside a txn (`writes` given) the write is collected like the
         txn's other writes, and an increment of a key this txn already wrote adds to that write
         (two increments of one key in one txn add up)."""
         key = pkey_prefix(req.header.r_key) + req.key
-        prev = writes[key] if writes is not None and key in writes else view.get_live(key, now)
+        prev = writes[key] if key in writes else view.get_live(key, now)
         if prev is not None and not prev.is_number:
             return kv_rpc_pb2.IncrementResponse(header=_header(Code.BAD_REQUEST))
         if prev is None:
@@ -260,10 +317,7 @@ class RangeStateMachine:
                 self._expire_at(now),
                 encode_number(total),
             )
-        if writes is None:
-            view.put(key, record)
-        else:
-            writes[key] = record
+        writes[key] = record
         response = kv_rpc_pb2.IncrementResponse(header=_header(Code.SUCCESS))
         if req.get_total:
             response.total_amount = total
@@ -281,6 +335,12 @@ class RangeStateMachine:
         if not req.range_end:
             key = prefix + req.key
             raw_prev = view.get(key)
+            if req.HasField("expected_version"):
+                live = raw_prev if raw_prev is not None and raw_prev.is_live(now) else None
+                if live is None:
+                    return kv_rpc_pb2.DeleteRangeResponse(header=_header(Code.KEY_NOT_FOUND))
+                if live.version != req.expected_version:
+                    return kv_rpc_pb2.DeleteRangeResponse(header=_header(Code.BAD_VERSION))
             if raw_prev is not None:
                 writes[key] = None
                 if raw_prev.is_live(now):
@@ -348,7 +408,7 @@ class RangeStateMachine:
                 result.response_increment.CopyFrom(
                     self._increment(view, revision, now, increment, writes)
                 )
-        _flush_writes(view, writes)
+        _flush_writes(view, writes, revision, now)
         return response
 
     # ------------------------------------------------------------------ reads
@@ -428,8 +488,18 @@ class RangeStateMachine:
         return response
 
 
-def _flush_writes(view: _ApplyView, writes: dict[bytes, StoredRecord | None]) -> None:
+def _flush_writes(
+    view: _ApplyView, writes: dict[bytes, StoredRecord | None], revision: int, now: int
+) -> None:
+    """Apply a command's collected writes and report each table-key change as an event (a
+    delete of an already expired key is not reported: watchers never saw it live)."""
     for key, record in writes.items():
+        if key[:1] != SYSTEM_PREFIX:
+            prev = view.get(key)
+            if prev is not None and not prev.is_live(now):
+                prev = None
+            if record is not None or prev is not None:
+                view.record_event(revision, key, record, prev)
         if record is None:
             view.delete(key)
         else:

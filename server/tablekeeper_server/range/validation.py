@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_server.errors import BadRequestError, InvalidKeyError
+from tablekeeper_server.range.state_machine import SEQUENCE_DIGITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,13 @@ def _check_key(key: bytes, limits: Limits, *, allow_empty: bool = False) -> None
 
 
 def check_put(req: kv_rpc_pb2.PutRequest, limits: Limits) -> None:
-    _check_key(req.key, limits)
+    _check_key(req.key, limits, allow_empty=req.sequential)
+    if req.sequential and len(req.key) + SEQUENCE_DIGITS > limits.key_bytes_max:
+        raise InvalidKeyError(
+            f"a sequential key prefix may be at most {limits.key_bytes_max - SEQUENCE_DIGITS} bytes"
+        )
+    if req.ttl_ms < 0:
+        raise BadRequestError("ttl_ms must be >= 0 (0 = the table's TTL)")
     if len(req.value) > limits.value_bytes_max:
         raise BadRequestError(
             f"value is {len(req.value)} bytes; the limit is {limits.value_bytes_max}"
@@ -54,6 +61,11 @@ def check_increment(req: kv_rpc_pb2.IncrementRequest, limits: Limits) -> None:
 def check_delete(req: kv_rpc_pb2.DeleteRangeRequest, limits: Limits) -> None:
     _check_key(req.key, limits, allow_empty=bool(req.range_end))
     _check_key(req.range_end, limits, allow_empty=True)
+    if req.HasField("expected_version"):
+        if req.range_end:
+            raise BadRequestError("expected_version applies to one key, not a range_end")
+        if req.expected_version < 0:
+            raise BadRequestError("a delete's expected_version must be a version >= 0")
 
 
 def check_range(req: kv_rpc_pb2.RangeRequest, limits: Limits) -> None:

@@ -38,6 +38,8 @@ _COMMAND_STATUS_REASONS = {
     ("Put", Code.BAD_VERSION): "expected_version does not match the key's version",
     ("Put", Code.KEY_EXISTS): "expected_version -1 (absent) but the key exists",
     ("Put", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
+    ("Delete", Code.BAD_VERSION): "expected_version does not match the key's version",
+    ("Delete", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
     ("Increment", Code.BAD_REQUEST): "the key holds bytes, not a number",
     ("Txn", Code.KEY_NOT_FOUND): "a compare on version/create/mod names a key that does not exist",
 }

@@ -207,6 +207,8 @@ class PutRequest(_message.Message):
     IGNORE_LEASE_FIELD_NUMBER: _builtins.int
     HEADER_FIELD_NUMBER: _builtins.int
     EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    SEQUENTIAL_FIELD_NUMBER: _builtins.int
     key: _builtins.bytes
     value: _builtins.bytes
     lease: _builtins.int
@@ -216,6 +218,15 @@ class PutRequest(_message.Message):
     expected_version: _builtins.int
     """TableKeeper honours it (BookKeeper ignores it). `optional` gives presence without changing
     the wire: absent = unconditional; -1 = the key must not exist; N >= 0 = version must be N.
+    """
+    ttl_ms: _builtins.int
+    """TableKeeper extensions (fields >= 100: BookKeeper clients never send them).
+    Per-key time to live: the key is invisible from the command's timestamp + ttl_ms on
+    (0 = the table's TTL, if any).
+    """
+    sequential: _builtins.bool
+    """Append a zero-padded 20-digit counter, unique under the pkey, to `key` (which may then be
+    empty); the created key is returned in PutResponse.key.
     """
     @_builtins.property
     def header(self) -> Global___RoutingHeader: ...
@@ -230,10 +241,12 @@ class PutRequest(_message.Message):
         ignore_lease: _builtins.bool = ...,
         header: Global___RoutingHeader | None = ...,
         expected_version: _builtins.int | None = ...,
+        ttl_ms: _builtins.int = ...,
+        sequential: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header", "ignore_lease", b"ignore_lease", "ignore_value", b"ignore_value", "key", b"key", "lease", b"lease", "prev_kv", b"prev_kv", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header", "ignore_lease", b"ignore_lease", "ignore_value", b"ignore_value", "key", b"key", "lease", b"lease", "prev_kv", b"prev_kv", "sequential", b"sequential", "ttl_ms", b"ttl_ms", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
     _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
@@ -247,6 +260,9 @@ class PutResponse(_message.Message):
 
     HEADER_FIELD_NUMBER: _builtins.int
     PREV_KV_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    key: _builtins.bytes
+    """TableKeeper extension: the key a sequential put created."""
     @_builtins.property
     def header(self) -> Global___ResponseHeader: ...
     @_builtins.property
@@ -256,10 +272,11 @@ class PutResponse(_message.Message):
         *,
         header: Global___ResponseHeader | None = ...,
         prev_kv: _kv_pb2.KeyValue | None = ...,
+        key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "prev_kv", b"prev_kv"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "prev_kv", b"prev_kv"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "key", b"key", "prev_kv", b"prev_kv"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -325,9 +342,14 @@ class DeleteRangeRequest(_message.Message):
     RANGE_END_FIELD_NUMBER: _builtins.int
     PREV_KV_FIELD_NUMBER: _builtins.int
     HEADER_FIELD_NUMBER: _builtins.int
+    EXPECTED_VERSION_FIELD_NUMBER: _builtins.int
     key: _builtins.bytes
     range_end: _builtins.bytes
     prev_kv: _builtins.bool
+    expected_version: _builtins.int
+    """TableKeeper extension: delete one key only if its version is this (KEY_NOT_FOUND if it is
+    missing, BAD_VERSION if its version differs). Not allowed with range_end.
+    """
     @_builtins.property
     def header(self) -> Global___RoutingHeader: ...
     def __init__(
@@ -337,12 +359,15 @@ class DeleteRangeRequest(_message.Message):
         range_end: _builtins.bytes = ...,
         prev_kv: _builtins.bool = ...,
         header: Global___RoutingHeader | None = ...,
+        expected_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "key", b"key", "prev_kv", b"prev_kv", "range_end", b"range_end"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version", "expected_version", b"expected_version", "header", b"header", "key", b"key", "prev_kv", b"prev_kv", "range_end", b"range_end"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__expected_version: _TypeAlias = _typing.Literal["expected_version"]  # noqa: Y015
+    _WhichOneofArgType__expected_version: _TypeAlias = _typing.Literal["_expected_version", b"_expected_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expected_version) -> _WhichOneofReturnType__expected_version | None: ...
 
 Global___DeleteRangeRequest: _TypeAlias = DeleteRangeRequest  # noqa: Y015
 

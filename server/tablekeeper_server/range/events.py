@@ -1,0 +1,129 @@
+"""Change events of a range and their durable, bounded history in the range's own store.
+
+The state machine reports every change it applies as a `ChangeEvent` (store key, new record or
+None for a delete, previous record, revision). Besides handing them to live watchers (see
+`range.watch`), it writes each event into the range's store under the system prefix, in the same
+write batch as the change itself, so the history is exactly as durable as the data: it survives
+restarts and travels in checkpoints. The write-ahead log holds commands, not their effects, so
+this history (not the log) is what serves watches from older revisions.
+
+The history keeps about the newest `limit` events per range (trimmed at each commit; one
+apply batch may overshoot briefly). `trimmed_through` is the highest revision ever trimmed: a
+watch starting at or below it would miss events and is answered "compacted".
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tablekeeper_server.core.keys import system_key
+from tablekeeper_server.range.records import StoredRecord, decode_record
+from tablekeeper_server.storage.api import KvStore, WriteBatch
+
+HISTORY_PREFIX = system_key(b"wh/")
+HISTORY_END = system_key(b"wh0")  # "0" follows "/": the end of the history prefix
+HISTORY_META_KEY = system_key(b"wh-meta")
+HISTORY_LIMIT_DEFAULT = 10_000
+_POSITION = struct.Struct(">qI")  # revision, index of the event within its command
+_META = struct.Struct(">qq")  # count, trimmed_through
+_LEN = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    revision: int
+    index: int
+    """Position of the event among the changes of its command (revision)."""
+    key: bytes
+    """The store key (see `core.keys`)."""
+    record: StoredRecord | None
+    """The new record; None for a delete."""
+    prev: StoredRecord | None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.revision, self.index)
+
+
+def history_key(revision: int, index: int) -> bytes:
+    return HISTORY_PREFIX + _POSITION.pack(revision, index)
+
+
+def encode_event(event: ChangeEvent) -> bytes:
+    parts = [_LEN.pack(len(event.key)), event.key]
+    for record in (event.record, event.prev):
+        if record is None:
+            parts.append(b"\x00")
+        else:
+            raw = record.encode()
+            parts += [b"\x01", _LEN.pack(len(raw)), raw]
+    return b"".join(parts)
+
+
+def decode_event(key: bytes, raw: bytes) -> ChangeEvent:
+    revision, index = _POSITION.unpack_from(key, len(HISTORY_PREFIX))
+    (klen,) = _LEN.unpack_from(raw, 0)
+    offset = _LEN.size
+    store_key = raw[offset : offset + klen]
+    offset += klen
+    records: list[StoredRecord | None] = []
+    for _ in range(2):
+        flag = raw[offset]
+        offset += 1
+        if not flag:
+            records.append(None)
+            continue
+        (rlen,) = _LEN.unpack_from(raw, offset)
+        offset += _LEN.size
+        records.append(decode_record(raw[offset : offset + rlen]))
+        offset += rlen
+    return ChangeEvent(revision, index, store_key, records[0], records[1])
+
+
+class EventHistory:
+    """The bounded event history of one range's store. Used by the state machine while it
+    applies (one caller at a time)."""
+
+    def __init__(self, store: KvStore, limit: int = HISTORY_LIMIT_DEFAULT) -> None:
+        self.store = store
+        self.limit = max(1, limit)
+        raw = store.get(HISTORY_META_KEY)
+        count, trimmed = (0, 0) if raw is None else _META.unpack(raw)
+        self.count: int = count
+        self.trimmed_through: int = trimmed
+
+    def append(self, batch: WriteBatch, event: ChangeEvent) -> None:
+        batch.put(history_key(event.revision, event.index), encode_event(event))
+        self.count += 1
+
+    def seal(self, batch: WriteBatch) -> None:
+        """Before a batch is written: trim the oldest committed events beyond the limit and
+        record the count and trim point, all in `batch`."""
+        excess = self.count - self.limit
+        if excess > 0:
+            for key, _ in self.store.scan(HISTORY_PREFIX, HISTORY_END):
+                if excess <= 0:
+                    break
+                batch.delete(key)
+                revision, _index = _POSITION.unpack_from(key, len(HISTORY_PREFIX))
+                self.trimmed_through = max(self.trimmed_through, revision)
+                self.count -= 1
+                excess -= 1
+        batch.put(HISTORY_META_KEY, _META.pack(self.count, self.trimmed_through))
+
+    def read(self, after: tuple[int, int], limit: int) -> list[ChangeEvent]:
+        """Up to `limit` committed events strictly after position `after`, in order."""
+        start = history_key(after[0], after[1]) + b"\x00"
+        out: list[ChangeEvent] = []
+        for key, raw in self.store.scan(start, HISTORY_END):
+            out.append(decode_event(key, raw))
+            if len(out) >= limit:
+                break
+        return out
+
+
+def iter_history(store: KvStore) -> Iterator[ChangeEvent]:
+    for key, raw in store.scan(HISTORY_PREFIX, HISTORY_END):
+        yield decode_event(key, raw)
