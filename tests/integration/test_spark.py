@@ -1,6 +1,6 @@
 """The PySpark connector (`tablekeeper.spark`) with a real local Spark session and a real server.
 
-One server and one Spark session (`local[2,4]`: 2 cores, a failed task is retried up to 3 times)
+One server and one Spark session (`local[2,2]`: 2 cores, a failed task is retried once)
 are shared by the module; every test uses its own tables.
 """
 
@@ -61,7 +61,7 @@ def client(server: ServerProcess) -> Iterator[Client]:
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
     session = get_session(
-        "local[2,4]",
+        "local[2,2]",
         "tablekeeper-tests",
         **{"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "4"},
     )
@@ -422,7 +422,7 @@ def test_counters_job_counts_per_key_and_window_from_json_and_parquet(
     spark.read.json(str(json_dir)).write.parquet(parquet_dir)
 
     common = ["--service", server.service, "--key-col", "user", "--time-col", "ts",
-              "--master", "local[2,4]", "--create-table"]  # fmt: skip
+              "--master", "local[2,2]", "--create-table"]  # fmt: skip
     assert counters_job.main([*common, "--table", f"{NS}/cnt_json", "--input", str(json_dir)]) == 0
     assert _numbers(spark, server, f"{NS}/cnt_json") == expected
     args = [*common, "--table", f"{NS}/cnt_pq", "--input", parquet_dir, "--format", "parquet"]
@@ -444,7 +444,7 @@ def test_export_job_writes_the_table_to_parquet(
     table, written = loaded
     output = str(tmp_path / "export.parquet")
     assert export_job.main(["--service", server.service, "--table", table, "--output", output,
-                            "--master", "local[2,4]"]) == 0  # fmt: skip
+                            "--master", "local[2,2]"]) == 0  # fmt: skip
     exported = spark.read.parquet(output)
     assert [(f.name, f.dataType) for f in exported.schema] == [
         (f.name, f.dataType) for f in read_schema()
