@@ -200,6 +200,21 @@ def test_pkey_pushdown_plans_only_the_ranges_of_the_pkeys(
     assert no_pushdown.rdd.getNumPartitions() == 8 and no_pushdown.count() == 1
 
 
+def test_binary_keys_round_trip_and_a_string_read_names_the_bad_key(
+    spark: SparkSession, server: ServerProcess, client: Client
+) -> None:
+    table = _table(client, "binary")
+    rows = [(bytes([0xFF, i]), b"\x00lk" + bytes([i]), bytes(range(i, i + 8))) for i in range(50)]
+    df = spark.createDataFrame(rows, "pkey binary, lkey binary, value binary")
+    _write(df, server, table)
+    read = _reader(spark, server, table, binary="true")
+    assert read.schema == read_schema(binary=True)
+    assert sorted((bytes(r.pkey), bytes(r.lkey), bytes(r.value)) for r in read.collect()) == rows
+    assert len(_reader(spark, server, table, binary="true").limit(5).collect()) == 5
+    with pytest.raises(Exception, match=r"pkey of key .* is not UTF-8; read the table with"):
+        _reader(spark, server, table).collect()
+
+
 # ------------------------------------------------------------------------------ increments
 
 
