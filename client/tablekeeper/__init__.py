@@ -34,16 +34,19 @@ from tablekeeper.errors import (
     UnexpectedError,
 )
 from tablekeeper.table import AsyncTable, AsyncTxn, KeyValue, TableInfo, TxnResult
+from tablekeeper.watch import AsyncWatch, CompactedError, Watch, WatchCancelledError, WatchEvent
 
 __all__ = [
     "DEFAULT_SERVICE",
     "AsyncClient",
     "AsyncTable",
     "AsyncTxn",
+    "AsyncWatch",
     "BadRequestError",
     "BadRevisionError",
     "BadVersionError",
     "Client",
+    "CompactedError",
     "IllegalOpError",
     "InternalServerError",
     "InvalidKeyError",
@@ -65,4 +68,7 @@ __all__ = [
     "TxnResult",
     "UnavailableError",
     "UnexpectedError",
+    "Watch",
+    "WatchCancelledError",
+    "WatchEvent",
 ]

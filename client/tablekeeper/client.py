@@ -13,6 +13,7 @@ from tablekeeper._coalesce import Coalescer
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
+from tablekeeper.watch import Watch
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tablekeeper_pb2_grpc
 
@@ -421,6 +422,24 @@ class Table:
 
     def txn(self, pkey: Key) -> Txn:
         return Txn(self._runner, self._table.txn(pkey))
+
+    def watch(
+        self,
+        pkey: Key,
+        lkey: Key | None = None,
+        *,
+        start: Key | None = None,
+        end: Key | None = None,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+    ) -> Watch:
+        """Synchronous `AsyncTable.watch`: `with table.watch(...) as w: for event in w: ...`."""
+        return Watch(
+            self._runner,
+            self._table.watch(
+                pkey, lkey, start=start, end=end, start_revision=start_revision, prev_kv=prev_kv
+            ),
+        )
 
     def batch_put(
         self,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tablekeeper._transport import call
 from tablekeeper.errors import TableKeeperError, error_for_code
+from tablekeeper.watch import AsyncWatch
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
@@ -380,6 +381,39 @@ class AsyncTable:
 
     def txn(self, pkey: Key) -> AsyncTxn:
         return AsyncTxn(self, pkey)
+
+    def watch(
+        self,
+        pkey: Key,
+        lkey: Key | None = None,
+        *,
+        start: Key | None = None,
+        end: Key | None = None,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+    ) -> AsyncWatch:
+        """Watch one key (`lkey`) or the lkeys in [start, end] of `pkey` (`end` None = to the
+        end of the pkey), from `start_revision` (0 = changes from now on). Use as
+        `async with table.watch(...) as w: async for event in w: ...` (see `tablekeeper.watch`).
+        """
+        if (lkey is None) == (start is None):
+            raise ValueError("watch one lkey, or a range from start (not both)")
+        if lkey is not None:
+            key, range_end = _bytes(lkey), b""
+        else:
+            assert start is not None
+            span = _wire_span(start, end)
+            if span is None:
+                raise ValueError(f"empty key range: start {start!r} is after end {end!r}")
+            key, range_end = span
+        return AsyncWatch(
+            self,
+            _bytes(pkey),
+            key,
+            range_end,
+            start_revision=start_revision,
+            prev_kv=prev_kv,
+        )
 
     async def batch_put(
         self,

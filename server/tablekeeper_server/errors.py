@@ -111,3 +111,20 @@ class CorruptionError(TableKeeperError):
     """Stored data failed a checksum or structural check. Never retried, never skipped silently."""
 
     code = Code.INTERNAL_SERVER_ERROR
+
+
+class CompactedError(TableKeeperError):
+    """A watch asked for changes older than the range's event history still holds."""
+
+    code = Code.BAD_REVISION
+
+    def __init__(self, message: str, oldest_revision: int) -> None:
+        super().__init__(message)
+        self.oldest_revision = oldest_revision
+
+
+class WatcherTooSlowError(TableKeeperError):
+    """A watcher fell too far behind the range's changes and was cancelled (it may resume from
+    the revision the message names)."""
+
+    code = Code.FAILURE

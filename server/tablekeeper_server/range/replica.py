@@ -13,6 +13,11 @@ Reads are served from the store, which holds exactly the acknowledged state.
 
 Recovery (`open`): the log backend fences earlier writers and cuts a torn tail; the store's
 applied position says where to resume; the log is replayed from there.
+
+Watches: the state machine writes every change into the range's bounded event history (same
+store batch, see `range.events`) and reports the changes of each applied batch; the writer task
+hands them to `self.watch` (`range.watch.WatchHub`) right after apply, before answering callers.
+Closing or failing the range ends its watchers (they resume elsewhere from their last revision).
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.log.api import LogBackend, LogWriter
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
+from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.state_machine import RangeStateMachine, Response
+from tablekeeper_server.range.watch import WatchHub
 from tablekeeper_server.storage.api import KvStore
 
 log = logging.getLogger(__name__)
@@ -117,6 +124,7 @@ class Range:
         self._accepting = False
         self._failure: str | None = None
         self._fenced = False
+        self.watch = WatchHub(name.log_name)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,6 +136,8 @@ class Range:
             # Table ranges open on first use, long after startup: say it in the server log too.
             log.error("range %s: refusing to serve: %s", self.name.log_name, exc.message)
             raise
+        assert self._sm is not None
+        self.watch.attach(self._sm.history, self._sm.applied_sequence)
         self._accepting = True
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
 
@@ -179,7 +189,7 @@ class Range:
         return RangeStateMachine(store).applied_sequence
 
     def _replay(self, store: KvStore, writer: LogWriter) -> RangeStateMachine:
-        sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds)
+        sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds, history=EventHistory(store))
         if sm.applied_sequence > writer.last_sequence:
             raise CorruptionError(
                 f"log {self.name.log_name} ends at {writer.last_sequence} but the store has "
@@ -250,6 +260,7 @@ class Range:
     async def close(self) -> None:
         """Stop accepting, finish what is queued, then close the log and the store."""
         self._accepting = False
+        self.watch.close(f"range {self.name.log_name} closed")
         if self._task is not None:
             await self._queue.put(None)
             with contextlib.suppress(asyncio.CancelledError):
@@ -332,6 +343,7 @@ class Range:
                 log.exception("range %s: apply failed", self.name.log_name)
                 self._fail(group, f"apply failed: {exc}", indeterminate=True)
                 return
+            self.watch.publish(sm.last_events, sm.applied_sequence)
             for pending, response in zip(group, responses, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(response)
@@ -341,6 +353,7 @@ class Range:
         self._accepting = False
         self._failure = f"range {self.name.log_name} failed: {reason}"
         log.error(self._failure)
+        self.watch.close(self._failure)
         for pending in group:
             if not pending.future.done():
                 error: TableKeeperError = (

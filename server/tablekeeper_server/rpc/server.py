@@ -7,7 +7,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
-from tablekeeper_proto.v1 import admin_pb2_grpc, tablekeeper_pb2_grpc
+from tablekeeper_proto.v1 import admin_pb2_grpc, tablekeeper_pb2_grpc, watch_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
@@ -19,6 +19,7 @@ from tablekeeper_server.rpc.servicers import (
     TableOps,
     TableServicer,
 )
+from tablekeeper_server.rpc.watch import WatchServicer
 
 SERVICE_NAMES = (
     "bookkeeper.proto.storage.RootRangeService",
@@ -26,6 +27,7 @@ SERVICE_NAMES = (
     "bookkeeper.proto.storage.StorageContainerService",
     "bookkeeper.proto.kv.rpc.TableService",
     "tablekeeper.v1.TableKeeper",
+    "tablekeeper.v1.Watch",
 )
 
 
@@ -70,6 +72,8 @@ class GrpcServer:
         tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
             TableKeeperServicer(ops, registry, metrics), self._server
         )
+        self._watch = WatchServicer(registry, limits)
+        watch_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
         self.health = health_aio.HealthServicer()
@@ -95,4 +99,5 @@ class GrpcServer:
         """Stop accepting new calls and wait up to `grace_s` for in-flight ones."""
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._watch.shutdown()  # watch streams never finish on their own: end them first
         await self._server.stop(grace_s)

@@ -9,25 +9,31 @@ BookKeeper's convention, which its clients depend on:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from tablekeeper_server.errors import (
+    BadRequestError,
     Code,
+    CompactedError,
     CorruptionError,
     RouteNotFoundError,
     TableKeeperError,
     UnavailableError,
+    WatcherTooSlowError,
 )
 from tablekeeper_server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 ERROR_METADATA_KEY = "tk-error"
+CODE_METADATA_KEY = "tk-code"
+COMPACTED_METADATA_KEY = "tk-compacted-revision"
 M = TypeVar("M")
 
 
@@ -105,6 +111,37 @@ async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable
         log.exception("%s failed", method)
         await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
     raise AssertionError("unreachable: context.abort raises")
+
+
+@contextlib.asynccontextmanager
+async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
+    """Streaming RPCs (Watch) report errors as gRPC statuses, with the BookKeeper code in the
+    `tk-code` trailing metadata entry: compacted → OUT_OF_RANGE (oldest available revision in
+    `tk-compacted-revision`), a cancelled slow watcher → RESOURCE_EXHAUSTED, not served here /
+    shutting down → UNAVAILABLE (resume elsewhere), a bad request → INVALID_ARGUMENT, other
+    domain errors → FAILED_PRECONDITION, anything else → INTERNAL (logged)."""
+    try:
+        yield
+    except TableKeeperError as exc:
+        metadata: list[tuple[str, str]] = [(CODE_METADATA_KEY, str(exc.code))]
+        if isinstance(exc, CompactedError):
+            metadata.append((COMPACTED_METADATA_KEY, str(exc.oldest_revision)))
+            status = grpc.StatusCode.OUT_OF_RANGE
+        elif isinstance(exc, WatcherTooSlowError):
+            status = grpc.StatusCode.RESOURCE_EXHAUSTED
+        elif isinstance(exc, (RouteNotFoundError, UnavailableError)):
+            status = grpc.StatusCode.UNAVAILABLE
+        elif isinstance(exc, BadRequestError):
+            status = grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            status = grpc.StatusCode.FAILED_PRECONDITION
+        context.set_trailing_metadata(tuple(metadata))
+        await context.abort(status, _ascii(exc.message))
+    except Exception as exc:
+        if isinstance(exc, grpc.aio.AbortError):
+            raise
+        log.exception("%s failed", method)
+        await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
 
 
 def _record(metrics: ServerMetrics | None, method: str, code: int, started: float) -> None:

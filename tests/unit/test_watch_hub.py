@@ -1,0 +1,107 @@
+"""WatchHub: catch-up from ring and history without gaps or repeats, compaction, slow watchers,
+and the change feed of a real `Range` (memory log and store)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.keys import pkey_prefix, prefix_end
+from tablekeeper_server.errors import CompactedError, UnavailableError, WatcherTooSlowError
+from tablekeeper_server.range.events import EventHistory
+from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.range.watch import KeySpan, WatchHub
+from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.unit.test_state_machine import NOW, delete, put
+
+pytestmark = pytest.mark.unit
+
+ALL = KeySpan(pkey_prefix(b"p"), prefix_end(pkey_prefix(b"p")))
+
+
+class Feed:
+    def __init__(self, limit: int = 10_000, ring: int = 4096, queue_max: int = 10_000) -> None:
+        store = MemoryKvStore()
+        self.sm = RangeStateMachine(store, history=EventHistory(store, limit=limit))
+        self.hub = WatchHub("r", ring_events=ring, queue_max=queue_max)
+        self.hub.attach(self.sm.history, 0)
+        self.seq = 0
+
+    def apply(self, *commands: wal_pb2.WalCommand) -> None:
+        batch = []
+        for command in commands:
+            self.seq += 1
+            command.timestamp_ms = NOW
+            batch.append((self.seq, command))
+        self.sm.apply_batch(batch)
+        self.hub.publish(self.sm.last_events, self.sm.applied_sequence)
+
+
+async def collect(hub: WatchHub, span: KeySpan, start: int, n: int) -> list[tuple[int, int]]:
+    watcher, _ = hub.start(span, start)
+    out: list[tuple[int, int]] = []
+    async for batch in hub.events(watcher):
+        out += [e.position for e in batch]
+        if len(out) >= n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("ring", [4096, 3])
+async def test_catch_up_then_live_exactly_once(ring: int) -> None:
+    feed = Feed(ring=ring)
+    for i in range(20):
+        feed.apply(put(b"k%d" % (i % 4)))
+    task = asyncio.create_task(collect(feed.hub, ALL, 5, 16 + 10 + 4))
+    await asyncio.sleep(0)
+    for i in range(10):
+        feed.apply(put(b"x%d" % i))
+        await asyncio.sleep(0)
+    feed.apply(delete(b"k", b"k9"))  # 4 keys, one revision
+    got = await asyncio.wait_for(task, 5)
+    assert got == [(r, 0) for r in range(5, 31)] + [(31, i) for i in range(4)]
+    assert feed.hub.watchers == 0
+
+
+async def test_single_key_span_and_from_now() -> None:
+    feed = Feed()
+    feed.apply(put(b"a"), put(b"b"))
+    key = pkey_prefix(b"p") + b"b"
+    task = asyncio.create_task(collect(feed.hub, KeySpan(key, key + b"\x00"), 0, 2))
+    await asyncio.sleep(0)
+    feed.apply(put(b"a"), put(b"b"), put(b"c"), put(b"b"))
+    assert await asyncio.wait_for(task, 5) == [(4, 0), (6, 0)]
+
+
+async def test_compacted_revision_names_the_oldest_available() -> None:
+    feed = Feed(limit=5, ring=2)
+    for i in range(12):
+        feed.apply(put(b"k%d" % i))
+    with pytest.raises(CompactedError) as info:
+        feed.hub.start(ALL, 3)
+    assert info.value.oldest_revision == 8
+    assert await collect(feed.hub, ALL, 8, 5) == [(r, 0) for r in range(8, 13)]
+
+
+async def test_slow_watcher_is_cancelled_with_a_reason() -> None:
+    feed = Feed(queue_max=5)
+    watcher, _ = feed.hub.start(ALL, 0)
+    for i in range(7):
+        feed.apply(put(b"k%d" % i))
+    assert feed.hub.watchers == 0
+    with pytest.raises(WatcherTooSlowError, match="resume from revision"):
+        async for _ in feed.hub.events(watcher):
+            pass
+
+
+async def test_close_ends_watchers() -> None:
+    feed = Feed()
+    watcher, _ = feed.hub.start(ALL, 0)
+    feed.hub.close("range r closed")
+    with pytest.raises(UnavailableError, match="closed"):
+        async for _ in feed.hub.events(watcher):
+            pass
+    with pytest.raises(UnavailableError):
+        feed.hub.start(ALL, 0)
