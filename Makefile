@@ -6,10 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto)
 DATA_DIR ?= ./data
+# The Pulsar tests start a Pulsar standalone through deploy/pulsar.sh (its first run downloads
+# the jars with mvn into ~/.cache); under make they must run, never be skipped.
+export TABLEKEEPER_REQUIRE_PULSAR ?= 1
 PORT ?= 4181
 METRICS_PORT ?= 9181
 
-.PHONY: help install run test test-unit test-integration test-compat lint proto proto-check bench clean
+.PHONY: help install run test test-unit test-integration test-compat lint proto proto-check bench clean pulsar-fetch
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -41,10 +44,13 @@ lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff format --check client server tests benchmarks
 	$(VENV)/bin/mypy client server tests
 
-test-unit: $(STAMP)  ## unit and contract tests (fakes and local files only)
+pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run only; then a no-op)
+	deploy/pulsar.sh fetch
+
+test-unit: $(STAMP) pulsar-fetch  ## unit and contract tests (fakes, local files, a real Pulsar)
 	$(PY) -m pytest -q tests/unit tests/contract
 
-test-integration: $(STAMP)  ## real server processes, SDK and CLI end to end
+test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), SDK and CLI end to end
 	$(PY) -m pytest -q tests/integration
 
 test-compat: $(STAMP)  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)

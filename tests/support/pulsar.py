@@ -45,10 +45,32 @@ class PulsarService:
     deploy_dir: Path | None
     """The `deploy/pulsar.sh --dir` of this instance when the tests may stop and start it."""
 
+    def _ports(self) -> list[str]:
+        """The --port/--http-port/--bookie-port options it was started with."""
+        assert self.deploy_dir is not None
+        values = dict(
+            line.split("=", 1)
+            for line in (self.deploy_dir / "pulsar.ports").read_text().split()
+            if "=" in line
+        )
+        return [
+            f"--port={values['RUN_PORT']}",
+            f"--http-port={values['RUN_HTTP_PORT']}",
+            f"--bookie-port={values['RUN_BOOKIE_PORT']}",
+        ]
+
     def _script(self, command: str, timeout_s: float) -> str:
         assert self.deploy_dir is not None, "this Pulsar is not ours to stop or start"
         done = subprocess.run(
-            [str(SCRIPT), command, "--dir", str(self.deploy_dir), "--timeout", "240"],
+            [
+                str(SCRIPT),
+                command,
+                "--dir",
+                str(self.deploy_dir),
+                "--timeout",
+                "240",
+                *self._ports(),
+            ],
             capture_output=True,
             text=True,
             timeout=timeout_s,

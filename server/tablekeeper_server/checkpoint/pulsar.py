@@ -155,9 +155,7 @@ class PulsarCheckpointStore:
     def _client(self) -> Any:
         with self._lock:
             if self._pulsar is None:
-                self._pulsar = new_client(
-                    self.service_url, self._timeout_s, "tablekeeper.pulsar.checkpoints"
-                )
+                self._pulsar = new_client(self.service_url, self._timeout_s)
             return self._pulsar
 
     def _ensure_namespace(self) -> None:

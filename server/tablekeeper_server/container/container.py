@@ -126,11 +126,19 @@ class StorageContainer:
         if task is None:
             if range_ is not None:  # failed: close it and recover from the log
                 self._ranges.pop(key, None)
-                await range_.close()
-            task = asyncio.create_task(self._open_range(stream_id, range_id, ttl_seconds))
+            # Registered before anything is awaited, so concurrent callers wait for this one
+            # reopen instead of opening the store while the failed range still holds it.
+            task = asyncio.create_task(self._reopen_range(range_, stream_id, range_id, ttl_seconds))
             self._opening[key] = task
             task.add_done_callback(lambda _: self._opening.pop(key, None))
         return await asyncio.shield(task)
+
+    async def _reopen_range(
+        self, failed: Range | None, stream_id: int, range_id: int, ttl_seconds: int
+    ) -> Range:
+        if failed is not None:
+            await failed.close()
+        return await self._open_range(stream_id, range_id, ttl_seconds)
 
     async def drop_range(self, stream_id: int, range_id: int) -> None:
         """Close a deleted table's range and remove its log and store."""

@@ -88,6 +88,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -121,20 +122,16 @@ Position = tuple[int, int, int]
 # Shared helpers (also used by checkpoint/pulsar.py)
 
 
-def quiet_logger(name: str) -> logging.Logger:
-    """A logger for the Pulsar C++ client: warnings and errors only, into our logging."""
-    logger = logging.getLogger(name)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.WARNING)
-    return logger
+def new_client(service_url: str, timeout_s: float) -> pulsar.Client:
+    """A Pulsar client that logs its warnings and errors to stderr itself.
 
-
-def new_client(service_url: str, timeout_s: float, logger_name: str) -> pulsar.Client:
+    (Not through Python `logging`: the client's threads then call into Python, and a warning
+    logged while the interpreter shuts down can abort the process.)"""
     return pulsar.Client(
         service_url,
         operation_timeout_seconds=max(1, round(timeout_s)),
         connection_timeout_ms=max(1000, round(timeout_s * 1000)),
-        logger=quiet_logger(logger_name),
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
     )
 
 
@@ -263,15 +260,15 @@ def send_and_wait(producer: Any, messages: Sequence[bytes], timeout_s: float) ->
 
 
 def flush(producer: Any) -> None:
-    """Send the producer's open batch now rather than after the batching delay (no waiting)."""
-    inner = getattr(producer, "_producer", None)
-    flush_async = getattr(inner, "flush_async", None)
-    if flush_async is not None:
-        flush_async(_ignore_result)
+    """Send the producer's open batch now rather than after the batching delay, and wait until
+    everything sent is acknowledged or failed (failures are reported to the send callbacks).
 
-
-def _ignore_result(*_args: object) -> None:
-    pass
+    Blocking; it releases the GIL while it waits. (The client's `flush_async` does not, and
+    deadlocks against a send callback waiting for the GIL on the client's I/O thread.)"""
+    try:
+        producer.flush()
+    except Exception:  # noqa: BLE001 - the send callbacks report what failed
+        _log.debug("flush failed", exc_info=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,6 +418,38 @@ class _LogState:
 # Writer
 
 
+class _Tally:
+    """Counts the acknowledgements of one append on the client's thread, so that the event loop
+    is woken once per append, not once per message."""
+
+    __slots__ = ("_lock", "_remaining", "_settled", "first_id")
+
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self._remaining = count
+        self._settled = False
+        self.first_id: Any = None
+
+    def record(
+        self, index: int, result: Any, message_id: Any
+    ) -> tuple[PulsarSendError | None] | None:
+        """Take one message's result; return `(None,)` when the last one was acknowledged,
+        `(error,)` for the first failure, and None otherwise."""
+        with self._lock:
+            if self._settled:
+                return None
+            if result != pulsar.Result.Ok:
+                self._settled = True
+                return (PulsarSendError(result),)
+            if index == 0:
+                self.first_id = message_id
+            self._remaining -= 1
+            if self._remaining == 0:
+                self._settled = True
+                return (None,)
+            return None
+
+
 class PulsarLogWriter:
     """The writer of one Pulsar log. Create it with `PulsarLogBackend.open_writer`."""
 
@@ -493,29 +522,27 @@ class PulsarLogWriter:
         messages = encode_records(self._epoch, first, payloads)
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
-        remaining = [len(messages)]
-        first_id: list[Any] = [None]
+        tally = _Tally(len(messages))
 
-        def settle(index: int, result: Any, message_id: Any) -> None:  # on the event loop
-            if done.done():
-                return
-            if result != pulsar.Result.Ok:
-                done.set_exception(PulsarSendError(result))
-                return
-            if index == 0:
-                first_id[0] = message_id
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done.set_result(None)
+        def settle(failure: PulsarSendError | None) -> None:  # on the event loop
+            if not done.done():
+                if failure is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(failure)
 
         def callback(index: int, result: Any, message_id: Any) -> None:  # on a client thread
-            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-                loop.call_soon_threadsafe(settle, index, result, message_id)
+            outcome = tally.record(index, result, message_id)
+            if outcome is not None:  # the last acknowledgement, or the first failure
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                    loop.call_soon_threadsafe(settle, outcome[0])
 
         try:
             for index, data in enumerate(messages):
                 self._producer.send_async(data, functools.partial(callback, index))
-            flush(self._producer)
+            # Send the batch now (from a worker thread: flushing blocks); the callbacks say when
+            # every message is acknowledged.
+            loop.run_in_executor(self._backend._flusher, flush, self._producer)
             await done
         except asyncio.CancelledError:
             raise
@@ -527,9 +554,9 @@ class PulsarLogWriter:
                 f"log {self._log_name!r}: injected failure after appending {first}..{last}"
             )
         self._last = last
-        if first_id[0] is not None:
+        if tally.first_id is not None:
             with self._state.lock:
-                self._state.add_index(first, message_position(first_id[0]))
+                self._state.add_index(first, message_position(tally.first_id))
         return last
 
     def _fail(self, exc: BaseException, first: int, last: int) -> None:
@@ -679,6 +706,7 @@ class PulsarLogBackend:
         self._namespace_ready = False
         self._states: dict[str, _LogState] = {}
         self._injected: dict[str, bool] = {}
+        self._flusher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pulsar-flush")
 
     def describe(self) -> str:
         return f"pulsar {self.service_url} namespace {self.tenant}/{self.namespace}"
@@ -696,7 +724,7 @@ class PulsarLogBackend:
     def _client(self) -> Any:
         with self._lock:
             if self._pulsar is None:
-                self._pulsar = new_client(self.service_url, self._timeout_s, "tablekeeper.pulsar")
+                self._pulsar = new_client(self.service_url, self._timeout_s)
             return self._pulsar
 
     def _topic(self, log_name: str) -> str:
@@ -759,7 +787,10 @@ class PulsarLogBackend:
         if min_last_sequence < 0:
             raise ValueError(f"min_last_sequence must be >= 0, got {min_last_sequence}")
         _check_log_name(log_name)
-        self._ensure_topic(log_name)
+        try:
+            self._ensure_topic(log_name)
+        except UnavailableError as exc:
+            raise UnavailableError(f"log {log_name!r}: cannot open: {exc.message}") from exc
         state = self._state(log_name)
         with state.lock:
             old, state.writer = state.writer, None

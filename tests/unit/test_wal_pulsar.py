@@ -1,0 +1,212 @@
+"""The Pulsar log's message format and replay rules, without a Pulsar (see log/pulsar.py).
+
+The rules decide which messages of a topic are the log's records: FENCE starts a newer epoch,
+START sets the numbering, DATA of the current epoch with the next sequence is the next record;
+stale epochs, duplicates and gaps are skipped; anything else that is not ours is corruption.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tablekeeper_server.checkpoint.pulsar import decode_object_name, encode_object_name
+from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.log.api import LogRecord
+from tablekeeper_server.log.pulsar import (
+    FRAGMENT_BYTES,
+    HEADER,
+    KIND_DATA,
+    KIND_FENCE,
+    KIND_START,
+    Position,
+    _Replay,
+    encode_header,
+    encode_records,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def fence(epoch: int, nonce: bytes = b"n") -> bytes:
+    return encode_header(KIND_FENCE, epoch, 0) + nonce
+
+
+def start(epoch: int, base: int) -> bytes:
+    return encode_header(KIND_START, epoch, base)
+
+
+def data(
+    epoch: int, sequence: int, payload: bytes = b"", fragment: int = 0, count: int = 1
+) -> bytes:
+    return encode_header(KIND_DATA, epoch, sequence, fragment, count) + (
+        payload or f"p{sequence}".encode()
+    )
+
+
+def replay(messages: list[bytes], replay_: _Replay | None = None) -> list[LogRecord]:
+    state = replay_ or _Replay("log")
+    records = []
+    for entry, message in enumerate(messages):
+        position: Position = (1, entry, -1)
+        out = state.feed(message, position)
+        if out is not None:
+            records.append(out[0])
+    return records
+
+
+def seqs(records: list[LogRecord]) -> list[int]:
+    return [r.sequence for r in records]
+
+
+def test_epochs_and_numbering() -> None:
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1), data(1, 2), fence(2), start(2, 2), data(2, 3)]
+    )
+    assert records == [LogRecord(1, b"p1"), LogRecord(2, b"p2"), LogRecord(3, b"p3")]
+
+
+def test_start_raises_the_numbering() -> None:
+    state = _Replay("log")
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1), fence(2), start(2, 41), data(2, 42)], state
+    )
+    assert seqs(records) == [1, 42]
+    assert state.last == 42 and state.epoch == 2 and state.max_epoch == 2
+
+
+def test_records_of_a_fenced_epoch_that_slipped_in_are_skipped() -> None:
+    state = _Replay("log")
+    records = replay(
+        [
+            fence(1),
+            start(1, 0),
+            data(1, 1),
+            data(1, 2),  # in flight when fenced, persisted before the new FENCE: a record
+            fence(2),
+            data(1, 3),  # persisted after the new FENCE: never acknowledged, skipped
+            start(2, 2),
+            data(2, 3, b"new"),
+            data(1, 4),
+        ],
+        state,
+    )
+    assert records == [LogRecord(1, b"p1"), LogRecord(2, b"p2"), LogRecord(3, b"new")]
+    assert state.skipped == 2
+
+
+def test_duplicates_from_client_resends_are_skipped() -> None:
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1), data(1, 2), data(1, 1), data(1, 2), data(1, 3)]
+    )
+    assert seqs(records) == [1, 2, 3]
+
+
+def test_a_gap_is_a_failed_append_and_is_skipped() -> None:
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1), data(1, 3), fence(2), start(2, 1), data(2, 2)]
+    )
+    assert seqs(records) == [1, 2]
+
+
+def test_a_losing_fence_is_ignored() -> None:
+    # Two writers opened at once with the same epoch; the later one re-fenced with epoch 3.
+    state = _Replay("log")
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1), fence(2, b"a"), fence(2, b"b"), fence(3, b"b")],
+        state,
+    )
+    assert seqs(records) == [1]
+    assert state.epoch == 3 and state.fence == (3, b"b")
+    assert seqs(replay([start(3, 1), data(3, 2)], state)) == [2]
+
+
+def test_fragments_are_reassembled_in_order() -> None:
+    big = bytes(range(256)) * (FRAGMENT_BYTES // 256) + b"tail"
+    messages = encode_records(1, 1, [b"small", big, b""])
+    assert len(messages) == 4
+    assert all(len(m) <= HEADER.size + FRAGMENT_BYTES for m in messages)
+    records = replay([fence(1), start(1, 0), *messages])
+    assert records == [LogRecord(1, b"small"), LogRecord(2, big), LogRecord(3, b"")]
+
+
+def test_fragments_out_of_order_or_cut_short_are_not_records() -> None:
+    records = replay(
+        [
+            fence(1),
+            start(1, 0),
+            data(1, 1, b"a", 0, 2),
+            data(1, 1, b"c", 2, 3),  # another shape: skipped
+            fence(2),  # the fragment in progress was never completed
+            start(2, 0),
+            data(2, 1, b"x", 1, 2),  # no fragment 0
+            data(2, 1, b"a", 0, 2),
+            data(2, 1, b"b", 1, 2),
+        ]
+    )
+    assert records == [LogRecord(1, b"ab")]
+
+
+def test_a_read_after_truncation_adopts_the_first_message() -> None:
+    assert seqs(replay([data(4, 120), data(4, 121), fence(5), start(5, 121), data(5, 122)])) == [
+        120,
+        121,
+        122,
+    ]
+    assert seqs(replay([start(4, 9), data(4, 10)])) == [10]
+    assert seqs(replay([fence(4), start(4, 9), data(4, 10)])) == [10]
+    assert seqs(replay([data(4, 7, b"x", 1, 2), data(4, 8)])) == [8]
+
+
+def test_record_positions_point_at_the_first_fragment() -> None:
+    state = _Replay("log")
+    state.feed(fence(1), (1, 0, -1))
+    state.feed(start(1, 0), (1, 1, -1))
+    assert state.feed(data(1, 1, b"a", 0, 2), (1, 2, -1)) is None
+    out = state.feed(data(1, 1, b"b", 1, 2), (1, 3, -1))
+    assert out == (LogRecord(1, b"ab"), (1, 2, -1))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"",
+        b"short",
+        b"XX" + bytes(HEADER.size),
+        encode_header(9, 1, 1),
+        encode_header(KIND_DATA, 1, 1, 3, 2),
+        HEADER.pack(b"TK", 2, KIND_DATA, 1, 1, 0, 1),
+    ],
+)
+def test_foreign_or_damaged_messages_are_corruption(message: bytes) -> None:
+    with pytest.raises(CorruptionError, match="damaged message"):
+        replay([fence(1), start(1, 0), data(1, 1), message, data(1, 2)])
+
+
+def test_a_record_of_an_unannounced_epoch_is_corruption() -> None:
+    with pytest.raises(CorruptionError, match="without that epoch's FENCE"):
+        replay([fence(1), start(1, 0), data(2, 1)])
+
+
+def test_a_start_below_the_last_record_is_corruption() -> None:
+    with pytest.raises(CorruptionError, match="already holds"):
+        replay([fence(1), start(1, 0), data(1, 1), data(1, 2), start(1, 1)])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "00000-000000000000-000000000000/objects/" + "ab" * 32,
+        "r/manifests/00000000000000000042-000001700000000.json",
+        "with=equals and spaces/é/ü.x",
+        "a..b/.c",
+    ],
+)
+def test_checkpoint_object_names_map_to_topic_names_reversibly(name: str) -> None:
+    local = encode_object_name(name)
+    assert all(c.isalnum() or c in "_.-=" for c in local)
+    assert decode_object_name(local) == name
+
+
+def test_other_topics_are_not_objects() -> None:
+    assert decode_object_name("d.1700000000000.abc") is None
+    assert decode_object_name("o.bad=Z") is None
