@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -110,6 +111,7 @@ class RangeCheckpointer:
     def checkpoint(self, store: KvStore) -> Manifest:
         """Checkpoint `store` (the range's open store) and truncate the log. See module doc."""
         started = time.monotonic()
+        self._remove_stale_scratch(".checkpoint")
         scratch = self.store_path.parent / f".checkpoint-{self.store_path.name}-{uuid.uuid4().hex}"
         try:
             store.create_checkpoint(scratch)
@@ -163,6 +165,20 @@ class RangeCheckpointer:
             reused,
         )
         return manifest
+
+    def _remove_stale_scratch(self, kind: str) -> None:
+        """Delete `<kind>-<store>-<uuid>` scratch directories a crashed process left next to
+        the store (a checkpoint's hard links would otherwise pin deleted SSTs on disk forever).
+        Checkpoints of a range run one at a time and restores only while it opens, so any such
+        directory found now is stale."""
+        pattern = re.compile(re.escape(f"{kind}-{self.store_path.name}-") + "[0-9a-f]{32}")
+        parent = self.store_path.parent
+        if not parent.is_dir():
+            return
+        for path in parent.iterdir():
+            if pattern.fullmatch(path.name) and path.is_dir():
+                log.info("range %s: removing %s left by a crash", self.range_name, path)
+                shutil.rmtree(path, ignore_errors=True)
 
     def _applied_sequence_of(self, directory: Path) -> int:
         store = self._open(directory, read_only=True)
@@ -232,6 +248,7 @@ class RangeCheckpointer:
         None when there is no checkpoint at all (the range starts empty). Raises
         `CorruptionError` when checkpoints exist but none is valid.
         """
+        self._remove_stale_scratch(".restore")
         names = self._manifests()
         if not names:
             return None
