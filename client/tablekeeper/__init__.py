@@ -33,12 +33,14 @@ from tablekeeper.errors import (
     UnavailableError,
     UnexpectedError,
 )
+from tablekeeper.session import AsyncSession, Session
 from tablekeeper.table import AsyncTable, AsyncTxn, KeyValue, TableInfo, TxnResult
 from tablekeeper.watch import AsyncWatch, CompactedError, Watch, WatchCancelledError, WatchEvent
 
 __all__ = [
     "DEFAULT_SERVICE",
     "AsyncClient",
+    "AsyncSession",
     "AsyncTable",
     "AsyncTxn",
     "AsyncWatch",
@@ -59,6 +61,7 @@ __all__ = [
     "NamespaceNotFoundError",
     "NotImplementedOnServerError",
     "RetryPolicy",
+    "Session",
     "Table",
     "TableExistsError",
     "TableInfo",

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 from tablekeeper._coalesce import Coalescer
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
+from tablekeeper.session import Session
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
 from tablekeeper.watch import Watch
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
@@ -368,17 +369,42 @@ class Table:
         expected_version: int | None = None,
         prev_kv: bool = False,
         ttl_s: float | None = None,
+        session: Session | None = None,
     ) -> KeyValue | None:
         return self._runner.run(
             self._table.put(
-                pkey, lkey, value, expected_version=expected_version, prev_kv=prev_kv, ttl_s=ttl_s
+                pkey,
+                lkey,
+                value,
+                expected_version=expected_version,
+                prev_kv=prev_kv,
+                ttl_s=ttl_s,
+                session=session.async_session if session is not None else None,
             )
         )
 
     def put_sequential(
-        self, pkey: Key, prefix: Key, value: Key, *, ttl_s: float | None = None
+        self,
+        pkey: Key,
+        prefix: Key,
+        value: Key,
+        *,
+        ttl_s: float | None = None,
+        session: Session | None = None,
     ) -> bytes:
-        return self._runner.run(self._table.put_sequential(pkey, prefix, value, ttl_s=ttl_s))
+        return self._runner.run(
+            self._table.put_sequential(
+                pkey,
+                prefix,
+                value,
+                ttl_s=ttl_s,
+                session=session.async_session if session is not None else None,
+            )
+        )
+
+    def session(self, pkey: Key, ttl_s: float) -> Session:
+        """A session on the range of `pkey` (`with table.session(...) as session:`)."""
+        return Session(self._runner, self._table.session(pkey, ttl_s))
 
     def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
         return self._runner.run(self._table.get(pkey, lkey))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tablekeeper._transport import call
 from tablekeeper.errors import TableKeeperError, error_for_code
+from tablekeeper.session import AsyncSession
 from tablekeeper.watch import AsyncWatch
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2
@@ -27,6 +28,12 @@ _STREAM_ID = struct.Struct(">q")
 
 def _bytes(value: Key) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _session_id(session: AsyncSession) -> int:
+    if not session.id:
+        raise ValueError("the session is not started (await session.start())")
+    return session.id
 
 
 def _ttl_ms(ttl_s: float) -> int:
@@ -271,6 +278,7 @@ class AsyncTable:
         expected_version: int | None = None,
         prev_kv: bool = False,
         ttl_s: float | None = None,
+        session: AsyncSession | None = None,
     ) -> KeyValue | None:
         """Store `value`. Durable when this returns.
 
@@ -278,7 +286,9 @@ class AsyncTable:
         `KeyExistsError`); N = the key's version must be N (`BadVersionError`, or
         `KeyNotFoundError` if it is missing). Returns the previous value if `prev_kv`.
         `ttl_s`: the key is invisible `ttl_s` seconds after this write (instead of the table's
-        TTL). A put on a number key raises `BadRequestError`.
+        TTL). `session`: make the key ephemeral (deleted when the session closes or expires;
+        `IllegalOpError` if the session is gone or lives on another range). A put on a number
+        key raises `BadRequestError`.
         """
         pk = _bytes(pkey)
         request = kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), prev_kv=prev_kv)
@@ -286,19 +296,34 @@ class AsyncTable:
             request.expected_version = expected_version
         if ttl_s is not None:
             request.ttl_ms = _ttl_ms(ttl_s)
+        if session is not None:
+            request.lease = _session_id(session)
         response = await self._call("Put", request, pk, idempotent=False)
         return KeyValue.from_proto(pk, response.prev_kv) if response.HasField("prev_kv") else None
 
     async def put_sequential(
-        self, pkey: Key, prefix: Key, value: Key, *, ttl_s: float | None = None
+        self,
+        pkey: Key,
+        prefix: Key,
+        value: Key,
+        *,
+        ttl_s: float | None = None,
+        session: AsyncSession | None = None,
     ) -> bytes:
         """Create the key `prefix` + a zero-padded 20-digit counter, unique under `pkey` (the
         counter only grows, also across deletes); returns the created lkey."""
         request = kv_rpc_pb2.PutRequest(key=_bytes(prefix), value=_bytes(value), sequential=True)
         if ttl_s is not None:
             request.ttl_ms = _ttl_ms(ttl_s)
+        if session is not None:
+            request.lease = _session_id(session)
         response = await self._call("Put", request, _bytes(pkey), idempotent=False)
         return bytes(response.key)
+
+    def session(self, pkey: Key, ttl_s: float) -> AsyncSession:
+        """A session on the range of `pkey` (not started: `await session.start()` or
+        `async with table.session(...) as session:`)."""
+        return AsyncSession(self, _bytes(pkey), ttl_s)
 
     async def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
         """The key's current value, or None if it does not exist (or expired)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
-from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.keys import store_key
 from tablekeeper_server.errors import BadRequestError as ServerBadRequest
 from tablekeeper_server.errors import Code, InvalidKeyError
@@ -142,3 +142,40 @@ def test_event_history_is_bounded_and_durable() -> None:
     assert (reopened.count, reopened.trimmed_through) == (5, 7)
     assert [e.revision for e in reopened.read((9, 0), 10)] == [10, 11, 12]
     assert events[0].record is not None and events[0].key == store_key(b"p", b"k8")
+
+
+def session(create_ttl_ms: int = 0, close_id: int = 0) -> wal_pb2.WalCommand:
+    if create_ttl_ms:
+        return wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=create_ttl_ms))
+    return wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=close_id))
+
+
+def test_sessions_and_ephemeral_keys() -> None:
+    m = Machine()
+    m.one(put(b"plain"))
+    created = m.one(session(create_ttl_ms=2000))
+    assert isinstance(created, session_pb2.SessionResponse)
+    sid = created.session_id
+    assert sid == 2 and m.sm.session_ttls() == [(2, 2000)]
+    assert m.one(put(b"e1", lease=sid)).header.code == Code.SUCCESS
+    assert m.one(put(b"e2", pkey=b"q", lease=sid)).header.code == Code.SUCCESS
+    assert m.one(put(b"x", lease=99)).header.code == Code.ILLEGAL_OP
+    m.one(put(b"e3", lease=sid))
+    m.one(put(b"e3"))  # a put without the session detaches the key (etcd's semantics)
+    m.one(put(b"e4", lease=sid))
+    m.one(delete(b"e4"))
+    closed = m.one(session(close_id=sid))
+    assert closed.header.code == Code.SUCCESS
+    deleted = sorted(e.key for e in m.sm.last_events)
+    assert deleted == sorted([store_key(b"p", b"e1"), store_key(b"q", b"e2")])
+    assert m.get(b"e1").count == 0 and m.get(b"e2", pkey=b"q").count == 0
+    assert m.get(b"e3").count == 1 and m.get(b"plain").count == 1
+    assert m.sm.session_ttls() == [] and m.sm.sessions == 0
+    assert m.one(session(close_id=sid)).header.code == Code.KEY_NOT_FOUND
+    assert m.one(put(b"late", lease=sid)).header.code == Code.ILLEGAL_OP
+    # Only the table keys and bookkeeping that must stay are left: no index entries.
+    assert not [k for k, _ in m.dump() if k.startswith((b"\xffse/", b"\xffsk/", b"\xffss/"))]
+    # Replay reaches the same state.
+    replica = RangeStateMachine(MemoryKvStore())
+    replica.apply_batch(m.log)
+    assert list(replica.store.scan(b"", b"\xff\xff")) == m.dump()

@@ -18,6 +18,10 @@ Watches: the state machine writes every change into the range's bounded event hi
 store batch, see `range.events`) and reports the changes of each applied batch; the writer task
 hands them to `self.watch` (`range.watch.WatchHub`) right after apply, before answering callers.
 Closing or failing the range ends its watchers (they resume elsewhere from their last revision).
+
+Sessions: `self.sessions` (`range.sessions.SessionManager`) times the range's sessions on this
+event loop; it starts when the range opens (every stored session gets a fresh TTL) and stops
+when it closes. Only session create and end (close/expiry) go through `execute`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from tablekeeper_server.errors import (
 from tablekeeper_server.log.api import LogBackend, LogWriter
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
+from tablekeeper_server.range.sessions import SessionManager
 from tablekeeper_server.range.state_machine import RangeStateMachine, Response
 from tablekeeper_server.range.watch import WatchHub
 from tablekeeper_server.storage.api import KvStore
@@ -125,6 +130,7 @@ class Range:
         self._failure: str | None = None
         self._fenced = False
         self.watch = WatchHub(name.log_name)
+        self.sessions = SessionManager(name.log_name, self.execute)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -138,6 +144,7 @@ class Range:
             raise
         assert self._sm is not None
         self.watch.attach(self._sm.history, self._sm.applied_sequence)
+        self.sessions.start(self._sm.session_ttls())
         self._accepting = True
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
 
@@ -261,6 +268,7 @@ class Range:
         """Stop accepting, finish what is queued, then close the log and the store."""
         self._accepting = False
         self.watch.close(f"range {self.name.log_name} closed")
+        await self.sessions.stop()
         if self._task is not None:
             await self._queue.put(None)
             with contextlib.suppress(asyncio.CancelledError):

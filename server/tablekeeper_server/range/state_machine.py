@@ -16,8 +16,10 @@ of the inverted check); a Txn comparing a missing key answers KEY_NOT_FOUND dete
 TableKeeper extensions: CAS delete (`DeleteRangeRequest.expected_version`), per-key TTL
 (`PutRequest.ttl_ms`: expiry = command timestamp + ttl) and sequential puts
 (`PutRequest.sequential`: a 20-digit counter per pkey, kept in a system key, is appended to the
-lkey). Every change is reported as a `ChangeEvent` (`last_events` after `apply_batch`) and written
-to the range's event history (`range.events`) in the same store batch.
+lkey), sessions (`WalCommand.session`: a session's id is its create command's revision; puts with
+`lease` = a session id make ephemeral keys, indexed under system keys and deleted by the session's
+close command). Every change is reported as a `ChangeEvent` (`last_events` after `apply_batch`)
+and written to the range's event history (`range.events`) in the same store batch.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
-from tablekeeper_proto.v1 import tablekeeper_pb2, wal_pb2
+from tablekeeper_proto.v1 import session_pb2, tablekeeper_pb2, wal_pb2
 from tablekeeper_server.core.keys import (
     SYSTEM_PREFIX,
     pkey_prefix,
@@ -55,6 +57,28 @@ def sequence_counter_key(pkey: bytes) -> bytes:
     return system_key(b"seq/" + pkey_prefix(pkey))
 
 
+SESSION_PREFIX = system_key(b"ss/")
+_MEMBER_PREFIX = system_key(b"se/")
+_OWNER_PREFIX = system_key(b"sk/")
+
+
+def session_key(session_id: int) -> bytes:
+    """Holds a live session (a number record: its TTL in ms)."""
+    return SESSION_PREFIX + _SEQ.pack(session_id)
+
+
+def _members_prefix(session_id: int) -> bytes:
+    return _MEMBER_PREFIX + _SEQ.pack(session_id)
+
+
+def _owner_key(key: bytes) -> bytes:
+    return _OWNER_PREFIX + key
+
+
+def _number_record(revision: int, value: int) -> StoredRecord:
+    return StoredRecord(0, revision, 0, True, 0, encode_number(value))
+
+
 # A scan response stops at whichever limit comes first; `more` tells the caller to continue.
 SCAN_ROWS_MAX = 10_000
 SCAN_BYTES_MAX = 3 * 1024 * 1024
@@ -67,6 +91,7 @@ Response = (
     | kv_rpc_pb2.DeleteRangeResponse
     | kv_rpc_pb2.TxnResponse
     | kv_rpc_pb2.IncrementResponse
+    | session_pb2.SessionResponse
 )
 
 
@@ -107,9 +132,12 @@ def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
 class _ApplyView:
     """Store state during one apply batch: the store plus this batch's not-yet-written changes."""
 
-    def __init__(self, store: KvStore, history: EventHistory | None) -> None:
+    def __init__(self, store: KvStore, history: EventHistory | None, sessions: int) -> None:
         self.store = store
         self.history = history
+        self.sessions = sessions
+        """Live sessions; while there are none, writes skip the ephemeral-key index."""
+        self.leases: dict[bytes, int] = {}
         self.pending: dict[bytes, StoredRecord | None] = {}
         self.read_cache: dict[bytes, StoredRecord | None] = {}
         self.batch: WriteBatch = store.new_batch()
@@ -188,6 +216,7 @@ class RangeStateMachine:
         raw = store.get(APPLIED_KEY)
         self.applied_sequence: int = 0 if raw is None else int(_SEQ.unpack(raw)[0])
         self.history = history
+        self.sessions = sum(1 for _ in store.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)))
         self.last_events: list[ChangeEvent] = []
         """The changes of the last `apply_batch`, in order (for live watchers)."""
 
@@ -199,7 +228,7 @@ class RangeStateMachine:
         Commands at or below the applied position are skipped (their response is a bare
         SUCCESS header); this is what makes replay idempotent.
         """
-        view = _ApplyView(self.store, self.history)
+        view = _ApplyView(self.store, self.history, self.sessions)
         responses: list[Response] = []
         last = self.applied_sequence
         for sequence, command in commands:
@@ -211,6 +240,7 @@ class RangeStateMachine:
         if last > self.applied_sequence:
             view.commit(last)
             self.applied_sequence = last
+        self.sessions = view.sessions
         self.last_events = view.events
         return responses
 
@@ -238,6 +268,8 @@ class RangeStateMachine:
             return delete_response
         if op == "txn":
             return self._txn(view, previous, revision, now, command.txn)
+        if op == "session":
+            return self._session(view, previous, revision, now, command.session)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
 
     def _expire_at(self, now_ms: int, ttl_ms: int = 0) -> int:
@@ -253,6 +285,8 @@ class RangeStateMachine:
         req: kv_rpc_pb2.PutRequest,
         writes: dict[bytes, StoredRecord | None],
     ) -> kv_rpc_pb2.PutResponse:
+        if req.lease and view.get(session_key(req.lease)) is None:
+            return kv_rpc_pb2.PutResponse(header=_header(Code.ILLEGAL_OP))
         lkey = req.key
         if req.sequential:
             counter_key = sequence_counter_key(req.header.r_key)
@@ -280,6 +314,7 @@ class RangeStateMachine:
                 prev.create_revision, revision, prev.version + 1, False, expire, req.value
             )
         writes[key] = record
+        view.leases[key] = req.lease
         response = kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
         if req.sequential:
             response.key = lkey
@@ -411,6 +446,48 @@ class RangeStateMachine:
         _flush_writes(view, writes, revision, now)
         return response
 
+    def _session(
+        self,
+        view: _ApplyView,
+        previous: int,
+        revision: int,
+        now: int,
+        command: wal_pb2.SessionCommand,
+    ) -> session_pb2.SessionResponse:
+        if command.WhichOneof("op") == "create_ttl_ms":
+            view.put(session_key(revision), _number_record(revision, command.create_ttl_ms))
+            view.sessions += 1
+            return session_pb2.SessionResponse(
+                header=_header(Code.SUCCESS), session_id=revision, ttl_ms=command.create_ttl_ms
+            )
+        session_id = command.close_id
+        skey = session_key(session_id)
+        if view.get(skey) is None:
+            return session_pb2.SessionResponse(header=_header(Code.KEY_NOT_FOUND))
+        if view.dirty:
+            view.commit(previous)
+        members = _members_prefix(session_id)
+        writes: dict[bytes, StoredRecord | None] = {}
+        for member, _ in view.scan(members, prefix_end(members)):
+            key = member[len(members) :]
+            if view.get(key) is not None:
+                writes[key] = None
+            else:  # defensive: an index entry whose key is gone
+                view.delete(member)
+                view.delete(_owner_key(key))
+        _flush_writes(view, writes, revision, now)  # also drops the keys' index entries
+        view.delete(skey)
+        view.sessions -= 1
+        return session_pb2.SessionResponse(header=_header(Code.SUCCESS), session_id=session_id)
+
+    def session_ttls(self) -> list[tuple[int, int]]:
+        """(session id, ttl ms) of every live session, from the applied state."""
+        out = []
+        for key, raw in self.store.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)):
+            (session_id,) = _SEQ.unpack_from(key, len(SESSION_PREFIX))
+            out.append((int(session_id), decode_record(raw).number))
+        return out
+
     # ------------------------------------------------------------------ reads
 
     def read(self, req: kv_rpc_pb2.RangeRequest, now_ms: int) -> kv_rpc_pb2.RangeResponse:
@@ -504,6 +581,25 @@ def _flush_writes(
             view.delete(key)
         else:
             view.put(key, record)
+        if view.sessions and key[:1] != SYSTEM_PREFIX:
+            _index_lease(view, key, view.leases.get(key, 0) if record is not None else 0, revision)
+    view.leases.clear()
+
+
+def _index_lease(view: _ApplyView, key: bytes, lease: int, revision: int) -> None:
+    """Keep the ephemeral-key index of `key` in step with its latest write: a put replaces the
+    key's session (0 = none, etcd's semantics), a delete removes it."""
+    owner_key = _owner_key(key)
+    owner = view.get(owner_key)
+    old = owner.number if owner is not None else 0
+    if old == lease:
+        return
+    if old:
+        view.delete(owner_key)
+        view.delete(_members_prefix(old) + key)
+    if lease:
+        view.put(owner_key, _number_record(revision, lease))
+        view.put(_members_prefix(lease) + key, StoredRecord(0, revision, 0, False, 0, b""))
 
 
 def _op_scans(op: kv_rpc_pb2.RequestOp) -> bool:

@@ -46,8 +46,8 @@ def check_put(req: kv_rpc_pb2.PutRequest, limits: Limits) -> None:
         raise BadRequestError(
             f"value is {len(req.value)} bytes; the limit is {limits.value_bytes_max}"
         )
-    if req.lease:
-        raise BadRequestError("leases are not supported; use the table TTL")
+    if req.lease < 0:
+        raise BadRequestError("lease must be a session id (> 0), or 0 for none")
     if req.ignore_value or req.ignore_lease:
         raise BadRequestError("ignore_value and ignore_lease are not supported")
     if req.HasField("expected_version") and req.expected_version < -1:

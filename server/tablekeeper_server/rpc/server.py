@@ -7,7 +7,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
-from tablekeeper_proto.v1 import admin_pb2_grpc, tablekeeper_pb2_grpc, watch_pb2_grpc
+from tablekeeper_proto.v1 import (
+    admin_pb2_grpc,
+    session_pb2_grpc,
+    tablekeeper_pb2_grpc,
+    watch_pb2_grpc,
+)
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
@@ -19,6 +24,7 @@ from tablekeeper_server.rpc.servicers import (
     TableOps,
     TableServicer,
 )
+from tablekeeper_server.rpc.sessions import SessionsServicer
 from tablekeeper_server.rpc.watch import WatchServicer
 
 SERVICE_NAMES = (
@@ -28,6 +34,7 @@ SERVICE_NAMES = (
     "bookkeeper.proto.kv.rpc.TableService",
     "tablekeeper.v1.TableKeeper",
     "tablekeeper.v1.Watch",
+    "tablekeeper.v1.Sessions",
 )
 
 
@@ -74,6 +81,8 @@ class GrpcServer:
         )
         self._watch = WatchServicer(registry, limits)
         watch_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
+        self._sessions = SessionsServicer(registry, metrics)
+        session_pb2_grpc.add_SessionsServicer_to_server(self._sessions, self._server)
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
         self.health = health_aio.HealthServicer()
@@ -99,5 +108,7 @@ class GrpcServer:
         """Stop accepting new calls and wait up to `grace_s` for in-flight ones."""
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._watch.shutdown()  # watch streams never finish on their own: end them first
+        # Watch and keep-alive streams never finish on their own: end them first.
+        self._watch.shutdown()
+        self._sessions.shutdown()
         await self._server.stop(grace_s)

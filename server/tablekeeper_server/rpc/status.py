@@ -44,6 +44,8 @@ _COMMAND_STATUS_REASONS = {
     ("Put", Code.BAD_VERSION): "expected_version does not match the key's version",
     ("Put", Code.KEY_EXISTS): "expected_version -1 (absent) but the key exists",
     ("Put", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
+    ("Put", Code.ILLEGAL_OP): "the put's session (lease) does not exist on this key's range "
+    "(it expired or was closed, or was created for a pkey of another range)",
     ("Delete", Code.BAD_VERSION): "expected_version does not match the key's version",
     ("Delete", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
     ("Increment", Code.BAD_REQUEST): "the key holds bytes, not a number",

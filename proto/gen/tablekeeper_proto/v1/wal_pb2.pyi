@@ -29,6 +29,7 @@ class WalCommand(_message.Message):
     DELETE_RANGE_FIELD_NUMBER: _builtins.int
     TXN_FIELD_NUMBER: _builtins.int
     INCREMENT_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     timestamp_ms: _builtins.int
     """The serving range's clock when it accepted the command. Expiry times (table TTL) are derived
     from it, so replay computes the same expiry as the original apply.
@@ -41,6 +42,8 @@ class WalCommand(_message.Message):
     def txn(self) -> _kv_rpc_pb2.TxnRequest: ...
     @_builtins.property
     def increment(self) -> _kv_rpc_pb2.IncrementRequest: ...
+    @_builtins.property
+    def session(self) -> Global___SessionCommand: ...
     def __init__(
         self,
         *,
@@ -49,13 +52,48 @@ class WalCommand(_message.Message):
         delete_range: _kv_rpc_pb2.DeleteRangeRequest | None = ...,
         txn: _kv_rpc_pb2.TxnRequest | None = ...,
         increment: _kv_rpc_pb2.IncrementRequest | None = ...,
+        session: Global___SessionCommand | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "txn", b"txn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 
 Global___WalCommand: _TypeAlias = WalCommand  # noqa: Y015
+
+@_typing.final
+class SessionCommand(_message.Message):
+    """Session lifecycle on one range (see session.proto). Keep-alives are not logged: only creating
+    a session and ending it (close or expiry, which deletes its ephemeral keys) change state.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATE_TTL_MS_FIELD_NUMBER: _builtins.int
+    CLOSE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    create_ttl_ms: _builtins.int
+    """Create a session with this TTL; its id is the command's revision."""
+    close_id: _builtins.int
+    """End this session and delete its ephemeral keys."""
+    reason: _builtins.str
+    """Why a session ended (for the server log): "closed" or "expired"."""
+    def __init__(
+        self,
+        *,
+        create_ttl_ms: _builtins.int = ...,
+        close_id: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["create_ttl_ms", "close_id"]  # noqa: Y015
+    _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
+
+Global___SessionCommand: _TypeAlias = SessionCommand  # noqa: Y015

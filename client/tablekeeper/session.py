@@ -1,0 +1,177 @@
+"""Sessions: a TTL on one range of a table, kept alive by a background task; keys put with a
+session are ephemeral (deleted by the server when the session closes or expires).
+
+    async with table.session("app", ttl_s=5) as session:
+        await table.put("app", "member-1", "host:port", session=session)
+
+The keep-alive task sends a keep-alive every `ttl_s / 3` on a stream and reconnects after
+errors (a restarted server gives every session a fresh TTL). When the server answers that the
+session no longer exists, `expired` is set and `on_expired` callbacks run. A session lives on
+the range of the pkey it was created for: ephemeral keys must use that pkey (or another pkey on
+the same range).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from tablekeeper._transport import call
+from tablekeeper.errors import UnavailableError
+from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
+
+if TYPE_CHECKING:
+    from tablekeeper.client import _LoopThread
+    from tablekeeper.table import AsyncTable
+
+log = logging.getLogger(__name__)
+
+
+class AsyncSession:
+    def __init__(self, table: AsyncTable, pkey: bytes, ttl_s: float) -> None:
+        if ttl_s < 0.1:
+            raise ValueError("ttl_s must be >= 0.1")
+        self._table = table
+        self.pkey = pkey
+        self.ttl_s = ttl_s
+        self.id = 0
+        """The session id (the revision that created it on its range); 0 until started."""
+        self.expired = asyncio.Event()
+        self._callbacks: list[Callable[[AsyncSession], Any]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def _stub(self) -> session_pb2_grpc.SessionsStub:
+        return self._table._client._stub("sessions", session_pb2_grpc.SessionsStub)  # type: ignore[no-any-return]
+
+    def on_expired(self, callback: Callable[[AsyncSession], Any]) -> None:
+        """Call `callback(session)` (on the client's loop) when the session is found expired."""
+        self._callbacks.append(callback)
+
+    async def start(self) -> AsyncSession:
+        """Create the session on the server and start keeping it alive."""
+        if self.id:
+            return self
+        request = session_pb2.CreateSessionRequest(
+            stream_id=self._table.info.table_id,
+            pkey=self.pkey,
+            ttl_ms=round(self.ttl_s * 1000),
+        )
+        response = await call(
+            self._stub().Create,
+            request,
+            metadata=None,
+            idempotent=False,
+            policy=self._table._client.retry,
+            status_of=lambda r: r.header.code,
+        )
+        self.id = int(response.session_id)
+        self._task = asyncio.create_task(self._keep_alive(), name=f"tk-session-{self.id}")
+        return self
+
+    async def _requests(self) -> AsyncIterator[session_pb2.KeepAliveRequest]:
+        request = session_pb2.KeepAliveRequest(
+            stream_id=self._table.info.table_id, pkey=self.pkey, session_id=self.id
+        )
+        while True:
+            yield request
+            await asyncio.sleep(self.ttl_s / 3)
+
+    async def _keep_alive(self) -> None:
+        backoff = 0.05
+        while not self.expired.is_set():
+            stream = self._stub().KeepAlive(self._requests())
+            try:
+                async for _ in stream:
+                    backoff = 0.05
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    log.warning("session %d expired: %s", self.id, error.details())
+                    self._expire()
+                    return
+                log.info("session %d keep-alive stream broke: %s", self.id, error.code().name)
+            finally:
+                stream.cancel()
+            await asyncio.sleep(random.uniform(0, backoff))
+            backoff = min(1.0, backoff * 2, self.ttl_s / 4)
+
+    def _expire(self) -> None:
+        self.expired.set()
+        for callback in self._callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("session expiry callback failed")
+
+    async def close(self) -> None:
+        """Stop keeping alive and close the session (its ephemeral keys are deleted)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.id and not self.expired.is_set():
+            request = session_pb2.CloseSessionRequest(
+                stream_id=self._table.info.table_id, pkey=self.pkey, session_id=self.id
+            )
+            with contextlib.suppress(UnavailableError):
+                await call(
+                    self._stub().Close,
+                    request,
+                    metadata=None,
+                    idempotent=True,  # closing twice is harmless (KEY_NOT_FOUND, ignored)
+                    policy=self._table._client.retry,
+                    status_of=lambda r: 0,
+                )
+            self.expired.set()
+
+    async def __aenter__(self) -> AsyncSession:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class Session:
+    """Synchronous twin of `AsyncSession` (its keep-alive runs on the client's loop thread)."""
+
+    def __init__(self, runner: _LoopThread, session: AsyncSession) -> None:
+        self._runner = runner
+        self.async_session = session
+
+    @property
+    def id(self) -> int:
+        return self.async_session.id
+
+    @property
+    def expired(self) -> bool:
+        return self.async_session.expired.is_set()
+
+    def start(self) -> Session:
+        self._runner.run(self.async_session.start())
+        return self
+
+    def close(self) -> None:
+        self._runner.run(self.async_session.close())
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

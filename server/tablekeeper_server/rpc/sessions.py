@@ -1,0 +1,83 @@
+"""The Sessions servicer (`tablekeeper.v1.Sessions`): thin; the domain work is in
+`range.sessions` and the state machine; errors map to statuses in `rpc.status`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, TypeAlias
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.errors import BadRequestError, UnavailableError
+from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.range.replica import Range
+from tablekeeper_server.rpc.status import serve, stream_errors
+
+Context: TypeAlias = Any  # grpc.aio.ServicerContext
+
+
+def _error(code: int) -> session_pb2.SessionResponse:
+    return session_pb2.SessionResponse(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
+
+
+def _code(response: session_pb2.SessionResponse) -> int:
+    return int(response.header.code)
+
+
+class SessionsServicer(session_pb2_grpc.SessionsServicer):
+    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._shutdown = asyncio.Event()
+
+    async def _range(self, stream_id: int, pkey: bytes) -> Range:
+        if not stream_id:
+            raise BadRequestError("a session request needs a table (stream) id")
+        return await self._registry.table_range(stream_id, pkey)
+
+    async def Create(  # noqa: N802
+        self, request: session_pb2.CreateSessionRequest, context: Context
+    ) -> session_pb2.SessionResponse:
+        async def handle() -> session_pb2.SessionResponse:
+            range_ = await self._range(request.stream_id, request.pkey)
+            return await range_.sessions.create(request.ttl_ms)
+
+        return await serve("CreateSession", context, self._metrics, handle, _error, _code)
+
+    async def Close(  # noqa: N802
+        self, request: session_pb2.CloseSessionRequest, context: Context
+    ) -> session_pb2.SessionResponse:
+        async def handle() -> session_pb2.SessionResponse:
+            range_ = await self._range(request.stream_id, request.pkey)
+            return await range_.sessions.close(request.session_id, "closed")
+
+        return await serve("CloseSession", context, self._metrics, handle, _error, _code)
+
+    def shutdown(self) -> None:
+        """End every keep-alive stream (the server is stopping; clients reconnect)."""
+        self._shutdown.set()
+
+    async def KeepAlive(  # noqa: N802
+        self, request_iterator: AsyncIterator[session_pb2.KeepAliveRequest], context: Context
+    ) -> AsyncIterator[session_pb2.SessionResponse]:
+        async with stream_errors("KeepAlive", context):
+            requests = request_iterator.__aiter__()
+            stop = asyncio.ensure_future(self._shutdown.wait())
+            try:
+                while True:
+                    nxt = asyncio.ensure_future(requests.__anext__())
+                    await asyncio.wait((nxt, stop), return_when=asyncio.FIRST_COMPLETED)
+                    if not nxt.done():
+                        nxt.cancel()
+                        raise UnavailableError("server shutting down; keep alive elsewhere")
+                    try:
+                        request = nxt.result()
+                    except StopAsyncIteration:
+                        return
+                    range_ = await self._range(request.stream_id, request.pkey)
+                    ttl_ms = range_.sessions.keep_alive(request.session_id)
+                    yield session_pb2.SessionResponse(session_id=request.session_id, ttl_ms=ttl_ms)
+            finally:
+                stop.cancel()
