@@ -1,0 +1,12 @@
+"""Recipes built only on the public client API: a PIP-45 shaped metadata store and coordination
+primitives (locks with fencing tokens, unique counters)."""
+
+from tablekeeper.recipes.coordination import CoordinationService, Lock
+from tablekeeper.recipes.metadata_store import (
+    MetadataStore,
+    Notification,
+    Stat,
+    split_path,
+)
+
+__all__ = ["CoordinationService", "Lock", "MetadataStore", "Notification", "Stat", "split_path"]

@@ -1,0 +1,166 @@
+"""Recipes against a real server: PIP-45 MetadataStore semantics, next_counter_value unique from
+8 processes, and a lock taken over after its holder is killed -9 (fencing tokens grow)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tablekeeper import AsyncClient, BadVersionError, Client, KeyExistsError, KeyNotFoundError
+from tablekeeper.recipes import CoordinationService, MetadataStore, Notification, split_path
+from tests.support.server import REPO, ServerProcess
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(tmp_path_factory.mktemp("recipes") / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def namespace(server: ServerProcess) -> str:
+    ns = "r" + uuid.uuid4().hex[:8]
+    with Client(server.service) as client:
+        client.create_namespace(ns)
+        client.create_table(ns, "meta", ranges=4)
+    return ns
+
+
+def test_split_path() -> None:
+    assert split_path("/admin/clusters/c1/brokers/b1") == ("/admin/clusters/c1/brokers", "b1")
+    assert split_path("/a") == ("/", "a")
+    for bad in ("/", "a", "/a/", "//a"):
+        with pytest.raises(ValueError):
+            split_path(bad)
+
+
+async def test_pip45_semantics(server: ServerProcess, namespace: str) -> None:
+    async with AsyncClient(server.service) as client:
+        store = MetadataStore(await client.table(namespace, "meta"), session_ttl_s=5)
+        async with store:
+            notes: list[Notification] = []
+
+            async def listen() -> None:
+                async for note in store.notifications("/brokers"):
+                    notes.append(note)
+
+            listener = asyncio.create_task(listen())
+            await asyncio.sleep(0.5)  # both watches registered
+            s0 = await store.create("/brokers", "root")
+            assert (s0.path, s0.version) == ("/brokers", 0)
+            with pytest.raises(KeyExistsError):
+                await store.create("/brokers", "again")
+            s1 = await store.put("/brokers", "v1", 0)
+            assert s1.version == 1
+            with pytest.raises(BadVersionError):
+                await store.put("/brokers", "v2", 0)
+            with pytest.raises(KeyNotFoundError):
+                await store.put("/missing", "v", 3)
+            for name in ("b2", "b1", "b3"):
+                await store.put(f"/brokers/{name}", name, ephemeral=True)
+            seq = await store.put("/brokers/n-", "x", sequential=True)
+            assert seq.path == "/brokers/n-" + "0" * 20
+            assert await store.get_children("/brokers") == ["b1", "b2", "b3", seq.path[9:]]
+            assert await store.exists("/brokers/b1")
+            got = await store.get("/brokers")
+            assert got is not None and got[0] == b"v1" and got[1].version == 1
+            with pytest.raises(BadVersionError):
+                await store.delete("/brokers/b1", expected_version=5)
+            await store.delete("/brokers/b1", expected_version=0)
+            with pytest.raises(KeyNotFoundError):
+                await store.delete("/brokers/b1")
+            assert not await store.exists("/brokers/b1")
+            await store.delete("/brokers")
+            await asyncio.sleep(0.5)
+            listener.cancel()
+            kinds = [n.type for n in notes]
+            assert [k for k in kinds if k != "children-changed"] == [
+                "created",
+                "modified",
+                "deleted",
+            ]
+            assert kinds.count("children-changed") == 5  # b2, b1, b3, n-…, b1 deleted
+        # Closing the store closed its sessions: the ephemeral children are gone.
+        store2 = MetadataStore(await client.table(namespace, "meta"))
+        assert await store2.get_children("/brokers") == [seq.path[9:]]
+
+
+_COUNTER = """
+import asyncio, sys
+from tablekeeper import AsyncClient
+from tablekeeper.recipes import CoordinationService, MetadataStore
+async def main():
+    async with AsyncClient(sys.argv[1]) as client:
+        coord = CoordinationService(MetadataStore(await client.table(sys.argv[2], "meta")))
+        for _ in range(25):
+            print(await coord.next_counter_value("/counters/ids"), flush=True)
+asyncio.run(main())
+"""
+
+
+def test_next_counter_value_unique_from_8_processes(server: ServerProcess, namespace: str) -> None:
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _COUNTER, server.service, namespace],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+        )
+        for _ in range(8)
+    ]
+    values: list[int] = []
+    for worker in workers:
+        out, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0
+        values += [int(v) for v in out.split()]
+    assert sorted(values) == list(range(1, 201))
+
+
+_HOLDER = """
+import asyncio, sys
+from tablekeeper import AsyncClient
+from tablekeeper.recipes import CoordinationService, MetadataStore
+async def main():
+    async with AsyncClient(sys.argv[1]) as client:
+        store = MetadataStore(await client.table(sys.argv[2], "meta"), session_ttl_s=2)
+        lock = await CoordinationService(store).acquire_lock("/locks/leader", "holder")
+        print(lock.fencing_token, flush=True)
+        await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_lock_taken_over_after_holder_kill_9(server: ServerProcess, namespace: str) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, server.service, namespace], stdout=subprocess.PIPE, cwd=REPO
+    )
+    try:
+        assert holder.stdout is not None
+        first_token = int(await asyncio.to_thread(holder.stdout.readline))
+        async with AsyncClient(server.service) as client:
+            store = MetadataStore(await client.table(namespace, "meta"), session_ttl_s=2)
+            async with store:
+                coord = CoordinationService(store)
+                contender = asyncio.create_task(coord.acquire_lock("/locks/leader", "second"))
+                await asyncio.sleep(3)  # the holder keeps its session alive: no takeover
+                assert not contender.done()
+                holder.kill()
+                killed = time.monotonic()
+                lock = await asyncio.wait_for(contender, 10)
+                assert time.monotonic() - killed < 2 + 1.5
+                assert lock.fencing_token > first_token
+                await coord.release_lock(lock)
+                again = await coord.acquire_lock("/locks/leader")
+                assert again.fencing_token > lock.fencing_token
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
