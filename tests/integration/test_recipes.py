@@ -13,7 +13,16 @@ from collections.abc import Iterator
 import pytest
 
 from tablekeeper import AsyncClient, BadVersionError, Client, KeyExistsError, KeyNotFoundError
-from tablekeeper.recipes import CoordinationService, MetadataStore, Notification, split_path
+from tablekeeper.recipes import (
+    CoordinationService,
+    DistributedCounter,
+    GroupMembership,
+    LeaderElection,
+    MetadataStore,
+    Notification,
+    SharedMap,
+    split_path,
+)
 from tests.support.server import REPO, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -164,3 +173,69 @@ async def test_lock_taken_over_after_holder_kill_9(server: ServerProcess, namesp
         if holder.poll() is None:
             holder.kill()
         holder.wait()
+
+
+async def test_groups_election_counter_and_shared_map(
+    server: ServerProcess, namespace: str
+) -> None:
+    async with AsyncClient(server.service) as client:
+        table = await client.table(namespace, "meta")
+        async with MetadataStore(table, session_ttl_s=5) as store_a:
+            store_b = MetadataStore(table, session_ttl_s=5)
+            group = GroupMembership(store_a, "/groups/g1")
+            other = GroupMembership(store_b, "/groups/g1")
+            views: list[list[str]] = []
+
+            async def listen() -> None:
+                async for members in group.listen():
+                    views.append(members)
+
+            listener = asyncio.create_task(listen())
+            await asyncio.sleep(0.3)
+            await group.join("m1", "host1")
+            await other.join("m2", "host2")
+            with pytest.raises(KeyExistsError):
+                await other.join("m1")
+            assert await group.members() == ["m1", "m2"]
+            await store_b.close()  # m2's session ends: it leaves the group
+            await group.leave("m1")
+            await asyncio.sleep(0.5)
+            listener.cancel()
+            assert views[0] == [] and views[-1] == []
+            assert ["m1", "m2"] in views
+
+            election_a = LeaderElection(store_a, "/elections/e1")
+            election_b = LeaderElection(MetadataStore(table, session_ttl_s=5), "/elections/e1")
+            lead_a = await election_a.campaign("a")
+            assert await election_a.leader() == (lead_a.node, b"a")
+            waiting = asyncio.create_task(election_b.campaign("b"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            await election_a.resign()
+            lead_b = await asyncio.wait_for(waiting, 10)
+            assert lead_b.fencing_token > lead_a.fencing_token
+            assert await election_b.leader() == (lead_b.node, b"b")
+            await election_b.store.close()
+
+        counter = DistributedCounter(table, "counters", "c", batch_size=10, flush_interval_s=0.5)
+        for _ in range(25):
+            await counter.add()
+        assert await counter.value() == 20  # two full batches flushed
+        await asyncio.sleep(1.0)
+        assert await counter.value() == 25  # the rest flushed on time
+        await counter.close()
+
+        shared = SharedMap(table, "map")
+        assert await shared.put_if_absent("k", "v1") is None
+        assert await shared.put_if_absent("k", "v2") == b"v1"
+        assert not await shared.replace("k", "nope", "v3")
+        assert await shared.replace("k", "v1", "v3")
+        assert await shared.update("n", lambda old: b"1" if old is None else old + b"1") == b"1"
+        results = await asyncio.gather(
+            *(shared.update("n", lambda old: str(int(old or b"0") + 1).encode()) for _ in range(10))
+        )
+        assert len(results) == 10
+        assert await shared.get("n") == b"11"
+        assert [kv.lkey async for kv in shared.scan()] == [b"k", b"n"]
+        assert await shared.update("k", lambda old: None) is None
+        assert await shared.get("k") is None

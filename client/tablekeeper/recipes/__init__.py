@@ -2,6 +2,12 @@
 primitives (locks with fencing tokens, unique counters)."""
 
 from tablekeeper.recipes.coordination import CoordinationService, Lock
+from tablekeeper.recipes.groups import (
+    DistributedCounter,
+    GroupMembership,
+    LeaderElection,
+    SharedMap,
+)
 from tablekeeper.recipes.metadata_store import (
     MetadataStore,
     Notification,
@@ -9,4 +15,15 @@ from tablekeeper.recipes.metadata_store import (
     split_path,
 )
 
-__all__ = ["CoordinationService", "Lock", "MetadataStore", "Notification", "Stat", "split_path"]
+__all__ = [
+    "CoordinationService",
+    "DistributedCounter",
+    "GroupMembership",
+    "LeaderElection",
+    "Lock",
+    "MetadataStore",
+    "Notification",
+    "SharedMap",
+    "Stat",
+    "split_path",
+]
