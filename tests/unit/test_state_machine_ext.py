@@ -179,3 +179,19 @@ def test_sessions_and_ephemeral_keys() -> None:
     replica = RangeStateMachine(MemoryKvStore())
     replica.apply_batch(m.log)
     assert list(replica.store.scan(b"", b"\xff\xff")) == m.dump()
+
+
+def test_event_history_bytes_limit_and_trim_cursor() -> None:
+    store = MemoryKvStore()
+    history = EventHistory(store, limit=1000, bytes_limit=2000)
+    sm = RangeStateMachine(store, history=history)
+    for i in range(1, 21):
+        cmd = put(b"k", b"x" * 200)
+        cmd.timestamp_ms = NOW
+        sm.apply_batch([(i, cmd)])
+    kept = list(iter_history(store))
+    assert 3 <= len(kept) <= 5 and kept[-1].revision == 20  # ~490 bytes per event
+    assert history.bytes <= 2000 + 600  # one event's overshoot at most, then trimmed
+    reopened = EventHistory(store, limit=1000, bytes_limit=2000)
+    assert (reopened.count, reopened.bytes) == (history.count, history.bytes)
+    assert reopened.trimmed_through == kept[0].revision - 1

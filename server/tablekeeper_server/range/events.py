@@ -7,9 +7,10 @@ write batch as the change itself, so the history is exactly as durable as the da
 restarts and travels in checkpoints. The write-ahead log holds commands, not their effects, so
 this history (not the log) is what serves watches from older revisions.
 
-The history keeps about the newest `limit` events per range (trimmed at each commit; one
-apply batch may overshoot briefly). `trimmed_through` is the highest revision ever trimmed: a
-watch starting at or below it would miss events and is answered "compacted".
+The history keeps about the newest `limit` events and at most about `bytes_limit` bytes of them
+per range (64 MiB by default: values are kept in full), trimmed at each commit (one apply batch
+may overshoot briefly). `trimmed_through` is the highest revision ever trimmed: a watch starting
+at or below it would miss events and is answered "compacted".
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ HISTORY_PREFIX = system_key(b"wh/")
 HISTORY_END = system_key(b"wh0")  # "0" follows "/": the end of the history prefix
 HISTORY_META_KEY = system_key(b"wh-meta")
 HISTORY_LIMIT_DEFAULT = 10_000
+HISTORY_BYTES_DEFAULT = 64 * 1024 * 1024
 _POSITION = struct.Struct(">qI")  # revision, index of the event within its command
-_META = struct.Struct(">qq")  # count, trimmed_through
+_META = struct.Struct(">qqq")  # count, trimmed_through, bytes
 _LEN = struct.Struct(">I")
 
 
@@ -86,32 +88,44 @@ class EventHistory:
     """The bounded event history of one range's store. Used by the state machine while it
     applies (one caller at a time)."""
 
-    def __init__(self, store: KvStore, limit: int = HISTORY_LIMIT_DEFAULT) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        limit: int = HISTORY_LIMIT_DEFAULT,
+        bytes_limit: int = HISTORY_BYTES_DEFAULT,
+    ) -> None:
         self.store = store
         self.limit = max(1, limit)
+        self.bytes_limit = max(1, bytes_limit)
         raw = store.get(HISTORY_META_KEY)
-        count, trimmed = (0, 0) if raw is None else _META.unpack(raw)
+        count, trimmed, size = (0, 0, 0) if raw is None else _META.unpack(raw)
         self.count: int = count
         self.trimmed_through: int = trimmed
+        self.bytes: int = size
+        # Trimming resumes here, not at the prefix start: iterating over the tombstones of
+        # everything trimmed before would make every commit slower until RocksDB compacts.
+        self._trim_from = history_key(trimmed, 0)
 
     def append(self, batch: WriteBatch, event: ChangeEvent) -> None:
-        batch.put(history_key(event.revision, event.index), encode_event(event))
+        raw = encode_event(event)
+        batch.put(history_key(event.revision, event.index), raw)
         self.count += 1
+        self.bytes += len(raw)
 
     def seal(self, batch: WriteBatch) -> None:
-        """Before a batch is written: trim the oldest committed events beyond the limit and
-        record the count and trim point, all in `batch`."""
-        excess = self.count - self.limit
-        if excess > 0:
-            for key, _ in self.store.scan(HISTORY_PREFIX, HISTORY_END):
-                if excess <= 0:
+        """Before a batch is written: trim the oldest committed events beyond the limits and
+        record the count, size and trim point, all in `batch`."""
+        if self.count > self.limit or self.bytes > self.bytes_limit:
+            for key, raw in self.store.scan(self._trim_from, HISTORY_END):
+                if self.count <= self.limit and self.bytes <= self.bytes_limit:
                     break
                 batch.delete(key)
                 revision, _index = _POSITION.unpack_from(key, len(HISTORY_PREFIX))
                 self.trimmed_through = max(self.trimmed_through, revision)
                 self.count -= 1
-                excess -= 1
-        batch.put(HISTORY_META_KEY, _META.pack(self.count, self.trimmed_through))
+                self.bytes -= len(raw)
+                self._trim_from = key + b"\x00"
+        batch.put(HISTORY_META_KEY, _META.pack(self.count, self.trimmed_through, self.bytes))
 
     def read(self, after: tuple[int, int], limit: int) -> list[ChangeEvent]:
         """Up to `limit` committed events strictly after position `after`, in order."""
