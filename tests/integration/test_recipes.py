@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from tablekeeper.recipes import (
     SharedMap,
     split_path,
 )
+from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
 from tests.support.server import REPO, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -239,3 +242,39 @@ async def test_groups_election_counter_and_shared_map(
         assert [kv.lkey async for kv in shared.scan()] == [b"k", b"n"]
         assert await shared.update("k", lambda old: None) is None
         assert await shared.get("k") is None
+
+
+async def test_typed_cache_and_session_events(server: ServerProcess, namespace: str) -> None:
+    async with AsyncClient(server.service) as client:
+        table = await client.table(namespace, "meta")
+        async with MetadataStore(table, session_ttl_s=1) as store, MetadataStore(table) as other:
+            caches = [s.cache(lambda v: json.dumps(v).encode(), json.loads) for s in (store, other)]
+            await caches[0].create("/conf/c1", {"n": 0})
+            assert await caches[1].get("/conf/c1") == {"n": 0}
+
+            def bump(value: Any) -> Any:
+                return {"n": (value or {"n": 0})["n"] + 1}
+
+            # Both caches hold version 0; concurrent updates conflict and retry, none is lost.
+            await asyncio.gather(
+                *(caches[i % 2].read_modify_update("/conf/c1", bump) for i in range(20))
+            )
+            assert await caches[0].get("/conf/c1") == {"n": 20}
+            assert await caches[1].read_modify_update("/conf/new", bump) == {"n": 1}
+
+            events: list[tuple[str, str]] = []
+            store.register_session_listener(lambda event, parent: events.append((event, parent)))
+            await store.put("/eph/a", "x", ephemeral=True)
+            session = await store.session_for("/eph")
+            stub = client._stub("sessions", session_pb2_grpc.SessionsStub)
+            await stub.Close(
+                session_pb2.CloseSessionRequest(
+                    stream_id=table.info.table_id, pkey=b"/eph", session_id=session.id
+                )
+            )
+            await asyncio.wait_for(session.expired.wait(), 5)
+            assert events == [("session-lost", "/eph")]
+            assert not await store.exists("/eph/a")
+            await store.put("/eph/a", "x", ephemeral=True)
+            assert events[-1] == ("session-reestablished", "/eph")
+            assert await store.exists("/eph/a")

@@ -9,6 +9,7 @@ from tablekeeper.recipes.groups import (
     SharedMap,
 )
 from tablekeeper.recipes.metadata_store import (
+    MetadataCache,
     MetadataStore,
     Notification,
     Stat,
@@ -21,6 +22,7 @@ __all__ = [
     "GroupMembership",
     "LeaderElection",
     "Lock",
+    "MetadataCache",
     "MetadataStore",
     "Notification",
     "SharedMap",

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
-from tablekeeper.errors import KeyExistsError, KeyNotFoundError
+from tablekeeper.errors import BadVersionError, KeyExistsError, KeyNotFoundError
 from tablekeeper.session import AsyncSession
 from tablekeeper.table import AsyncTable
+
+T = TypeVar("T")
+SessionEvent = Literal["session-lost", "session-reestablished"]
 
 
 def split_path(path: str) -> tuple[str, str]:
@@ -59,7 +62,19 @@ class MetadataStore:
         self.table = table
         self.session_ttl_s = session_ttl_s
         self._sessions: dict[str, AsyncSession] = {}
+        self._lost: set[str] = set()
         self._session_lock = asyncio.Lock()
+        self._session_listeners: list[Callable[[SessionEvent, str], object]] = []
+
+    def register_session_listener(self, listener: Callable[[SessionEvent, str], object]) -> None:
+        """`listener(event, parent_path)`: "session-lost" when the session holding the ephemeral
+        children of `parent_path` expired (they are gone), "session-reestablished" when a new
+        one replaced it."""
+        self._session_listeners.append(listener)
+
+    def _session_event(self, event: SessionEvent, parent: str) -> None:
+        for listener in self._session_listeners:
+            listener(event, parent)
 
     async def get(self, path: str) -> tuple[bytes, Stat] | None:
         parent, name = split_path(path)
@@ -82,8 +97,18 @@ class MetadataStore:
         async with self._session_lock:
             session = self._sessions.get(parent)
             if session is None or session.expired.is_set():
-                session = await self.table.session(parent, self.session_ttl_s).start()
+                session = self.table.session(parent, self.session_ttl_s)
+
+                def lost(_: AsyncSession, parent: str = parent) -> None:
+                    self._lost.add(parent)
+                    self._session_event("session-lost", parent)
+
+                session.on_expired(lost)
+                await session.start()
                 self._sessions[parent] = session
+                if parent in self._lost:
+                    self._lost.discard(parent)
+                    self._session_event("session-reestablished", parent)
             return session
 
     async def put(
@@ -173,6 +198,12 @@ class MetadataStore:
                 with contextlib.suppress(BaseException):
                     await task
 
+    def cache(
+        self, serialize: Callable[[T], bytes], deserialize: Callable[[bytes], T]
+    ) -> MetadataCache[T]:
+        """A typed view with read-modify-update (PIP-45's `MetadataCache<T>`)."""
+        return MetadataCache(self, serialize, deserialize)
+
     async def close(self) -> None:
         for session in self._sessions.values():
             await session.close()
@@ -185,4 +216,71 @@ class MetadataStore:
         await self.close()
 
 
-__all__ = ["KeyExistsError", "MetadataStore", "Notification", "Stat", "split_path"]
+class MetadataCache(Generic[T]):
+    """Typed values at paths, cached with their version. A cached value is used only for the
+    first attempt of a `read_modify_update`; a version conflict drops it and re-reads, so the
+    cache can be stale but never makes an update lose another writer's change. `get` reads
+    through (fresh) and refreshes the cache."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        serialize: Callable[[T], bytes],
+        deserialize: Callable[[bytes], T],
+    ) -> None:
+        self.store = store
+        self._serialize = serialize
+        self._deserialize = deserialize
+        self._cached: dict[str, tuple[T, int]] = {}
+
+    async def get(self, path: str) -> T | None:
+        got = await self.store.get(path)
+        if got is None:
+            self._cached.pop(path, None)
+            return None
+        value = self._deserialize(got[0])
+        self._cached[path] = (value, got[1].version)
+        return value
+
+    async def create(self, path: str, value: T) -> None:
+        stat = await self.store.create(path, self._serialize(value))
+        self._cached[path] = (value, stat.version)
+
+    async def delete(self, path: str) -> None:
+        self._cached.pop(path, None)
+        await self.store.delete(path)
+
+    async def read_modify_update(
+        self, path: str, modify: Callable[[T | None], T], *, attempts: int = 100
+    ) -> T:
+        """Apply `modify(current)` (None if absent) and store the result with a version check,
+        retrying on conflicts (`BadVersionError`, `KeyExistsError`, `KeyNotFoundError`)."""
+        cached = self._cached.get(path)
+        for _ in range(attempts):
+            if cached is None:
+                got = await self.store.get(path)
+                current = (self._deserialize(got[0]), got[1].version) if got else None
+            else:
+                current, cached = cached, None
+            new = modify(current[0] if current else None)
+            try:
+                stat = await self.store.put(
+                    path, self._serialize(new), current[1] if current else -1
+                )
+            except (BadVersionError, KeyExistsError, KeyNotFoundError):
+                self._cached.pop(path, None)
+                continue
+            self._cached[path] = (new, stat.version)
+            return new
+        raise BadVersionError(f"{path}: read-modify-update conflicted {attempts} times")
+
+
+__all__ = [
+    "KeyExistsError",
+    "MetadataCache",
+    "MetadataStore",
+    "Notification",
+    "SessionEvent",
+    "Stat",
+    "split_path",
+]
