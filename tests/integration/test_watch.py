@@ -111,3 +111,25 @@ async def test_compacted_revision_is_a_clear_error(server: ServerProcess) -> Non
             assert [e.revision for e in events] == list(
                 range(events[0].revision, events[0].revision + 10)
             )
+
+
+def test_sync_watch(server: ServerProcess) -> None:
+    from tablekeeper import Client
+
+    with Client(server.service) as client:
+        ns = "w" + uuid.uuid4().hex[:8]
+        client.create_namespace(ns)
+        client.create_table(ns, "t", ranges=2)
+        table = client.table(ns, "t")
+        table.put("p", "a", "0")
+        with table.watch("p", "a", prev_kv=True) as watch:
+            assert watch.revision >= 1
+            table.put("p", "a", "1")
+            table.delete("p", "a")
+            put, deleted = next(watch), next(watch)
+        assert (put.type, put.kv and put.kv.value, put.prev and put.prev.value) == (
+            "put",
+            b"1",
+            b"0",
+        )
+        assert (deleted.type, deleted.kv, deleted.revision > put.revision) == ("delete", None, True)
