@@ -1,4 +1,4 @@
-"""The write-ahead log interface every backend implements (`local`, `memory`, later `pulsar`).
+"""The write-ahead log interface every backend implements (`local`, `memory`, `pulsar`).
 
 A log is a named, append-only sequence of records. Each record has a *sequence number*: sequence
 numbers start at 1 in a new log, grow by exactly one per record, and are never reused, even after

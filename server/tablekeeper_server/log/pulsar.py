@@ -642,7 +642,7 @@ class _Scan:
                 backend._topic(log_name),
                 start_id,
                 start_message_id_inclusive=True,
-                receiver_queue_size=1000,
+                receiver_queue_size=100,
             )
         except pulsar.PulsarException as exc:
             raise UnavailableError(f"log {log_name!r}: cannot open a reader: {exc}") from exc
