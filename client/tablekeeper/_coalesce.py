@@ -105,6 +105,9 @@ class Coalescer:
                 if code == 0:
                     return outcome.response
                 exc = error_for_code(code, outcome.error)
+                if outcome.retryable and expired:
+                    # "Not served here (yet)" until the deadline: as a unary NOT_FOUND would.
+                    raise UnavailableError(f"NOT_FOUND: {outcome.error}".strip())
                 retry = outcome.retryable or (idempotent and exc.retryable)
                 if expired or not retry:
                     raise exc
