@@ -380,12 +380,6 @@ async def test_an_unusable_local_store_is_set_aside_not_deleted(harness: Harness
     assert harness.open_restored().applied_sequence == 100
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: an SST whose name and size match the previous manifest reuses that "
-    "manifest's object without re-reading it, so a damaged object is referenced by every later "
-    "checkpoint while the SST is live, and GC then drops the last good checkpoint",
-)
 async def test_a_damaged_object_is_not_reused_by_the_next_checkpoint(harness: Harness) -> None:
     await harness.write(2000)
     first = harness.checkpoint()

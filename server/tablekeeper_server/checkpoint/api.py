@@ -29,6 +29,11 @@ class CheckpointStore(Protocol):
 
     def exists(self, name: str) -> bool: ...
 
+    def sha256(self, name: str) -> str:
+        """The SHA-256 (hex) of the object's stored bytes, read back in full: how a checkpoint
+        verifies an object it reuses. Raises `FileNotFoundError` if it does not exist."""
+        ...
+
     def list(self, prefix: str) -> list[str]:
         """Names under `prefix` (a directory-like path), sorted."""
         ...

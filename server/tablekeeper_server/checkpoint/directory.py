@@ -6,6 +6,7 @@ the directory is fsynced, so an object is either absent or complete after any cr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
@@ -72,6 +73,13 @@ class DirectoryCheckpointStore:
 
     def get_bytes(self, name: str) -> bytes:
         return self._path(name).read_bytes()
+
+    def sha256(self, name: str) -> str:
+        digest = hashlib.sha256()
+        with open(self._path(name), "rb") as f:
+            while chunk := f.read(_COPY_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
 
     def exists(self, name: str) -> bool:
         return self._path(name).is_file()

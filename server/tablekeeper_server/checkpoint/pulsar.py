@@ -412,6 +412,13 @@ class PulsarCheckpointStore:
                 "check of its pointer"
             )
 
+    def sha256(self, name: str) -> str:
+        """Reads the object back; a torn or altered object raises `CorruptionError`."""
+        _check_name(name)
+        header, inline = self._pointer(name)
+        self._read_content(name, header, inline, lambda _: None)  # checks size and SHA-256
+        return str(header["sha256"])
+
     def exists(self, name: str) -> bool:
         _check_name(name)
         return self._last_entry(encode_object_name(name)) is not None

@@ -125,7 +125,7 @@ class RangeCheckpointer:
                     continue
                 size = path.stat().st_size
                 digest = known.get((path.name, size)) if path.suffix == ".sst" else None
-                if digest is not None and self._store.exists(object_name(self.range_name, digest)):
+                if digest is not None and self._stored_intact(digest):
                     reused += 1
                 else:
                     digest = sha256_of(path)
@@ -165,6 +165,25 @@ class RangeCheckpointer:
             reused,
         )
         return manifest
+
+    def _stored_intact(self, digest: str) -> bool:
+        """Whether the store holds an intact object `digest` (read back and hashed). A damaged
+        object is deleted, so the caller uploads the file again: a reused object is verified by
+        every checkpoint that references it, and bit rot in the store heals instead of spreading
+        into every later checkpoint (and, after GC, into all of them)."""
+        name = object_name(self.range_name, digest)
+        try:
+            if self._store.sha256(name) == digest:
+                return True
+        except FileNotFoundError:
+            return False
+        except CorruptionError:
+            pass
+        log.warning(
+            "range %s: stored object %s is damaged; uploading it again", self.range_name, name
+        )
+        self._store.delete(name)
+        return False
 
     def _remove_stale_scratch(self, kind: str) -> None:
         """Delete `<kind>-<store>-<uuid>` scratch directories a crashed process left next to
