@@ -245,7 +245,9 @@ class TableKeeperDriver:
         table: str,
         ranges: int,
         empty_lkey: bool,
+        coalesce: bool = True,
     ) -> None:
+        self.coalesce = coalesce
         self.service = service
         self.channels = channels
         self.namespace = namespace
@@ -267,7 +269,9 @@ class TableKeeperDriver:
 
     async def _setup(self, deadline_s: float) -> None:
         tk = import_tablekeeper()
-        self._clients = [tk.AsyncClient(self.service) for _ in range(self.channels)]
+        self._clients = [
+            tk.AsyncClient(self.service, coalesce=self.coalesce) for _ in range(self.channels)
+        ]
         first = self._clients[0]
         last: BaseException | None = None
         while True:  # the server may still be booting: retry until the deadline
@@ -827,6 +831,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1,
         help="AsyncClients the workers are spread over, round robin (default 1 = one shared)",
     )
+    t.add_argument(
+        "--tk-unary",
+        action="store_true",
+        help="one RPC per op, as the BookKeeper client does (default: the SDK coalesces "
+        "concurrent ops into Batch RPCs)",
+    )
     t.add_argument("--tk-namespace", default="bench")
     t.add_argument("--tk-table", default="t")
     t.add_argument("--tk-ranges", type=positive_int, default=4, help="ranges of the table")
@@ -977,6 +987,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.tk_table,
                         args.tk_ranges,
                         args.tk_empty_lkey,
+                        not args.tk_unary,
                     )
                 )
             if "etcd" in targets:
@@ -1037,6 +1048,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "table": args.tk_table,
                 "ranges": args.tk_ranges,
                 "lkey": "empty" if args.tk_empty_lkey else "same as pkey",
+                "sdk_coalescing": not args.tk_unary,
             },
             "etcd": {
                 "endpoint": etcd_endpoint,
