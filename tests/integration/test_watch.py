@@ -133,3 +133,18 @@ def test_sync_watch(server: ServerProcess) -> None:
             b"0",
         )
         assert (deleted.type, deleted.kv, deleted.revision > put.revision) == ("delete", None, True)
+
+
+async def test_graceful_stop_ends_open_watches_at_once(server: ServerProcess) -> None:
+    async with AsyncClient(server.service) as client:
+        table = await _table(client)
+        async with table.watch("w", start=b"") as watch:
+            await table.put("w", "a", "1")
+            assert (await _take(watch, 1))[0].lkey == b"a"
+            started = asyncio.get_running_loop().time()
+            await asyncio.to_thread(server.stop)
+            # Without ending the streams first, stop would wait the whole 10 s grace period.
+            assert asyncio.get_running_loop().time() - started < 5
+            server.start()
+            await table.put("w", "b", "2")
+            assert (await _take(watch, 1))[0].lkey == b"b"  # resumed by itself

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from tablekeeper_server.errors import (
@@ -47,7 +47,9 @@ class KeySpan:
 
 
 @dataclass(eq=False)
-class _Watcher:
+class Watcher:
+    """One watch stream's registration: its span, undelivered live events and its end."""
+
     span: KeySpan
     queue_max: int
     pending: deque[ChangeEvent] = field(default_factory=deque)
@@ -94,7 +96,7 @@ class WatchHub:
         """Events after this revision are all in the ring."""
         self._history: EventHistory | None = None
         self._applied = 0
-        self._watchers: set[_Watcher] = set()
+        self._watchers: set[Watcher] = set()
         self._closed: str | None = None
 
     def attach(self, history: EventHistory | None, applied: int) -> None:
@@ -127,12 +129,12 @@ class WatchHub:
             watcher.fail(UnavailableError(f"{reason}; resume from revision {watcher.last[0]}"))
         self._watchers.clear()
 
-    def start(self, span: KeySpan, start_revision: int) -> tuple[_Watcher, int]:
+    def start(self, span: KeySpan, start_revision: int) -> tuple[Watcher, int]:
         """Register a watcher from `start_revision` (0 = after the current revision); returns
         it and the applied revision at registration. Raises `CompactedError`."""
         if self._closed is not None:
             raise UnavailableError(self._closed)
-        watcher = _Watcher(span, self.queue_max)
+        watcher = Watcher(span, self.queue_max)
         if start_revision <= 0:
             watcher.last = (self._applied, _INDEX_MAX)
         else:
@@ -154,7 +156,7 @@ class WatchHub:
                 trimmed + 1,
             )
 
-    def _backlog_page(self, watcher: _Watcher) -> tuple[list[ChangeEvent], bool]:
+    def _backlog_page(self, watcher: Watcher) -> tuple[list[ChangeEvent], bool]:
         """The next events after `watcher.last` that were published before the watcher
         registered (unfiltered), and whether that was the last page of the backlog."""
         last = watcher.last
@@ -170,7 +172,7 @@ class WatchHub:
         page = self._history.read(last, CATCH_UP_PAGE)
         return page, len(page) < CATCH_UP_PAGE
 
-    async def events(self, watcher: _Watcher) -> AsyncIterator[list[ChangeEvent]]:
+    async def events(self, watcher: Watcher) -> AsyncGenerator[list[ChangeEvent], None]:
         """The watcher's events in order, in batches. Raises its error when it ends; always
         unregisters it."""
         try:

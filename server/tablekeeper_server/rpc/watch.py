@@ -5,7 +5,6 @@ The domain work is in `range.watch`; errors become gRPC statuses in `rpc.status.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
@@ -18,7 +17,7 @@ from tablekeeper_server.errors import BadRequestError, UnavailableError
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.range.watch import KeySpan
+from tablekeeper_server.range.watch import KeySpan, Watcher
 from tablekeeper_server.rpc.status import stream_errors
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
@@ -42,11 +41,16 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
     def __init__(self, registry: ContainerRegistry, limits: Limits) -> None:
         self._registry = registry
         self._limits = limits
-        self._shutdown = asyncio.Event()
+        self._stopping = False
+        self._active: set[Watcher] = set()
 
     def shutdown(self) -> None:
         """End every open stream (the server is stopping): clients resume elsewhere."""
-        self._shutdown.set()
+        self._stopping = True
+        for watcher in self._active:
+            watcher.fail(
+                UnavailableError(f"server shutting down; resume from revision {watcher.last[0]}")
+            )
 
     async def Watch(  # noqa: N802
         self, request: watch_pb2.WatchRequest, context: Context
@@ -60,32 +64,21 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 raise BadRequestError("key too long")
             if request.start_revision < 0:
                 raise BadRequestError("start_revision must be >= 0")
+            if self._stopping:
+                raise UnavailableError("server shutting down")
             prefix = pkey_prefix(request.pkey)
             start, end = key_span(prefix, request.key, request.range_end)
             range_ = await self._registry.table_range(request.stream_id, request.pkey)
             hub = range_.watch
             watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
-            yield watch_pb2.WatchResponse(created=True, revision=revision)
-            events = hub.events(watcher).__aiter__()
-            stop = asyncio.ensure_future(self._shutdown.wait())
-            nxt: asyncio.Future[list[ChangeEvent]] | None = None
+            self._active.add(watcher)
             try:
-                while True:
-                    nxt = asyncio.ensure_future(events.__anext__())
-                    await asyncio.wait((nxt, stop), return_when=asyncio.FIRST_COMPLETED)
-                    if not nxt.done():
-                        raise UnavailableError(
-                            f"server shutting down; resume from revision {watcher.last[0]}"
+                yield watch_pb2.WatchResponse(created=True, revision=revision)
+                # Ends by raising the watcher's error (closed range, too slow, shutdown).
+                async with contextlib.aclosing(hub.events(watcher)) as events:
+                    async for batch in events:
+                        yield watch_pb2.WatchResponse(
+                            events=[_event(len(prefix), e, request.prev_kv) for e in batch]
                         )
-                    batch = nxt.result()
-                    nxt = None
-                    yield watch_pb2.WatchResponse(
-                        events=[_event(len(prefix), e, request.prev_kv) for e in batch]
-                    )
             finally:
-                stop.cancel()
-                if nxt is not None and not nxt.done():
-                    nxt.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await nxt
-                await events.aclose()  # type: ignore[attr-defined]
+                self._active.discard(watcher)
