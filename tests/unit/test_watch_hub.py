@@ -105,3 +105,16 @@ async def test_close_ends_watchers() -> None:
             pass
     with pytest.raises(UnavailableError):
         feed.hub.start(ALL, 0)
+
+
+async def test_close_during_catch_up_stops_reading_the_history() -> None:
+    feed = Feed(ring=2)
+    for i in range(3000):
+        feed.apply(put(b"k%d" % i))
+    watcher, _ = feed.hub.start(ALL, 1)
+    events = feed.hub.events(watcher)
+    first = await events.__anext__()
+    assert len(first) == 1000  # one history page
+    feed.hub.close("range r closed")
+    with pytest.raises(UnavailableError):
+        await events.__anext__()

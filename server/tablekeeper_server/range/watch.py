@@ -178,6 +178,8 @@ class WatchHub:
         try:
             done = False
             while not done:
+                if watcher.error is not None:  # e.g. the range closed: its store may be gone
+                    raise watcher.error
                 page, done = self._backlog_page(watcher)
                 if page:
                     watcher.last = page[-1].position
