@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -127,17 +127,6 @@ async def trailer_message(rpc: Any) -> str:
         if key == ERROR_METADATA_KEY:
             return str(value)
     return ""
-
-
-async def gather_limited(calls: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
-    """Run coroutine factories with at most `limit` in flight; results in order."""
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(factory: Callable[[], Awaitable[T]]) -> T:
-        async with semaphore:
-            return await factory()
-
-    return list(await asyncio.gather(*(one(f) for f in calls)))
 
 
 __all__ = ["RetryPolicy", "TableKeeperError", "call", "new_channel", "parse_service_uri"]

@@ -7,7 +7,7 @@ delete_range and txns are atomic within a pkey. Keys and values may be `bytes` o
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,7 +15,7 @@ from tablekeeper._transport import call
 from tablekeeper.errors import TableKeeperError, error_for_code
 from tablekeeper.session import AsyncSession
 from tablekeeper.watch import AsyncWatch
-from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
 if TYPE_CHECKING:
@@ -133,7 +133,6 @@ class AsyncTxn:
         self._table = table
         self._pkey = _bytes(pkey)
         self._request = kv_rpc_pb2.TxnRequest()
-        self._kinds: dict[bool, list[str]] = {True: [], False: []}
 
     def _compare(self, lkey: Key, target: int, op: CompareOp, **value: Any) -> AsyncTxn:
         if op not in _COMPARE_OPS:
@@ -172,7 +171,6 @@ class AsyncTxn:
         op.request_put.key = _bytes(lkey)
         op.request_put.value = _bytes(value)
         op.request_put.prev_kv = True
-        self._kinds[success].append("put")
         return self
 
     @staticmethod
@@ -189,7 +187,6 @@ class AsyncTxn:
         op = self._ops(success).add()
         op.request_delete_range.key = key
         op.request_delete_range.range_end = range_end
-        self._kinds[success].append("delete")
         return self
 
     def _get(self, success: bool, lkey: Key, end: Key | None) -> AsyncTxn:
@@ -197,7 +194,6 @@ class AsyncTxn:
         op = self._ops(success).add()
         op.request_range.key = key
         op.request_range.range_end = range_end
-        self._kinds[success].append("get")
         return self
 
     def then_put(self, lkey: Key, value: Key) -> AsyncTxn:
@@ -481,6 +477,3 @@ class AsyncTable:
             inner = getattr(result, str(result.WhichOneof("result")))
             out.append(error_for_code(inner.header.code) if inner.header.code else None)
         return out
-
-
-StubFactory = Callable[[], kv_rpc_pb2_grpc.TableServiceStub]
