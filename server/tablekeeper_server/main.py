@@ -22,12 +22,13 @@ from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.config import ServerConfig
 from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.core.clock import SystemClock
+from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
-from tablekeeper_server.metrics import ServerMetrics
+from tablekeeper_server.metrics import RangeStats, ServerMetrics
+from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.server import GrpcServer
 from tablekeeper_server.storage.rocksdb import RocksKvStore
@@ -108,6 +109,9 @@ async def serve(config: ServerConfig) -> None:
         failpoints=failpoints,
     )
     registry = ContainerRegistry(env, list(range(config.containers)))
+    metrics.register_range_stats(
+        lambda: [_range_stats(r, env.clock) for r in registry.all_ranges()]
+    )
     metrics.register_container_stats(
         lambda: {
             cid: (len(c.ranges), sum(r.estimate_num_keys() for r in c.ranges.values()))
@@ -170,6 +174,22 @@ async def serve(config: ServerConfig) -> None:
     await asyncio.to_thread(close_checkpoint_store)
     os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+def _range_stats(range_: Range, clock: Clock) -> RangeStats:
+    checkpointer = range_.checkpointer
+    stats = checkpointer.stats if checkpointer is not None else None
+    done = stats is not None and stats.count > 0
+    return RangeStats(
+        range=range_.name.log_name,
+        wal_bytes=range_.wal_bytes(),
+        applied_sequence=range_.applied_sequence,
+        checkpoint_age_s=(clock.now_ms() - stats.created_at_ms) / 1000 if stats and done else None,
+        checkpoint_duration_s=stats.duration_s if stats else 0.0,
+        checkpoint_bytes_uploaded=stats.bytes_uploaded if stats else 0,
+        checkpoint_files_uploaded=stats.files_uploaded if stats else 0,
+        checkpoint_files_reused=stats.files_reused if stats else 0,
+    )
 
 
 async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: float) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -55,9 +56,55 @@ class ServerMetrics:
         self.requests.labels(method, str(code)).inc()
         self.request_seconds.labels(method).observe(seconds)
 
+    def register_range_stats(self, stats: Callable[[], list[RangeStats]]) -> None:
+        """`stats()` returns one `RangeStats` per open range at scrape time."""
+        self.registry.register(_RangeCollector(stats))
+
     def register_container_stats(self, stats: Callable[[], dict[int, tuple[int, int]]]) -> None:
         """`stats()` returns {container id: (open ranges, estimated keys)} at scrape time."""
         self.registry.register(_ContainerCollector(stats))
+
+
+@dataclass(frozen=True, slots=True)
+class RangeStats:
+    """One open range, as the metrics endpoint reports it."""
+
+    range: str
+    wal_bytes: int
+    applied_sequence: int
+    checkpoint_age_s: float | None
+    """None if this process has not checkpointed the range yet."""
+    checkpoint_duration_s: float
+    checkpoint_bytes_uploaded: int
+    checkpoint_files_uploaded: int
+    checkpoint_files_reused: int
+
+
+class _RangeCollector(Collector):
+    def __init__(self, stats: Callable[[], list[RangeStats]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        def family(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"tablekeeper_range_{name}", text, labels=["range"])
+
+        wal = family("wal_bytes", "Bytes in the range's write-ahead log")
+        applied = family("applied_sequence", "Last log sequence applied to the range's store")
+        age = family("checkpoint_age_seconds", "Seconds since the range's last checkpoint")
+        duration = family("checkpoint_duration_seconds", "Duration of the last checkpoint")
+        uploaded = family("checkpoint_bytes_uploaded", "Bytes the last checkpoint uploaded")
+        files_up = family("checkpoint_files_uploaded", "Files the last checkpoint uploaded")
+        files_reused = family("checkpoint_files_reused", "Stored files the last one reused")
+        for r in self._stats():
+            wal.add_metric([r.range], r.wal_bytes)
+            applied.add_metric([r.range], r.applied_sequence)
+            if r.checkpoint_age_s is not None:
+                age.add_metric([r.range], r.checkpoint_age_s)
+                duration.add_metric([r.range], r.checkpoint_duration_s)
+                uploaded.add_metric([r.range], r.checkpoint_bytes_uploaded)
+                files_up.add_metric([r.range], r.checkpoint_files_uploaded)
+                files_reused.add_metric([r.range], r.checkpoint_files_reused)
+        yield from (wal, applied, age, duration, uploaded, files_up, files_reused)
 
 
 class _ContainerCollector(Collector):
