@@ -38,7 +38,9 @@ class NotImplementedOnServerError(TableKeeperError):
 
 
 class UnexpectedError(TableKeeperError):
-    """The server could not tell whether a write was applied (e.g. its log failed mid-append)."""
+    """A condition retrying cannot fix; the message says which: the server could not tell whether
+    a write was applied (its log failed mid-append), or the range's stored data is damaged and it
+    refuses to serve it rather than serve incomplete data."""
 
     code = 600
 

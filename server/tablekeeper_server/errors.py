@@ -108,9 +108,12 @@ class LogFencedError(UnavailableError):
 
 
 class CorruptionError(TableKeeperError):
-    """Stored data failed a checksum or structural check. Never retried, never skipped silently."""
+    """Stored data failed a checksum or structural check. Never retried, never skipped silently.
 
-    code = Code.INTERNAL_SERVER_ERROR
+    UNEXPECTED (600) on the wire: BookKeeper clients and the SDK do not retry it (a retry cannot
+    help and would only re-run recovery); the `tk-error` reason names the file or checkpoint."""
+
+    code = Code.UNEXPECTED
 
 
 class CompactedError(TableKeeperError):

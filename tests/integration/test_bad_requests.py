@@ -3,10 +3,14 @@ nothing changes, the server keeps serving."""
 
 from __future__ import annotations
 
+import shutil
+import time
+from pathlib import Path
+
 import grpc
 import pytest
 
-from tablekeeper import Client
+from tablekeeper import Client, UnexpectedError
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_server.core.routing import RangeRouter, split_hash_space
 from tests.support.server import ServerProcess
@@ -79,3 +83,40 @@ def test_a_request_naming_another_range_is_not_served_here(server: ServerProcess
                 assert "does not hold this key" in (raised.value.details() or "")
         kv = table.get("p", "k")
         assert kv is not None and kv.value == b"%d" % right and kv.version == 1
+
+
+def test_a_range_that_cannot_be_recovered_fails_fast(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """A range whose log was truncated past a checkpoint that is gone refuses to serve. That is
+    not transient: clients get UNEXPECTED at once (no retry loop re-running recovery)."""
+    dirs = [
+        "--wal-dir",
+        str(tmp_path / "wal"),
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--wal-segment-bytes",
+        "4096",
+        "--checkpoint-interval",
+        "0",
+    ]
+    server = ServerProcess(tmp_path / "data", extra_args=dirs)
+    server_factory.append(server)
+    server.start()
+    with Client(server.service) as client:
+        client.create_namespace("gone")
+        client.create_table("gone", "t", ranges=2)
+        table = client.table("gone", "t")
+        for i in range(300):
+            table.put("p", f"k{i:03d}", "v" * 100)
+        client.checkpoint("gone", "t")
+    server.stop()
+    shutil.rmtree(tmp_path / "ckpt")
+    shutil.rmtree(tmp_path / "data" / "db")
+    server.start()
+    with Client(server.service) as client:
+        table = client.table("gone", "t")
+        started = time.monotonic()
+        with pytest.raises(UnexpectedError, match="were truncated"):
+            table.get("p", "k000")
+        assert time.monotonic() - started < 10
