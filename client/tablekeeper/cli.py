@@ -110,6 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     delete = key_command("del", "delete a key (exit 1 if it did not exist)")
     delete.add_argument("key")
 
+    cluster = commands.add_parser(
+        "cluster", help="cluster metadata in ZooKeeper: init once, then status"
+    )
+    cluster_commands = cluster.add_subparsers(
+        dest="cluster_command", required=True, metavar="ACTION"
+    )
+    cluster_init = cluster_commands.add_parser(
+        "init", help="create the cluster's metadata (once; idempotent)"
+    )
+    cluster_status = cluster_commands.add_parser(
+        "status", help="live servers, the controller and the container assignment"
+    )
+    for sub in (cluster_init, cluster_status):
+        sub.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
+        sub.add_argument("--cluster", required=True, help="cluster name")
+    cluster_init.add_argument(
+        "--containers", type=int, required=True, help="number of storage containers (fixed)"
+    )
+
     admin = commands.add_parser("admin", help="checkpoints and per-range status")
     admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
     admin_checkpoint = admin_commands.add_parser(
@@ -221,9 +240,48 @@ def _run(args: argparse.Namespace, client: Client) -> int:
     raise AssertionError(args.command)
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    try:
+        from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
+    except ImportError:
+        print("error: cluster commands need the server extra (pip install 'tablekeeper[server]')")
+        return EXIT_USAGE
+    coordinator = ZkCoordinator(args.zk, args.cluster)
+    try:
+        coordinator.start()
+    except Exception as exc:
+        print(f"error: cannot reach ZooKeeper at {args.zk}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        if args.cluster_command == "init":
+            created = coordinator.init_cluster(args.containers)
+            state = "initialised" if created else "already initialised"
+            print(f"cluster {args.cluster} {state} with {args.containers} storage containers")
+            return EXIT_OK
+        containers = coordinator.num_containers()
+        assignment, revision = coordinator.read_assignment()
+        print(f"cluster {args.cluster}: {containers} storage containers")
+        print(f"servers: {', '.join(coordinator.live_servers()) or '(none)'}")
+        print(f"controller: {coordinator.controller() or '(none)'}")
+        print(f"assignment (revision {revision}):")
+        for server, owned in sorted(assignment.items()):
+            print(f"  {server}: {sorted(owned)}")
+        unassigned = sorted(set(range(containers)) - {c for cs in assignment.values() for c in cs})
+        if unassigned:
+            print(f"  unassigned: {unassigned}")
+        return EXIT_OK
+    except (ClusterError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        coordinator.stop()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return _cluster(args)
     if args.command == "server":
         if getattr(args, "server_missing", False):
             print("error: the server is not installed (pip install 'tablekeeper[server]')")

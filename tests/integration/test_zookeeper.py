@@ -3,6 +3,8 @@ assignment reconciliation and ownership epochs."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -140,3 +142,40 @@ def test_assignment_writes_are_compare_and_set(
     assert zk.write_assignment({"x:1": frozenset({0, 1})}, version)
     assert not zk.write_assignment({"y:1": frozenset({0, 1})}, version)
     assert zk.read_assignment()[0] == {"x:1": frozenset({0, 1})}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    tablekeeper = Path(sys.executable).parent / "tablekeeper"
+    return subprocess.run(
+        [str(tablekeeper), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_cluster_cli_init_and_status(
+    zookeeper: ZooKeeperProcess, connect: Callable[[], ZkCoordinator]
+) -> None:
+    zk = ["--zk", zookeeper.hosts, "--cluster", "cli-cluster"]
+    missing = run_cli("cluster", "status", *zk)
+    assert missing.returncode == 3 and "not initialised" in missing.stderr
+    first = run_cli("cluster", "init", *zk, "--containers", "4")
+    assert first.returncode == 0, first.stderr
+    assert "initialised with 4 storage containers" in first.stdout
+    again = run_cli("cluster", "init", *zk, "--containers", "4")
+    assert again.returncode == 0 and "already initialised" in again.stdout
+    conflict = run_cli("cluster", "init", *zk, "--containers", "8")
+    assert conflict.returncode == 3 and "already exists with 4" in conflict.stderr
+
+    server = ZkCoordinator(zookeeper.hosts, "cli-cluster")
+    server.start()
+    try:
+        server.register("127.0.0.1:7001")
+        server.run_for_controller("127.0.0.1:7001", Controller(server).lead)
+        wait_for(lambda: server.read_assignment()[0] == {"127.0.0.1:7001": frozenset(range(4))})
+        status = run_cli("cluster", "status", *zk)
+    finally:
+        server.stop()
+    assert status.returncode == 0, status.stderr
+    assert "cluster cli-cluster: 4 storage containers" in status.stdout
+    assert "servers: 127.0.0.1:7001" in status.stdout
+    assert "controller: 127.0.0.1:7001" in status.stdout
+    assert "127.0.0.1:7001: [0, 1, 2, 3]" in status.stdout
