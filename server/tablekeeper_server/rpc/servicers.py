@@ -208,39 +208,36 @@ class TableOps:
         self.registry = registry
         self.limits = limits
 
-    async def put(self, stream_id: int, req: kv_rpc_pb2.PutRequest) -> kv_rpc_pb2.PutResponse:
+    async def _write(
+        self, stream_id: int, req: Any, check: Callable[[Any, validation.Limits], None], op: str
+    ) -> Any:
+        """Validate, route by pkey, append to the range's log as `WalCommand.<op>`, apply."""
         validation.check_routing(req.header, self.limits)
-        validation.check_put(req, self.limits)
+        check(req, self.limits)
         range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        response = await range_.execute(wal_pb2.WalCommand(put=req))
+        return await range_.execute(wal_pb2.WalCommand(**{op: req}))
+
+    async def put(self, stream_id: int, req: kv_rpc_pb2.PutRequest) -> kv_rpc_pb2.PutResponse:
+        response = await self._write(stream_id, req, validation.check_put, "put")
         assert isinstance(response, kv_rpc_pb2.PutResponse)
         return response
 
     async def increment(
         self, stream_id: int, req: kv_rpc_pb2.IncrementRequest
     ) -> kv_rpc_pb2.IncrementResponse:
-        validation.check_routing(req.header, self.limits)
-        validation.check_increment(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        response = await range_.execute(wal_pb2.WalCommand(increment=req))
+        response = await self._write(stream_id, req, validation.check_increment, "increment")
         assert isinstance(response, kv_rpc_pb2.IncrementResponse)
         return response
 
     async def delete(
         self, stream_id: int, req: kv_rpc_pb2.DeleteRangeRequest
     ) -> kv_rpc_pb2.DeleteRangeResponse:
-        validation.check_routing(req.header, self.limits)
-        validation.check_delete(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        response = await range_.execute(wal_pb2.WalCommand(delete_range=req))
+        response = await self._write(stream_id, req, validation.check_delete, "delete_range")
         assert isinstance(response, kv_rpc_pb2.DeleteRangeResponse)
         return response
 
     async def txn(self, stream_id: int, req: kv_rpc_pb2.TxnRequest) -> kv_rpc_pb2.TxnResponse:
-        validation.check_routing(req.header, self.limits)
-        validation.check_txn(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        response = await range_.execute(wal_pb2.WalCommand(txn=req))
+        response = await self._write(stream_id, req, validation.check_txn, "txn")
         assert isinstance(response, kv_rpc_pb2.TxnResponse)
         return response
 
