@@ -45,6 +45,15 @@ class ServerConfig:
     Servers that should share (take over) ranges use the same one."""
     pulsar_timeout_s: float = 30.0
     """Pulsar operation and send timeout: how long an append waits while Pulsar is away."""
+    zk_hosts: str | None = None
+    """ZooKeeper connect string; set, the server joins cluster `cluster` (cluster mode)."""
+    cluster: str = "tablekeeper"
+    zk_session_timeout_s: float = 5.0
+    """How long ZooKeeper keeps a silent server's session: the failure-detection time."""
+
+    @property
+    def cluster_mode(self) -> bool:
+        return self.zk_hosts is not None
 
     @property
     def effective_wal_dir(self) -> Path:
@@ -90,6 +99,24 @@ class ServerConfig:
             raise ValueError("--pulsar-namespace must be TENANT/NAMESPACE")
         if self.pulsar_timeout_s <= 0:
             raise ValueError("--pulsar-timeout must be positive")
+        if self.cluster_mode:
+            self._validate_cluster()
+
+    def _validate_cluster(self) -> None:
+        if not self.cluster or "/" in self.cluster:
+            raise ValueError("--cluster must be a name without '/'")
+        if self.zk_session_timeout_s <= 0:
+            raise ValueError("--zk-session-timeout must be positive")
+        if self.log_backend != "pulsar":
+            raise ValueError(
+                "cluster mode needs a log every server can open: --log pulsar "
+                "(containers move between servers with their logs)"
+            )
+        if self.checkpoint_store == "dir" and self.checkpoint_dir is None:
+            raise ValueError(
+                "cluster mode needs a checkpoint store every server can read: "
+                "--checkpoint-store pulsar, or a --checkpoint-dir shared by all servers"
+            )
 
     @property
     def pulsar_tenant_and_namespace(self) -> tuple[str, str]:
@@ -187,6 +214,23 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.pulsar_timeout_s,
         help="seconds a Pulsar operation or append may take before failing (default 30)",
     )
+    parser.add_argument(
+        "--zk",
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="ZooKeeper connect string: join a cluster (cluster mode; needs --log pulsar and "
+        "a shared checkpoint store; the number of containers comes from `cluster init`)",
+    )
+    parser.add_argument(
+        "--cluster", default=d.cluster, help=f"cluster name in ZooKeeper (default {d.cluster})"
+    )
+    parser.add_argument(
+        "--zk-session-timeout",
+        type=float,
+        default=d.zk_session_timeout_s,
+        help="seconds without contact before ZooKeeper declares this server dead and its "
+        f"containers move (default {d.zk_session_timeout_s:g})",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -211,6 +255,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         pulsar_admin_url=args.pulsar_admin_url,
         pulsar_namespace=args.pulsar_namespace,
         pulsar_timeout_s=args.pulsar_timeout,
+        zk_hosts=args.zk,
+        cluster=args.cluster,
+        zk_session_timeout_s=args.zk_session_timeout,
     )
     config.validate()
     return config

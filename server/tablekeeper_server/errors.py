@@ -94,6 +94,16 @@ class RouteNotFoundError(TableKeeperError):
     retryable = True
 
 
+class NotServedHereError(RouteNotFoundError):
+    """The request belongs to storage container `container_id`, which another server owns (or
+    nobody owns right now). The RPC layer forwards the request to the owner when it knows one;
+    otherwise the client hears NOT_FOUND and retries."""
+
+    def __init__(self, container_id: int, message: str | None = None) -> None:
+        super().__init__(message or f"storage container {container_id} is not served here")
+        self.container_id = container_id
+
+
 class UnavailableError(TableKeeperError):
     """The server cannot take the request right now (shutting down, log unavailable).
     Nothing was applied; the caller may retry."""
@@ -102,9 +112,30 @@ class UnavailableError(TableKeeperError):
     retryable = True
 
 
+class IndeterminateError(TableKeeperError):
+    """The command may or may not have been applied (the log failed mid-append, or the owner a
+    request was forwarded to stopped answering). Retrying a non-idempotent write could apply it
+    twice, so callers must not retry blindly."""
+
+    code = Code.UNEXPECTED  # BookKeeper clients do not retry it
+
+
+class ForwardedError(TableKeeperError):
+    """The owner a request was forwarded to answered this status; passed on unchanged."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message or f"status {code} from the owner")
+        self.code = code
+
+
 class LogFencedError(UnavailableError):
     """A newer writer owns the log. No append by this writer can succeed any more; the owner of
-    the range must close it."""
+    the range must close it. `maybe_persisted`: the fence hit an append already sent, whose
+    records the broker may have persisted before the fence."""
+
+    def __init__(self, message: str = "", *, maybe_persisted: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_persisted = maybe_persisted
 
 
 class CorruptionError(TableKeeperError):

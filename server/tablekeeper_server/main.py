@@ -1,4 +1,8 @@
-"""Composition root of the standalone server: build everything from config, run, shut down.
+"""Composition root of the server: build everything from config, run, shut down.
+
+Standalone, the server hosts every container; in cluster mode (`--zk`) a `ClusterMember` starts
+and stops containers as the cluster's assignment says, and the RPC layer forwards requests for
+containers hosted elsewhere.
 
 Only this module picks implementations (RocksDB store, local or Pulsar log, directory or Pulsar
 checkpoint store) and wires them together.
@@ -19,6 +23,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
+from tablekeeper_server.cluster.member import ClusterMember
+from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
 from tablekeeper_server.config import ServerConfig
 from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
@@ -30,6 +36,7 @@ from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.metrics import RangeStats, ServerMetrics
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
+from tablekeeper_server.rpc.proxy import RemoteCatalogClient
 from tablekeeper_server.rpc.server import GrpcServer
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
@@ -89,15 +96,37 @@ def _checkpoint_store(config: ServerConfig) -> tuple[CheckpointStore, Callable[[
     return DirectoryCheckpointStore(config.effective_checkpoint_dir), lambda: None
 
 
+async def _join_cluster(config: ServerConfig) -> tuple[ZkCoordinator, int]:
+    """Connect to ZooKeeper and read the cluster's number of containers."""
+    assert config.zk_hosts is not None
+    coordinator = ZkCoordinator(
+        config.zk_hosts, config.cluster, session_timeout_s=config.zk_session_timeout_s
+    )
+    try:
+        await asyncio.to_thread(coordinator.start)
+    except Exception as exc:
+        raise ClusterError(f"cannot reach ZooKeeper at {config.zk_hosts}: {exc}") from exc
+    try:
+        num_containers = await asyncio.to_thread(coordinator.num_containers)
+    except BaseException:
+        await asyncio.to_thread(coordinator.stop)
+        raise
+    return coordinator, num_containers
+
+
 async def serve(config: ServerConfig) -> None:
     lock_fd = _lock_data_dir(config.data_dir)
+    coordinator: ZkCoordinator | None = None
+    num_containers = config.containers
+    if config.cluster_mode:
+        coordinator, num_containers = await _join_cluster(config)
     registry_metrics = CollectorRegistry()
     metrics = ServerMetrics(registry_metrics)
     failpoints = Failpoints.from_env()
     log_backend, log_description, close_log = _log_backend(config, failpoints)
     checkpoint_store, close_checkpoint_store = _checkpoint_store(config)
     env = ContainerEnv(
-        num_containers=config.containers,
+        num_containers=num_containers,
         log_backend=log_backend,
         store_factory=RocksKvStore,
         db_dir=config.db_dir,
@@ -108,7 +137,8 @@ async def serve(config: ServerConfig) -> None:
         checkpoints_kept=config.checkpoints_kept,
         failpoints=failpoints,
     )
-    registry = ContainerRegistry(env, list(range(config.containers)))
+    # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
+    registry = ContainerRegistry(env, [] if coordinator else list(range(num_containers)))
     metrics.register_range_stats(
         lambda: [_range_stats(r, env.clock) for r in registry.all_ranges()]
     )
@@ -119,12 +149,14 @@ async def serve(config: ServerConfig) -> None:
         }
     )
     log.info(
-        "starting: data dir %s, logs: %s, checkpoints in %s, %d containers",
+        "starting: data dir %s, logs: %s, checkpoints in %s, %d containers%s",
         config.data_dir,
         log_description,
         checkpoint_store.describe(),
-        config.containers,
+        num_containers,
+        f", cluster {config.cluster} at {config.zk_hosts}" if coordinator else "",
     )
+    owners: dict[str, Callable[[int], str | None]] = {}
     server = GrpcServer(
         registry,
         bind_host=config.bind_host,
@@ -137,14 +169,27 @@ async def serve(config: ServerConfig) -> None:
             checkpoint_store=checkpoint_store.describe(),
             interval_s=config.checkpoint_interval_s,
         ),
+        owner_of=(lambda cid: owners["member"](cid)) if coordinator else None,
     )
+    member: ClusterMember | None = None
+    if coordinator is not None:
+        assert server.forwarder is not None
+        member = ClusterMember(coordinator, server.endpoint, registry)
+        owners["member"] = member.owner_of
+        registry.remote = RemoteCatalogClient(server.forwarder)
+        registry.still_owns = member.still_owns
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
     try:
-        await registry.start()
+        if member is not None:
+            await member.start()
+        else:
+            await registry.start()
     except BaseException:
         await server.stop(0)
+        if coordinator is not None:
+            await asyncio.to_thread(coordinator.stop)
         raise
     await server.set_serving()
     if config.metrics_port:
@@ -165,10 +210,16 @@ async def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
-    await server.stop(config.shutdown_grace_s)
     if checkpoints is not None:
         checkpoints.cancel()
+    if member is not None:
+        # Hand the containers over first, while this server still forwards requests to
+        # their next owners.
+        log.info("shutting down: closing and releasing containers")
+        await server.set_not_serving()
+        await member.stop()
+    log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
+    await server.stop(config.shutdown_grace_s)
     await registry.stop()
     await asyncio.to_thread(close_log)
     await asyncio.to_thread(close_checkpoint_store)
@@ -198,7 +249,7 @@ async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: floa
         await asyncio.sleep(interval_s)
         for range_ in registry.all_ranges():
             try:
-                await range_.checkpoint()
+                await registry.checkpoint_range(range_)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -216,6 +267,9 @@ def run(config: ServerConfig) -> int:
     except CorruptionError as exc:
         log.error("refusing to start: %s", exc.message)
         return 3
+    except ClusterError as exc:
+        log.error("cannot join the cluster: %s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 2

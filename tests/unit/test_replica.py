@@ -10,10 +10,10 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.clock import ManualClock
-from tablekeeper_server.errors import UnavailableError
+from tablekeeper_server.errors import IndeterminateError, UnavailableError
 from tablekeeper_server.log.api import LogRecord, LogWriter
 from tablekeeper_server.log.memory import MemoryLogBackend
-from tablekeeper_server.range.replica import IndeterminateError, Range, RangeName
+from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.storage.memory import MemoryKvStore
 
 pytestmark = pytest.mark.unit

@@ -9,15 +9,17 @@ Layout under `/tablekeeper/<cluster>`:
     controller/           kazoo Election: the live server that runs the controller
     assignment            ClusterAssignmentData{endpoint -> containers}; its ZooKeeper version is
                           the assignment's revision (writes are compare-and-set on it)
-    owners/<container>    "<endpoint> <epoch>": the container's current owner; every takeover
-                          raises the epoch by one (compare-and-set), and the epoch fences the
-                          previous owner's log writer
+    owners/<container>    "<endpoint> <epoch>[ released]": the container's current owner;
+                          every takeover raises the epoch by one (compare-and-set); "released"
+                          once the owner has closed it (a live owner is given a few seconds
+                          to do so before its logs are fenced)
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +41,18 @@ class ClusterError(Exception):
 class Ownership:
     endpoint: str
     epoch: int
+    released: bool = False
+    """The owner closed the container (the next owner need not wait for it)."""
+
+
+def _encode_owner(ownership: Ownership) -> bytes:
+    text = f"{ownership.endpoint} {ownership.epoch}"
+    return (text + " released" if ownership.released else text).encode()
+
+
+def _decode_owner(raw: bytes) -> Ownership:
+    endpoint, epoch, *rest = raw.decode().split(" ")
+    return Ownership(endpoint, int(epoch), released=rest == ["released"])
 
 
 class ZkCoordinator:
@@ -64,22 +78,32 @@ class ZkCoordinator:
         self._election: Election | None = None
         self._election_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self._term = threading.Event()
+        """Set when the current controller term must end (session lost, or stopping)."""
         self.zk.add_listener(self._on_state)
 
     # ------------------------------------------------------------------ session
 
     def start(self, timeout_s: float = 15.0) -> None:
         self.zk.start(timeout=timeout_s)
+        self._connected.set()
 
     def stop(self) -> None:
         """Leave the election (ending `lead`), then close the session."""
         self._stopping.set()
+        self._term.set()
         if self._election is not None:
             self._election.cancel()
         if self._election_thread is not None:
             self._election_thread.join(timeout=5)
         self.zk.stop()
         self.zk.close()
+
+    @property
+    def session_id(self) -> int:
+        session = self.zk.client_id
+        return int(session[0]) if session else 0
 
     def add_state_listener(self, listener: Callable[[str], None]) -> None:
         self._listeners.append(listener)
@@ -90,6 +114,12 @@ class ZkCoordinator:
             KazooState.SUSPENDED: "suspended",
             KazooState.LOST: "lost",
         }.get(state, str(state).lower())
+        if name == "connected":
+            self._connected.set()
+        else:
+            self._connected.clear()
+        if name == "lost":
+            self._term.set()  # our election node is gone: another server may lead now
         for listener in list(self._listeners):
             try:
                 listener(name)
@@ -190,46 +220,80 @@ class ZkCoordinator:
             raw, _ = self.zk.get(f"{self.root}/owners/{container}")
         except NoNodeError:
             return None
-        endpoint, _, epoch = raw.decode().rpartition(" ")
-        return Ownership(endpoint, int(epoch))
+        return _decode_owner(raw)
 
-    def claim(self, container: int, endpoint: str) -> int:
+    def claim(self, container: int, endpoint: str, *, handoff_timeout_s: float = 5.0) -> int:
         """Make `endpoint` the owner of `container` with a new, higher epoch; return it.
 
-        Compare-and-set against concurrent claims: of two claimants, one wins each round and the
-        other sees the higher epoch on its retry. The caller must then fence the container's logs
-        with the returned epoch before serving.
+        A live previous owner gets up to `handoff_timeout_s` to close the container and
+        `release` it (so the requests it is finishing are not cut off by fencing); a dead or
+        released one is taken over at once. Compare-and-set against concurrent claims: of two
+        claimants, one wins each round and the other sees the higher epoch on its retry. The
+        caller must then fence the container's logs (opening them does) before serving.
         """
         path = f"{self.root}/owners/{container}"
+        deadline = time.monotonic() + handoff_timeout_s
         while True:
             try:
                 raw, stat = self.zk.get(path)
             except NoNodeError:
                 try:
-                    self.zk.create(path, f"{endpoint} 1".encode())
+                    self.zk.create(path, _encode_owner(Ownership(endpoint, 1)))
                     return 1
                 except NodeExistsError:
                     continue
-            epoch = int(raw.decode().rpartition(" ")[2]) + 1
+            current = _decode_owner(raw)
+            if (
+                current.endpoint != endpoint
+                and not current.released
+                and time.monotonic() < deadline
+                and current.endpoint in self.live_servers()
+            ):
+                time.sleep(0.05)  # the previous owner is alive and closing: let it finish
+                continue
+            epoch = current.epoch + 1
             try:
-                self.zk.set(path, f"{endpoint} {epoch}".encode(), stat.version)
+                self.zk.set(path, _encode_owner(Ownership(endpoint, epoch)), stat.version)
                 return epoch
             except BadVersionError:
                 continue
 
+    def release(self, container: int, endpoint: str, epoch: int) -> None:
+        """Say the container is closed here, if we still own it at `epoch` (the next owner may
+        then take over without waiting)."""
+        path = f"{self.root}/owners/{container}"
+        try:
+            raw, stat = self.zk.get(path)
+            if _decode_owner(raw) == Ownership(endpoint, epoch):
+                released = Ownership(endpoint, epoch, released=True)
+                self.zk.set(path, _encode_owner(released), stat.version)
+        except (NoNodeError, BadVersionError):
+            pass
+
     # ------------------------------------------------------------------ controller
 
     def run_for_controller(self, endpoint: str, lead: Callable[[threading.Event], None]) -> None:
-        """Contend for the controller role in a background thread. `lead(stop)` runs while this
-        server is the controller and must return soon after `stop` is set (by `stop()`)."""
-        election = Election(self.zk, f"{self.root}/controller", endpoint)
-        thread = threading.Thread(
-            target=election.run,
-            args=(lead, self._stopping),
-            name="tablekeeper-controller",
-            daemon=True,
-        )
-        self._election, self._election_thread = election, thread
+        """Contend for the controller role in a background thread, for as long as this
+        coordinator runs. `lead(term)` runs while this server is the controller and must return
+        soon after `term` is set: by `stop()`, or when the session is lost (the election node
+        goes with it, so another server may be elected). After a lost session the server
+        contends again once reconnected."""
+
+        def campaign() -> None:
+            while not self._stopping.is_set():
+                if not self._connected.wait(timeout=0.5):
+                    continue
+                self._term = threading.Event()
+                election = Election(self.zk, f"{self.root}/controller", endpoint)
+                self._election = election
+                try:
+                    election.run(lead, self._term)
+                except Exception as exc:  # connection loss while contending: try again
+                    log.info("controller election interrupted: %s", exc)
+                self._stopping.wait(timeout=0.2)
+
+        thread = threading.Thread(target=campaign, name="tablekeeper-controller", daemon=True)
+        self._election_thread = thread
         thread.start()
 
     def controller(self) -> str | None:
@@ -240,6 +304,9 @@ class ZkCoordinator:
 def _decode_assignment(raw: bytes) -> Assignment:
     data = cluster_pb2.ClusterAssignmentData.FromString(raw)
     return {endpoint: frozenset(s.containers) for endpoint, s in data.servers.items()}
+
+
+RECONCILE_INTERVAL_S = 5.0
 
 
 class Controller:
@@ -263,14 +330,22 @@ class Controller:
         return False
 
     def lead(self, stop: threading.Event) -> None:
-        """The body of `run_for_controller`: reconcile on every membership change until `stop`."""
+        """The body of `run_for_controller`: reconcile on every membership change (and every
+        few seconds, in case a change was missed) until `stop`."""
+        log.info("this server is the controller now")
         self._zk.watch_servers(lambda _: self._changed.set())
         self._changed.set()
         while not stop.is_set():
-            if self._changed.wait(timeout=0.5):
-                self._changed.clear()
-                while not self.reconcile() and not stop.is_set():
-                    pass
+            self._changed.wait(timeout=RECONCILE_INTERVAL_S)
+            self._changed.clear()
+            while not stop.is_set():
+                try:
+                    if self.reconcile():
+                        break
+                except Exception as exc:  # ZooKeeper unreachable for now: retry
+                    log.warning("controller: reconcile failed: %s", exc)
+                    stop.wait(timeout=0.5)
+        log.info("controller term ended")
 
 
 def _nonempty(assignment: Assignment) -> Assignment:

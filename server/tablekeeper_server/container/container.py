@@ -58,17 +58,28 @@ class ContainerState(enum.Enum):
 
 
 class StorageContainer:
-    def __init__(self, container_id: int, env: ContainerEnv) -> None:
+    def __init__(self, container_id: int, env: ContainerEnv, *, epoch: int = 0) -> None:
         self.id = container_id
         self.env = env
+        self.epoch = epoch
+        """The ownership epoch this server holds the container with (cluster mode; 0 alone)."""
         self.state = ContainerState.STOPPED
         self.root: RootCatalog | None = None
         self.meta: MetaCatalog | None = None
         self._ranges: dict[tuple[int, int], Range] = {}
         self._opening: dict[tuple[int, int], asyncio.Task[Range]] = {}
 
+    @property
+    def local_dir(self) -> Path:
+        """Where this container's range stores live on this server."""
+        return self.env.db_dir / f"{self.id:05d}"
+
+    @property
+    def serving(self) -> bool:
+        return self.state is ContainerState.SERVING
+
     def _range_dir(self, name: RangeName) -> Path:
-        return self.env.db_dir / f"{name.container_id:05d}" / f"{name.stream_id}-{name.range_id}"
+        return self.local_dir / f"{name.stream_id}-{name.range_id}"
 
     def _new_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
         env = self.env

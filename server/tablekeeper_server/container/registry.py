@@ -2,14 +2,19 @@
 
 Routing: (stream id, pkey) -> the table's ranges (from the meta range on the table's container,
 cached) -> the range whose hash interval holds the pkey -> that range's container -> the range.
-In standalone mode every container is local; a container that is not hosted here answers
-`RouteNotFoundError` (gRPC NOT_FOUND, which clients retry).
+In standalone mode every container is local. In cluster mode the containers come and go as the
+assignment changes (`add` / `remove`); a request for a container hosted elsewhere raises
+`NotServedHereError`, which the RPC layer forwards to the owner, and the catalog ranges another
+server owns (the root range, a table's meta range) are read through `RemoteCatalog`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.root import RootCatalog
@@ -19,7 +24,7 @@ from tablekeeper_server.container.container import (
     StorageContainer,
 )
 from tablekeeper_server.core.routing import RangeRouter
-from tablekeeper_server.errors import RouteNotFoundError
+from tablekeeper_server.errors import NotServedHereError, RouteNotFoundError, UnavailableError
 from tablekeeper_server.range.replica import Range
 
 log = logging.getLogger(__name__)
@@ -34,10 +39,34 @@ class _TableRoute:
         self.router = RangeRouter([r.start_hash_key for r in ranges], [r.range_id for r in ranges])
 
 
+class RemoteCatalog(Protocol):
+    """Reads catalog ranges that other servers own (cluster mode; implemented by the RPC layer,
+    which knows the owners). Raises `RouteNotFoundError` when the owner cannot be reached."""
+
+    async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties: ...
+
+    async def active_ranges(
+        self, stream_id: int, container_id: int
+    ) -> list[stream_pb2.RangeProperties]: ...
+
+
 class ContainerRegistry:
-    def __init__(self, env: ContainerEnv, container_ids: list[int]) -> None:
+    def __init__(
+        self,
+        env: ContainerEnv,
+        container_ids: list[int],
+        *,
+        remote: RemoteCatalog | None = None,
+    ) -> None:
         self.env = env
         self.containers = {cid: StorageContainer(cid, env) for cid in container_ids}
+        self.remote = remote
+        self.still_owns: Callable[[StorageContainer], Awaitable[bool]] | None = None
+        """Cluster mode: whether ZooKeeper still names this server the container's owner
+        (checked before a checkpoint truncates a shared log)."""
+        self.suspended: str | None = None
+        """Why this server refuses every request right now (its ZooKeeper session is
+        suspended: another server may be taking its containers over), or None."""
         self._routes: dict[int, _TableRoute] = {}
         self._resolving: dict[int, asyncio.Task[_TableRoute]] = {}
 
@@ -51,10 +80,39 @@ class ContainerRegistry:
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self.containers.values()))
 
+    async def add(self, container_id: int, epoch: int) -> None:
+        """Start hosting `container_id` (cluster mode), its previous owner being fenced by the
+        ownership `epoch`. Local state from an earlier ownership is discarded first: the shared
+        log and checkpoints are the truth, and a restored store keeps the checkpoints of all
+        owners one lineage (incremental checkpoints match files by name)."""
+        if container_id in self.containers:
+            return
+        container = StorageContainer(container_id, self.env, epoch=epoch)
+        self.containers[container_id] = container
+        try:
+            await asyncio.to_thread(shutil.rmtree, container.local_dir, True)
+            await container.start()
+        except BaseException:
+            self.containers.pop(container_id, None)
+            await container.stop()
+            raise
+
+    async def remove(self, container_id: int) -> None:
+        """Stop hosting `container_id`: close its ranges (the new owner fences their logs)."""
+        container = self.containers.pop(container_id, None)
+        if container is not None:
+            await container.stop()
+
+    def serving(self) -> list[int]:
+        """The containers that serve requests now."""
+        return sorted(cid for cid, c in self.containers.items() if c.serving)
+
     def container(self, container_id: int) -> StorageContainer:
+        if self.suspended is not None:
+            raise UnavailableError(self.suspended)
         container = self.containers.get(container_id)
         if container is None:
-            raise RouteNotFoundError(f"storage container {container_id} is not served here")
+            raise NotServedHereError(container_id)
         return container
 
     @property
@@ -65,10 +123,19 @@ class ContainerRegistry:
         return root
 
     async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties:
-        return self.root.get_stream_by_id(stream_id)
+        """A table's properties, from the root range here or on its owner."""
+        try:
+            root = self.root
+        except NotServedHereError:
+            if self.remote is None:
+                raise
+            return await self.remote.stream_props(stream_id)
+        return root.get_stream_by_id(stream_id)
 
     async def active_ranges(self, stream_id: int) -> list[stream_pb2.RangeProperties]:
-        props = self.root.get_stream_by_id(stream_id)  # raises StreamNotFoundError
+        """A table's ranges from its meta range, which must be hosted here (`NotServedHereError`
+        names the container otherwise)."""
+        props = await self.stream_props(stream_id)  # raises StreamNotFoundError
         meta = self.container(props.storage_container_id).meta
         if meta is None:
             raise RouteNotFoundError(f"container {props.storage_container_id} is not open yet")
@@ -87,8 +154,13 @@ class ContainerRegistry:
         return await asyncio.shield(task)
 
     async def _resolve(self, stream_id: int) -> _TableRoute:
-        props = self.root.get_stream_by_id(stream_id)
-        ranges = await self.active_ranges(stream_id)
+        props = await self.stream_props(stream_id)
+        try:
+            ranges = await self.active_ranges(stream_id)
+        except NotServedHereError as elsewhere:
+            if self.remote is None:
+                raise
+            ranges = await self.remote.active_ranges(stream_id, elsewhere.container_id)
         route = _TableRoute(props, ranges)
         self._routes[stream_id] = route
         return route
@@ -117,6 +189,10 @@ class ContainerRegistry:
         for props in tables:
             self._routes.pop(props.stream_id, None)
             try:
+                if props.storage_container_id not in self.containers:
+                    # Cluster mode: the table's meta range is elsewhere; its ranges stay until
+                    # that container removes them (not done yet: see README, cluster mode).
+                    continue
                 meta = self.container(props.storage_container_id).meta
                 if meta is None:
                     continue
@@ -147,8 +223,20 @@ class ContainerRegistry:
         """Checkpoint one table's ranges (`stream_id`), or every open range (0)."""
         ranges = await self.open_table_ranges(stream_id) if stream_id else self.all_ranges()
         for range_ in ranges:
-            await range_.checkpoint(force=force)
+            await self.checkpoint_range(range_, force=force)
         return ranges
+
+    async def checkpoint_range(self, range_: Range, *, force: bool = False) -> None:
+        """Checkpoint one open range (and truncate its log), if its container is still ours."""
+        container = self.containers.get(range_.name.container_id)
+        if container is None:
+            return  # moved away meanwhile
+        if self.still_owns is not None and not await self.still_owns(container):
+            raise UnavailableError(
+                f"not checkpointing {range_.name.log_name}: container {container.id} is no "
+                "longer owned by this server"
+            )
+        await range_.checkpoint(force=force)
 
     def open_ranges(self) -> int:
         return sum(len(c.ranges) for c in self.containers.values())

@@ -566,7 +566,8 @@ class PulsarLogWriter:
             self._fenced = True
             raise LogFencedError(
                 f"log {self._log_name!r}: fenced, another writer opened the log (epoch "
-                f"{self._epoch}, sequences {first}..{last} not acknowledged): {exc}"
+                f"{self._epoch}, sequences {first}..{last} not acknowledged): {exc}",
+                maybe_persisted=True,
             ) from exc
         self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
         raise UnavailableError(

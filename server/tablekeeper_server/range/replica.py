@@ -40,6 +40,7 @@ from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     CorruptionError,
+    IndeterminateError,
     LogFencedError,
     TableKeeperError,
     UnavailableError,
@@ -61,13 +62,6 @@ REPLAY_BATCH = 1024
 
 class LogGapError(CorruptionError):
     """The log does not continue where the store stopped (records were truncated)."""
-
-
-class IndeterminateError(TableKeeperError):
-    """The command may or may not have been persisted (the log failed mid-append). Retrying a
-    non-idempotent write could apply it twice, so callers must not retry blindly."""
-
-    code = 600  # UNEXPECTED: BookKeeper clients do not retry it
 
 
 class RangeMetrics(Protocol):
@@ -332,9 +326,14 @@ class Range:
             try:
                 last = await writer.append(payloads)
             except LogFencedError as exc:
-                # A newer owner has the log: this group was not appended, and none can be.
+                # A newer owner has the log: no later group can be appended. This one may have
+                # reached the log before the fence if it was already sent.
                 self._fenced = True
-                self._fail(group, f"log fenced by a newer writer: {exc}", indeterminate=False)
+                self._fail(
+                    group,
+                    f"log fenced by a newer writer: {exc}",
+                    indeterminate=exc.maybe_persisted,
+                )
                 return
             except Exception as exc:
                 self._fail(group, f"log append failed: {exc}", indeterminate=True)

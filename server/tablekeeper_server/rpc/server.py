@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -16,6 +18,7 @@ from tablekeeper_proto.v1 import (
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
     MetaRangeServicer,
     RootRangeServicer,
@@ -49,7 +52,11 @@ class GrpcServer:
         limits: Limits,
         metrics: ServerMetrics | None,
         admin: admin_pb2_grpc.AdminServicer | None = None,
+        owner_of: Callable[[int], str | None] | None = None,
     ) -> None:
+        """`owner_of(container)` is the cluster's assignment ("host:port", None: unassigned);
+        without it (standalone) every container is served here. Requests for containers owned
+        elsewhere are forwarded to their owner."""
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
         # metadata limits (8 KiB soft, 16 KiB hard) would reject keys the server accepts.
@@ -63,15 +70,31 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        ops = TableOps(registry, limits)
+        self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind gRPC port {bind_host}:{port}")
+        self.endpoint = f"{advertised_host}:{self.port}"
+        self.forwarder: Forwarder | None = None
+        if owner_of is None:
+            endpoint = self.endpoint
+            owner_of = lambda container_id: endpoint  # noqa: E731
+        else:
+            self.forwarder = Forwarder(
+                owner_of,
+                self.endpoint,
+                message_bytes_max=message_max,
+                metadata_bytes_max=metadata_max,
+            )
+        forwarder = self.forwarder
+        ops = TableOps(registry, limits, forwarder)
         storage_pb2_grpc.add_RootRangeServiceServicer_to_server(
-            RootRangeServicer(registry, metrics), self._server
+            RootRangeServicer(registry, metrics, forwarder), self._server
         )
         storage_pb2_grpc.add_MetaRangeServiceServicer_to_server(
-            MetaRangeServicer(registry, metrics), self._server
+            MetaRangeServicer(registry, metrics, forwarder), self._server
         )
         storage_pb2_grpc.add_StorageContainerServiceServicer_to_server(
-            StorageContainerServicer(registry, advertised_host, port), self._server
+            StorageContainerServicer(owner_of), self._server
         )
         kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(
             TableServicer(ops, metrics), self._server
@@ -87,9 +110,6 @@ class GrpcServer:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
-        if self.port == 0:
-            raise OSError(f"cannot bind gRPC port {bind_host}:{port}")
 
     async def start(self, *, serving: bool = True) -> None:
         """Accept calls. With `serving=False` health reports NOT_SERVING until `set_serving()`:
@@ -99,6 +119,10 @@ class GrpcServer:
         status = serving_status.SERVING if serving else serving_status.NOT_SERVING
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, status)
+
+    async def set_not_serving(self) -> None:
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def set_serving(self) -> None:
         for name in ("", *SERVICE_NAMES):
@@ -112,3 +136,5 @@ class GrpcServer:
         self._watch.shutdown()
         self._sessions.shutdown()
         await self._server.stop(grace_s)
+        if self.forwarder is not None:
+            await self.forwarder.close()

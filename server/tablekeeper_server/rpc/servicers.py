@@ -31,6 +31,14 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import scan, validation
+from tablekeeper_server.rpc.proxy import (
+    META_SERVICE,
+    ROOT_SERVICE,
+    TABLE_SERVICE,
+    TABLEKEEPER_SERVICE,
+    Forwarder,
+    local_or_forward,
+)
 from tablekeeper_server.rpc.status import command_status_reason, serve
 
 log = logging.getLogger(__name__)
@@ -56,9 +64,17 @@ def _header_code(response: Any) -> int:
 
 
 class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
-    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+    """The root range lives on container 0; other servers forward these calls to its owner."""
+
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        metrics: ServerMetrics | None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._forwarder = forwarder
 
     async def _serve(
         self,
@@ -66,9 +82,22 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
         context: Context,
         handler: Callable[[], Awaitable[M]],
         kind: Callable[..., M],
+        request: Any = None,
     ) -> M:
+        async def routed() -> M:
+            return await local_or_forward(
+                self._forwarder,
+                context,
+                handler,
+                ROOT_SERVICE + method,
+                request,
+                kind,
+                _code,
+                idempotent=method.startswith("Get"),
+            )
+
         return await serve(
-            method, context, self._metrics, handler, lambda code: kind(code=code), _code
+            method, context, self._metrics, routed, lambda code: kind(code=code), _code
         )
 
     async def CreateNamespace(  # noqa: N802 (gRPC method names)
@@ -79,7 +108,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             return storage_pb2.CreateNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
 
         return await self._serve(
-            "CreateNamespace", context, handle, storage_pb2.CreateNamespaceResponse
+            "CreateNamespace", context, handle, storage_pb2.CreateNamespaceResponse, request
         )
 
     async def GetNamespace(  # noqa: N802
@@ -89,7 +118,9 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             props = self._registry.root.get_namespace(request.name)
             return storage_pb2.GetNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
 
-        return await self._serve("GetNamespace", context, handle, storage_pb2.GetNamespaceResponse)
+        return await self._serve(
+            "GetNamespace", context, handle, storage_pb2.GetNamespaceResponse, request
+        )
 
     async def DeleteNamespace(  # noqa: N802
         self, request: storage_pb2.DeleteNamespaceRequest, context: Context
@@ -100,7 +131,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             return storage_pb2.DeleteNamespaceResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
 
         return await self._serve(
-            "DeleteNamespace", context, handle, storage_pb2.DeleteNamespaceResponse
+            "DeleteNamespace", context, handle, storage_pb2.DeleteNamespaceResponse, request
         )
 
     async def CreateStream(  # noqa: N802
@@ -112,7 +143,9 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             )
             return storage_pb2.CreateStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
 
-        return await self._serve("CreateStream", context, handle, storage_pb2.CreateStreamResponse)
+        return await self._serve(
+            "CreateStream", context, handle, storage_pb2.CreateStreamResponse, request
+        )
 
     async def GetStream(  # noqa: N802
         self, request: storage_pb2.GetStreamRequest, context: Context
@@ -129,7 +162,9 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
                 raise IllegalOpError("GetStream needs a stream name or a stream id")
             return storage_pb2.GetStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
 
-        return await self._serve("GetStream", context, handle, storage_pb2.GetStreamResponse)
+        return await self._serve(
+            "GetStream", context, handle, storage_pb2.GetStreamResponse, request
+        )
 
     async def DeleteStream(  # noqa: N802
         self, request: storage_pb2.DeleteStreamRequest, context: Context
@@ -139,13 +174,23 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             await self._registry.drop_tables([props])
             return storage_pb2.DeleteStreamResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
 
-        return await self._serve("DeleteStream", context, handle, storage_pb2.DeleteStreamResponse)
+        return await self._serve(
+            "DeleteStream", context, handle, storage_pb2.DeleteStreamResponse, request
+        )
 
 
 class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
-    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+    """A table's meta range lives on the table's container; other servers forward."""
+
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        metrics: ServerMetrics | None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._forwarder = forwarder
 
     async def GetActiveRanges(  # noqa: N802
         self, request: storage_pb2.GetActiveRangesRequest, context: Context
@@ -157,20 +202,34 @@ class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
                 response.ranges.add(props=props, type=storage_pb2.PARENTS)
             return response
 
+        async def routed() -> storage_pb2.GetActiveRangesResponse:
+            return await local_or_forward(
+                self._forwarder,
+                context,
+                handle,
+                META_SERVICE + "GetActiveRanges",
+                request,
+                storage_pb2.GetActiveRangesResponse,
+                _code,
+                idempotent=True,
+            )
+
         return await serve(
             "GetActiveRanges",
             context,
             self._metrics,
-            handle,
+            routed,
             lambda code: storage_pb2.GetActiveRangesResponse(code=code),  # type: ignore[arg-type]
             _code,
         )
 
 
 class StorageContainerServicer(storage_pb2_grpc.StorageContainerServiceServicer):
-    def __init__(self, registry: ContainerRegistry, host: str, port: int) -> None:
-        self._registry = registry
-        self._endpoint = common_pb2.Endpoint(hostname=host, port=port)
+    """Where each container is served: this server (standalone), or its owner in the cluster's
+    assignment (`owner_of`, "host:port" or None when unassigned)."""
+
+    def __init__(self, owner_of: Callable[[int], str | None]) -> None:
+        self._owner_of = owner_of
 
     async def GetStorageContainerEndpoint(  # noqa: N802
         self, request: storage_pb2.GetStorageContainerEndpointRequest, context: Context
@@ -178,14 +237,17 @@ class StorageContainerServicer(storage_pb2_grpc.StorageContainerServiceServicer)
         response = storage_pb2.GetStorageContainerEndpointResponse(status_code=Code.SUCCESS)  # type: ignore[arg-type]
         for one in request.requests:
             result = response.responses.add()
-            if one.storage_container in self._registry.containers:
-                result.status_code = Code.SUCCESS  # type: ignore[assignment]
-                result.endpoint.storage_container_id = one.storage_container
-                result.endpoint.revision = 0
-                result.endpoint.rw_endpoint.CopyFrom(self._endpoint)
-                result.endpoint.ro_endpoint.add().CopyFrom(self._endpoint)
-            else:
+            owner = self._owner_of(one.storage_container)
+            if owner is None:
                 result.status_code = Code.INTERNAL_SERVER_ERROR  # type: ignore[assignment]
+                continue
+            host, _, port = owner.rpartition(":")
+            endpoint = common_pb2.Endpoint(hostname=host, port=int(port))
+            result.status_code = Code.SUCCESS  # type: ignore[assignment]
+            result.endpoint.storage_container_id = one.storage_container
+            result.endpoint.revision = 0
+            result.endpoint.rw_endpoint.CopyFrom(endpoint)
+            result.endpoint.ro_endpoint.add().CopyFrom(endpoint)
         return response
 
 
@@ -202,55 +264,132 @@ def _stream_id(header: kv_rpc_pb2.RoutingHeader, context: Context) -> int:
 
 
 class TableOps:
-    """The table operations, shared by the BookKeeper TableService and TableKeeper's Batch."""
+    """The table operations, shared by the BookKeeper TableService and TableKeeper's Batch.
 
-    def __init__(self, registry: ContainerRegistry, limits: validation.Limits) -> None:
+    Each is validated here, then served by the range that holds its pkey, or forwarded to the
+    server that owns that range's container (cluster mode). `context` is the incoming call's
+    (None for calls that must not be forwarded)."""
+
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        limits: validation.Limits,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self.registry = registry
         self.limits = limits
+        self.forwarder = forwarder
+
+    async def _routed(
+        self,
+        method: str,
+        req: Any,
+        context: Context,
+        local: Callable[[], Awaitable[M]],
+        response_type: Callable[..., M],
+    ) -> M:
+        return await local_or_forward(
+            self.forwarder,
+            context,
+            local,
+            TABLE_SERVICE + method,
+            req,
+            response_type,
+            _header_code,
+            idempotent=method == "Range",
+            passthrough_codes=lambda code: command_status_reason(method, code) is not None,
+        )
 
     async def _write(
-        self, stream_id: int, req: Any, check: Callable[[Any, validation.Limits], None], op: str
-    ) -> Any:
+        self,
+        stream_id: int,
+        req: Any,
+        check: Callable[[Any, validation.Limits], None],
+        op: str,
+        context: Context,
+        response_type: Callable[..., M],
+    ) -> M:
         """Validate, route by pkey, append to the range's log as `WalCommand.<op>`, apply."""
         validation.check_routing(req.header, self.limits)
         check(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        return await range_.execute(wal_pb2.WalCommand(**{op: req}))
 
-    async def put(self, stream_id: int, req: kv_rpc_pb2.PutRequest) -> kv_rpc_pb2.PutResponse:
-        response = await self._write(stream_id, req, validation.check_put, "put")
-        assert isinstance(response, kv_rpc_pb2.PutResponse)
-        return response
+        async def local() -> M:
+            range_ = await self.registry.table_range(
+                stream_id, req.header.r_key, req.header.range_id
+            )
+            response: M = await range_.execute(wal_pb2.WalCommand(**{op: req}))  # type: ignore[assignment]
+            return response
+
+        return await self._routed(_BATCH_METHODS[op], req, context, local, response_type)
+
+    async def put(
+        self, stream_id: int, req: kv_rpc_pb2.PutRequest, context: Context = None
+    ) -> kv_rpc_pb2.PutResponse:
+        return await self._write(
+            stream_id, req, validation.check_put, "put", context, kv_rpc_pb2.PutResponse
+        )
 
     async def increment(
-        self, stream_id: int, req: kv_rpc_pb2.IncrementRequest
+        self, stream_id: int, req: kv_rpc_pb2.IncrementRequest, context: Context = None
     ) -> kv_rpc_pb2.IncrementResponse:
-        response = await self._write(stream_id, req, validation.check_increment, "increment")
-        assert isinstance(response, kv_rpc_pb2.IncrementResponse)
-        return response
+        return await self._write(
+            stream_id,
+            req,
+            validation.check_increment,
+            "increment",
+            context,
+            kv_rpc_pb2.IncrementResponse,
+        )
 
     async def delete(
-        self, stream_id: int, req: kv_rpc_pb2.DeleteRangeRequest
+        self, stream_id: int, req: kv_rpc_pb2.DeleteRangeRequest, context: Context = None
     ) -> kv_rpc_pb2.DeleteRangeResponse:
-        response = await self._write(stream_id, req, validation.check_delete, "delete_range")
-        assert isinstance(response, kv_rpc_pb2.DeleteRangeResponse)
-        return response
+        return await self._write(
+            stream_id,
+            req,
+            validation.check_delete,
+            "delete_range",
+            context,
+            kv_rpc_pb2.DeleteRangeResponse,
+        )
 
-    async def txn(self, stream_id: int, req: kv_rpc_pb2.TxnRequest) -> kv_rpc_pb2.TxnResponse:
-        response = await self._write(stream_id, req, validation.check_txn, "txn")
-        assert isinstance(response, kv_rpc_pb2.TxnResponse)
-        return response
+    async def txn(
+        self, stream_id: int, req: kv_rpc_pb2.TxnRequest, context: Context = None
+    ) -> kv_rpc_pb2.TxnResponse:
+        return await self._write(
+            stream_id, req, validation.check_txn, "txn", context, kv_rpc_pb2.TxnResponse
+        )
 
-    async def range(self, stream_id: int, req: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
+    async def range(
+        self, stream_id: int, req: kv_rpc_pb2.RangeRequest, context: Context = None
+    ) -> kv_rpc_pb2.RangeResponse:
         validation.check_range(req, self.limits)
-        range_ = await self.registry.table_range(stream_id, req.header.r_key, req.header.range_id)
-        return range_.read(req)
+
+        async def local() -> kv_rpc_pb2.RangeResponse:
+            range_ = await self.registry.table_range(
+                stream_id, req.header.r_key, req.header.range_id
+            )
+            return range_.read(req)
+
+        return await self._routed("Range", req, context, local, kv_rpc_pb2.RangeResponse)
 
     async def scan_range(
-        self, req: tablekeeper_pb2.ScanRangeRequest
+        self, req: tablekeeper_pb2.ScanRangeRequest, context: Context = None
     ) -> tablekeeper_pb2.ScanRangeResponse:
-        range_ = await scan.table_range_by_id(self.registry, req.stream_id, req.range_id)
-        return scan.scan_page(range_, req)
+        async def local() -> tablekeeper_pb2.ScanRangeResponse:
+            range_ = await scan.table_range_by_id(self.registry, req.stream_id, req.range_id)
+            return scan.scan_page(range_, req)
+
+        return await local_or_forward(
+            self.forwarder,
+            context,
+            local,
+            TABLEKEEPER_SERVICE + "ScanRange",
+            req,
+            tablekeeper_pb2.ScanRangeResponse,
+            _header_code,
+            idempotent=True,
+        )
 
 
 class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):
@@ -263,13 +402,13 @@ class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):
         method: str,
         context: Context,
         request: Any,
-        op: Callable[[int, Any], Awaitable[M]],
+        op: Callable[[int, Any, Context], Awaitable[M]],
         kind: Callable[..., M],
     ) -> M:
         header = request.header
 
         async def handle() -> M:
-            response = await op(_stream_id(header, context), request)
+            response = await op(_stream_id(header, context), request, context)
             response.header.routing_header.CopyFrom(header)  # type: ignore[attr-defined]
             return response
 
@@ -326,7 +465,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         return tablekeeper_pb2.ServerInfoResponse(
             version=SERVER_VERSION,
             num_storage_containers=self._registry.env.num_containers,
-            containers=sorted(self._registry.containers),
+            containers=self._registry.serving(),
             open_ranges=self._registry.open_ranges(),
         )
 
@@ -341,7 +480,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         self, request: tablekeeper_pb2.ScanRangeRequest, context: Context
     ) -> tablekeeper_pb2.ScanRangeResponse:
         async def handle() -> tablekeeper_pb2.ScanRangeResponse:
-            return await self._ops.scan_range(request)
+            return await self._ops.scan_range(request, context)
 
         def error(code: int) -> tablekeeper_pb2.ScanRangeResponse:
             return tablekeeper_pb2.ScanRangeResponse(
@@ -360,7 +499,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             return result
         request = getattr(op, kind)
         target = getattr(result, kind)
-        handlers: dict[str, Callable[[int, Any], Awaitable[Any]]] = {
+        handlers: dict[str, Callable[[int, Any, Context], Awaitable[Any]]] = {
             "put": self._ops.put,
             "increment": self._ops.increment,
             "delete_range": self._ops.delete,
@@ -369,7 +508,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         }
         handler = handlers[kind]
         try:
-            response = await handler(_stream_id(request.header, context), request)
+            response = await handler(_stream_id(request.header, context), request, context)
             target.CopyFrom(response)
             if code := target.header.code:
                 result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""

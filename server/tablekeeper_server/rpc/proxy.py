@@ -1,0 +1,212 @@
+"""Server-to-server forwarding (cluster mode): any server accepts any request.
+
+A request for a storage container hosted elsewhere raises `NotServedHereError` in the domain
+code; the servicer then forwards the same request, unchanged, to the container's owner from the
+assignment and returns the owner's answer (as BookKeeper's proxy channels do). A forwarded
+request carries `tk-forwarded` metadata and is never forwarded a second time: if the receiving
+server does not host the container either (its view of the assignment is older or newer), the
+caller hears NOT_FOUND and retries once the views agree.
+
+Whether the owner applied a write is only certain when it answered, or when the call never left
+(no connection). Anything else (a deadline, a connection dropped mid-call) becomes
+`IndeterminateError` for writes, so a non-idempotent write is not retried blindly; reads are
+answered NOT_FOUND (retry).
+
+`RemoteCatalogClient` reads the root and meta ranges another server owns, for the routing done
+here (table id and pkey → range → container).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from tablekeeper_proto.bookkeeper import storage_pb2
+from tablekeeper_server.errors import (
+    ForwardedError,
+    IndeterminateError,
+    NotServedHereError,
+    RouteNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+FORWARDED_METADATA_KEY = "tk-forwarded"
+ERROR_METADATA_KEY = "tk-error"
+ROOT_SERVICE = "/bookkeeper.proto.storage.RootRangeService/"
+META_SERVICE = "/bookkeeper.proto.storage.MetaRangeService/"
+TABLE_SERVICE = "/bookkeeper.proto.kv.rpc.TableService/"
+TABLEKEEPER_SERVICE = "/tablekeeper.v1.TableKeeper/"
+FORWARD_TIMEOUT_S = 30.0
+_CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
+R = TypeVar("R")
+
+
+def was_forwarded(context: Any) -> bool:
+    """Whether the request being served was forwarded by another server."""
+    return any(key == FORWARDED_METADATA_KEY for key, _ in context.invocation_metadata() or ())
+
+
+def _never_sent(error: grpc.aio.AioRpcError) -> bool:
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (error.details() or "").lower()
+    return any(hint in details for hint in _CONNECT_FAILURE_HINTS)
+
+
+class Forwarder:
+    """Forwards requests to the owners of their containers. `owner_of(container)` answers from
+    the assignment this server watches (None: unassigned right now)."""
+
+    def __init__(
+        self,
+        owner_of: Callable[[int], str | None],
+        self_endpoint: str,
+        *,
+        message_bytes_max: int,
+        metadata_bytes_max: int,
+    ) -> None:
+        self._owner_of = owner_of
+        self._self = self_endpoint
+        self._options = [
+            ("grpc.max_receive_message_length", message_bytes_max),
+            ("grpc.max_send_message_length", message_bytes_max),
+            ("grpc.max_metadata_size", metadata_bytes_max),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+        ]
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.forwarded = 0
+        """Requests forwarded so far (for tests and metrics)."""
+
+    def owner(self, container_id: int) -> str:
+        """The endpoint to forward to; `RouteNotFoundError` if that is nobody or this server."""
+        endpoint = self._owner_of(container_id)
+        if endpoint is None:
+            raise RouteNotFoundError(f"storage container {container_id} has no owner right now")
+        if endpoint == self._self:
+            raise RouteNotFoundError(f"storage container {container_id} is not open here yet")
+        return endpoint
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(endpoint, options=self._options)
+            self._channels[endpoint] = channel
+        return channel
+
+    async def forward(
+        self,
+        container_id: int,
+        path: str,
+        request: Any,
+        response_type: Callable[..., R],
+        code_of: Callable[[R], int],
+        *,
+        idempotent: bool,
+        context: Any = None,
+        metadata: Sequence[tuple[str, str | bytes]] = (),
+        passthrough_codes: Callable[[int], bool] = lambda code: False,
+    ) -> R:
+        """Send `request` to the owner of `container_id` at `path`; return its response.
+
+        A non-zero body status comes back as `ForwardedError` (with the owner's reason), unless
+        `passthrough_codes(code)`: then the response itself is returned (a command status such
+        as BAD_VERSION, whose response body matters).
+        """
+        endpoint = self.owner(container_id)
+        timeout = FORWARD_TIMEOUT_S
+        if context is not None and (remaining := context.time_remaining()) is not None:
+            timeout = min(timeout, max(remaining, 0.001))
+        method = self._channel(endpoint).unary_unary(
+            path,
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
+        )
+        call = method(request, metadata=(*metadata, (FORWARDED_METADATA_KEY, "1")), timeout=timeout)
+        self.forwarded += 1
+        try:
+            response: R = await call
+        except grpc.aio.AioRpcError as error:
+            reason = f"{error.code().name} from {endpoint}: {error.details() or ''}".strip()
+            if error.code() == grpc.StatusCode.NOT_FOUND or idempotent or _never_sent(error):
+                raise RouteNotFoundError(f"storage container {container_id}: {reason}") from None
+            raise IndeterminateError(
+                f"forwarded to {endpoint}, outcome unknown: {reason}"
+            ) from None
+        code = code_of(response)
+        if code and not passthrough_codes(code):
+            message = ""
+            for key, value in await call.trailing_metadata() or ():
+                if key == ERROR_METADATA_KEY:
+                    message = str(value)
+            raise ForwardedError(code, message)
+        return response
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+class RemoteCatalogClient:
+    """The root and meta ranges other servers own, read through their RPCs (`RemoteCatalog`)."""
+
+    def __init__(self, forwarder: Forwarder, root_container_id: int = 0) -> None:
+        self._forwarder = forwarder
+        self._root = root_container_id
+
+    async def stream_props(self, stream_id: int) -> Any:
+        response = await self._forwarder.forward(
+            self._root,
+            ROOT_SERVICE + "GetStream",
+            storage_pb2.GetStreamRequest(stream_id=stream_id),
+            storage_pb2.GetStreamResponse,
+            lambda r: int(r.code),
+            idempotent=True,
+        )
+        return response.stream_props
+
+    async def active_ranges(self, stream_id: int, container_id: int) -> list[Any]:
+        response = await self._forwarder.forward(
+            container_id,
+            META_SERVICE + "GetActiveRanges",
+            storage_pb2.GetActiveRangesRequest(stream_id=stream_id),
+            storage_pb2.GetActiveRangesResponse,
+            lambda r: int(r.code),
+            idempotent=True,
+        )
+        return [related.props for related in response.ranges]
+
+
+async def local_or_forward(
+    forwarder: Forwarder | None,
+    context: Any,
+    local: Callable[[], Awaitable[R]],
+    path: str,
+    request: Any,
+    response_type: Callable[..., R],
+    code_of: Callable[[R], int],
+    *,
+    idempotent: bool,
+    passthrough_codes: Callable[[int], bool] = lambda code: False,
+) -> R:
+    """Serve the request here, or forward it to the owner of the container it belongs to."""
+    try:
+        return await local()
+    except NotServedHereError as elsewhere:
+        if forwarder is None or (context is not None and was_forwarded(context)):
+            raise
+        return await forwarder.forward(
+            elsewhere.container_id,
+            path,
+            request,
+            response_type,
+            code_of,
+            idempotent=idempotent,
+            context=context,
+            passthrough_codes=passthrough_codes,
+        )
