@@ -19,7 +19,7 @@ here (table id and pkey → range → container).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -40,6 +40,8 @@ ROOT_SERVICE = "/bookkeeper.proto.storage.RootRangeService/"
 META_SERVICE = "/bookkeeper.proto.storage.MetaRangeService/"
 TABLE_SERVICE = "/bookkeeper.proto.kv.rpc.TableService/"
 TABLEKEEPER_SERVICE = "/tablekeeper.v1.TableKeeper/"
+SESSIONS_SERVICE = "/tablekeeper.v1.Sessions/"
+WATCH_SERVICE = "/tablekeeper.v1.Watch/"
 FORWARD_TIMEOUT_S = 30.0
 _CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
 R = TypeVar("R")
@@ -145,6 +147,37 @@ class Forwarder:
                     message = str(value)
             raise ForwardedError(code, message)
         return response
+
+    async def relay(
+        self, container_id: int, path: str, request: Any, response_type: Any, context: Any
+    ) -> AsyncGenerator[Any, None]:
+        """Forward a server-streaming call (Watch): yield the owner's messages; end the way the
+        owner's stream ended (status, details and `tk-*` trailing metadata passed on)."""
+        endpoint = self.owner(container_id)
+        method = self._channel(endpoint).unary_stream(
+            path,
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        call = method(request, metadata=((FORWARDED_METADATA_KEY, "1"),))
+        self.forwarded += 1
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as error:
+            trailers = tuple(
+                (key, value)
+                for key, value in error.trailing_metadata() or ()
+                if key.startswith("tk-")
+            )
+            if trailers:
+                context.set_trailing_metadata(trailers)
+            code = error.code()
+            if code == grpc.StatusCode.NOT_FOUND or _never_sent(error):
+                code = grpc.StatusCode.UNAVAILABLE  # resume elsewhere
+            await context.abort(code, f"{error.details() or ''} (via {endpoint})")
+        finally:
+            call.cancel()
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -102,9 +102,9 @@ class GrpcServer:
         tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
             TableKeeperServicer(ops, registry, metrics), self._server
         )
-        self._watch = WatchServicer(registry, limits)
+        self._watch = WatchServicer(registry, limits, forwarder)
         watch_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
-        self._sessions = SessionsServicer(registry, metrics)
+        self._sessions = SessionsServicer(registry, metrics, forwarder)
         session_pb2_grpc.add_SessionsServicer_to_server(self._sessions, self._server)
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)

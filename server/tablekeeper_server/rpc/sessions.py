@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
@@ -13,6 +13,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import BadRequestError, UnavailableError
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.rpc.proxy import SESSIONS_SERVICE, Forwarder, local_or_forward
 from tablekeeper_server.rpc.status import serve, stream_errors
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
@@ -27,10 +28,38 @@ def _code(response: session_pb2.SessionResponse) -> int:
 
 
 class SessionsServicer(session_pb2_grpc.SessionsServicer):
-    def __init__(self, registry: ContainerRegistry, metrics: ServerMetrics | None) -> None:
+    """Create and Close are forwarded to the range's owner in cluster mode; KeepAlive streams
+    are not (a server that does not own the range answers UNAVAILABLE; the SDK keeps sessions
+    alive on the owner)."""
+
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        metrics: ServerMetrics | None,
+        forwarder: Forwarder | None = None,
+    ) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._forwarder = forwarder
         self._shutdown = asyncio.Event()
+
+    async def _routed(
+        self,
+        method: str,
+        request: Any,
+        context: Context,
+        local: Callable[[], Awaitable[session_pb2.SessionResponse]],
+    ) -> session_pb2.SessionResponse:
+        return await local_or_forward(
+            self._forwarder,
+            context,
+            local,
+            SESSIONS_SERVICE + method,
+            request,
+            session_pb2.SessionResponse,
+            _code,
+            idempotent=False,
+        )
 
     async def _range(self, stream_id: int, pkey: bytes) -> Range:
         if not stream_id:
@@ -44,7 +73,10 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             range_ = await self._range(request.stream_id, request.pkey)
             return await range_.sessions.create(request.ttl_ms)
 
-        return await serve("CreateSession", context, self._metrics, handle, _error, _code)
+        async def routed() -> session_pb2.SessionResponse:
+            return await self._routed("Create", request, context, handle)
+
+        return await serve("CreateSession", context, self._metrics, routed, _error, _code)
 
     async def Close(  # noqa: N802
         self, request: session_pb2.CloseSessionRequest, context: Context
@@ -53,7 +85,10 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
             range_ = await self._range(request.stream_id, request.pkey)
             return await range_.sessions.close(request.session_id, "closed")
 
-        return await serve("CloseSession", context, self._metrics, handle, _error, _code)
+        async def routed() -> session_pb2.SessionResponse:
+            return await self._routed("Close", request, context, handle)
+
+        return await serve("CloseSession", context, self._metrics, routed, _error, _code)
 
     def shutdown(self) -> None:
         """End every keep-alive stream (the server is stopping; clients reconnect)."""

@@ -13,11 +13,12 @@ from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.keys import pkey_prefix
-from tablekeeper_server.errors import BadRequestError, UnavailableError
+from tablekeeper_server.errors import BadRequestError, NotServedHereError, UnavailableError
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, Watcher
+from tablekeeper_server.rpc.proxy import WATCH_SERVICE, Forwarder, was_forwarded
 from tablekeeper_server.rpc.status import stream_errors
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
@@ -38,9 +39,14 @@ def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.Watc
 
 
 class WatchServicer(watch_pb2_grpc.WatchServicer):
-    def __init__(self, registry: ContainerRegistry, limits: Limits) -> None:
+    """In cluster mode a watch on a range owned elsewhere is relayed from the owner."""
+
+    def __init__(
+        self, registry: ContainerRegistry, limits: Limits, forwarder: Forwarder | None = None
+    ) -> None:
         self._registry = registry
         self._limits = limits
+        self._forwarder = forwarder
         self._stopping = False
         self._active: set[Watcher] = set()
 
@@ -68,7 +74,22 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 raise UnavailableError("server shutting down")
             prefix = pkey_prefix(request.pkey)
             start, end = key_span(prefix, request.key, request.range_end)
-            range_ = await self._registry.table_range(request.stream_id, request.pkey)
+            try:
+                range_ = await self._registry.table_range(request.stream_id, request.pkey)
+            except NotServedHereError as elsewhere:
+                if self._forwarder is None or was_forwarded(context):
+                    raise
+                relayed = self._forwarder.relay(
+                    elsewhere.container_id,
+                    WATCH_SERVICE + "Watch",
+                    request,
+                    watch_pb2.WatchResponse,
+                    context,
+                )
+                async with contextlib.aclosing(relayed) as responses:
+                    async for response in responses:
+                        yield response
+                return
             hub = range_.watch
             watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
             self._active.add(watcher)
