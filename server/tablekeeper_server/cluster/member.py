@@ -44,6 +44,7 @@ class ClusterMember:
         self._wanted: frozenset[int] = frozenset()
         self._changed = asyncio.Event()
         self._lost = False
+        self._leaving = False
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -73,6 +74,7 @@ class ClusterMember:
         """Leave: stop reconciling, close every container and release it (finishing what is
         in flight), then close the session; the ephemeral node goes with it, so the controller
         moves the containers at once and their next owners need not wait for us."""
+        self._leaving = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -116,6 +118,8 @@ class ClusterMember:
         self._changed.set()
 
     def _on_session(self, state: str) -> None:
+        if self._leaving:
+            return  # our own session close
         if state == "suspended":
             log.warning("ZooKeeper connection suspended: refusing requests until it is back")
             self._registry.suspended = (
