@@ -145,7 +145,7 @@ async def serve(config: ServerConfig) -> None:
     metrics.register_container_stats(
         lambda: {
             cid: (len(c.ranges), sum(r.estimate_num_keys() for r in c.ranges.values()))
-            for cid, c in registry.containers.items()
+            for cid, c in list(registry.containers.items())  # scraped from another thread
         }
     )
     log.info(

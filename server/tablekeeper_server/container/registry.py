@@ -217,7 +217,7 @@ class ContainerRegistry:
         return ranges
 
     def all_ranges(self) -> list[Range]:
-        return [r for c in self.containers.values() for r in c.ranges.values()]
+        return [r for c in list(self.containers.values()) for r in c.ranges.values()]
 
     async def checkpoint(self, stream_id: int = 0, *, force: bool = True) -> list[Range]:
         """Checkpoint one table's ranges (`stream_id`), or every open range (0)."""
