@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tablekeeper_server.cluster.zookeeper import ClusterError, Controller, ZkCoordinator
+from tablekeeper_server.cluster.zookeeper import (
+    ClusterError,
+    Controller,
+    Ownership,
+    ZkCoordinator,
+)
 from tests.support.zookeeper import ZooKeeperProcess
 
 pytestmark = pytest.mark.integration
@@ -131,6 +136,35 @@ def test_claims_raise_the_epoch_under_contention(connect: Callable[[], ZkCoordin
     assert sorted(epochs) == list(range(1, 41))  # every claim got its own, higher epoch
     final = admin.owner(0)
     assert final is not None and final.epoch == 40
+
+
+def test_claim_waits_for_a_live_owner_not_a_released_or_dead_one(
+    connect: Callable[[], ZkCoordinator],
+) -> None:
+    old, new = connect(), connect()
+    old.init_cluster(2)
+    old.register("old:1")
+    new.register("new:1")
+    assert old.claim(0, "old:1") == 1
+    assert old.claim(1, "old:1") == 1
+    # Alive and not released: the claimant waits for the handoff (here: until its timeout).
+    started = time.monotonic()
+    assert new.claim(0, "new:1", handoff_timeout_s=1.0) == 2
+    assert time.monotonic() - started >= 1.0
+    # Released: taken at once, and a stale release (old epoch) changes nothing.
+    old.release(1, "old:1", 1)
+    assert old.owner(1) == Ownership("old:1", 1, released=True)
+    started = time.monotonic()
+    assert new.claim(1, "new:1", handoff_timeout_s=10.0) == 2
+    assert time.monotonic() - started < 5.0
+    old.release(1, "old:1", 1)
+    assert new.owner(1) == Ownership("new:1", 2)
+    # Dead (its session ended): taken at once.
+    new.stop()
+    third = connect()
+    started = time.monotonic()
+    assert third.claim(0, "third:1", handoff_timeout_s=10.0) == 3
+    assert time.monotonic() - started < 5.0
 
 
 def test_assignment_writes_are_compare_and_set(
