@@ -55,6 +55,8 @@ test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), 
 	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
 	@# running, that fork is unsafe (gRPC skips its fork handlers), so Spark gets a process of its own.
 	$(PY) -m pytest -q tests/integration/test_spark.py
+	@# The SDK suite once more, entering a 3-server cluster (ZooKeeper + Pulsar) through one endpoint.
+	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/integration/test_sdk.py -k 'not data_survives_restart'
 
 test-compat: $(STAMP)  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q tests/compat

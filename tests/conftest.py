@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import make_cluster  # noqa: F401 (a fixture)
 from tests.support.pulsar import pulsar_service  # noqa: F401 (a session fixture)
 from tests.support.server import ServerProcess
 

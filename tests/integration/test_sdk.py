@@ -7,6 +7,7 @@ the server use their own (function-scoped `server` fixture).
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import struct
 import time
@@ -33,9 +34,11 @@ from tablekeeper import (
     TableInfo,
     TableNotFoundError,
 )
+from tests.support.cluster import TestCluster
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
+CLUSTER_ENV = "TABLEKEEPER_TEST_CLUSTER"
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -44,7 +47,18 @@ VALUE_MAX = 4 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def shared_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
+    """A standalone server; or, with TABLEKEEPER_TEST_CLUSTER=N, server 0 of an N-server
+    cluster (real ZooKeeper and Pulsar): every test below then enters the cluster through that
+    one endpoint, and requests for containers owned elsewhere are routed or forwarded."""
+    servers = int(os.environ.get(CLUSTER_ENV, "0") or 0)
+    if servers:
+        pulsar = request.getfixturevalue("pulsar_service")
+        with TestCluster(tmp_path_factory.mktemp("sdk-cluster"), pulsar).start(servers) as cluster:
+            yield cluster.servers[0]
+        return
     server = ServerProcess(tmp_path_factory.mktemp("sdk") / "data").start()
     yield server
     assert server.process is not None
