@@ -11,6 +11,10 @@ outstanding; whatever arrives meanwhile waits for the next flush, so batches gro
 shrink to single unary calls (lowest latency) when the load is light. Each op keeps its own
 result and error; nothing about an op's meaning changes (ops in one batch are independent, as
 ops from concurrent tasks are anyway).
+
+Ops are grouped by the server that owns their range (`_routes`): one queue, one Batch and
+`in_flight_max` RPCs per endpoint. Every attempt locates the op again, so a retry after a
+"not served here" finds the container's new owner.
 """
 
 from __future__ import annotations
@@ -18,16 +22,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from tablekeeper._routes import RouteCache
 from tablekeeper._transport import RetryPolicy, retryable_rpc_error, trailer_message
 from tablekeeper.errors import UnavailableError, error_for_code
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc
-from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
+from tablekeeper_proto.v1 import tablekeeper_pb2
 
 UNARY_METHODS = {"put": "Put", "increment": "Increment", "delete_range": "Delete", "range": "Range"}
 
@@ -47,6 +51,7 @@ class _Op:
     metadata: Sequence[tuple[str, bytes | str]]
     size: int
     future: asyncio.Future[_Outcome]
+    endpoint: str | None
 
 
 class Coalescer:
@@ -54,22 +59,24 @@ class Coalescer:
 
     def __init__(
         self,
-        table_stub: kv_rpc_pb2_grpc.TableServiceStub,
-        tablekeeper_stub: tablekeeper_pb2_grpc.TableKeeperStub,
+        stubs: Callable[[str | None], tuple[Any, Any]],
+        routes: RouteCache,
         policy: RetryPolicy,
         *,
         ops_max: int = 256,
         bytes_max: int = 2 * 1024 * 1024,
         in_flight_max: int = 2,
     ) -> None:
-        self._table_stub = table_stub
-        self._tk_stub = tablekeeper_stub
+        """`stubs(endpoint)`: the (TableService, TableKeeper) stubs for an endpoint (None = the
+        bootstrap endpoint)."""
+        self._stubs = stubs
+        self._routes = routes
         self._policy = policy
         self._ops_max = ops_max
         self._bytes_max = bytes_max
         self._in_flight_max = in_flight_max
-        self._pending: list[_Op] = []
-        self._in_flight = 0
+        self._pending: dict[str | None, list[_Op]] = {}
+        self._in_flight: dict[str | None, int] = {}
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -89,10 +96,16 @@ class Coalescer:
         deadline = time.monotonic() + self._policy.deadline_s
         backoff = self._policy.initial_backoff_s
         size = request.ByteSize() + 16
+        stream_id, pkey = request.header.stream_id, request.header.r_key
         while True:
+            target = await self._routes.locate(stream_id, pkey)
             future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-            self._enqueue(_Op(kind, request, metadata, size, future))
+            self._enqueue(_Op(kind, request, metadata, size, future, target.endpoint))
             outcome = await future
+            if outcome.transport is not None:
+                self._routes.failed(target, outcome.transport)
+            elif outcome.retryable:
+                self._routes.failed(target)
             expired = time.monotonic() >= deadline
             if outcome.transport is not None:
                 if expired or not retryable_rpc_error(outcome.transport, idempotent):
@@ -115,32 +128,39 @@ class Coalescer:
             backoff = min(self._policy.max_backoff_s, backoff * 2)
 
     def _enqueue(self, op: _Op) -> None:
-        self._pending.append(op)
-        if not self._scheduled and self._in_flight < self._in_flight_max:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.setdefault(op.endpoint, []).append(op)
+        if not self._scheduled and self._in_flight.get(op.endpoint, 0) < self._in_flight_max:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
-        while self._pending and self._in_flight < self._in_flight_max:
-            taken, size = 0, 0
-            for op in self._pending:
-                if taken and (taken >= self._ops_max or size + op.size > self._bytes_max):
-                    break
-                taken += 1
-                size += op.size
-            ops, self._pending = self._pending[:taken], self._pending[taken:]
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send(ops))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        for endpoint in list(self._pending):
+            pending = self._pending.pop(endpoint)
+            while pending and self._in_flight.get(endpoint, 0) < self._in_flight_max:
+                taken, size = 0, 0
+                for op in pending:
+                    if taken and (taken >= self._ops_max or size + op.size > self._bytes_max):
+                        break
+                    taken += 1
+                    size += op.size
+                ops, pending = pending[:taken], pending[taken:]
+                self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+                task = asyncio.get_running_loop().create_task(self._send(endpoint, ops))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            if pending:
+                self._pending[endpoint] = pending
 
-    async def _send(self, ops: list[_Op]) -> None:
+    async def _send(self, endpoint: str | None, ops: list[_Op]) -> None:
         try:
             if len(ops) == 1:
-                outcomes = [await self._send_unary(ops[0])]
+                outcomes = [await self._send_unary(endpoint, ops[0])]
             else:
-                outcomes = await self._send_batch(ops)
+                outcomes = await self._send_batch(endpoint, ops)
             for op, outcome in zip(ops, outcomes, strict=True):
                 if not op.future.done():
                     op.future.set_result(outcome)
@@ -150,13 +170,14 @@ class Coalescer:
                     op.future.set_exception(exc)
             raise
         finally:
-            self._in_flight -= 1
-            if self._pending and not self._scheduled:
-                self._scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._in_flight[endpoint] -= 1
+            if not self._in_flight[endpoint]:
+                del self._in_flight[endpoint]
+            if self._pending.get(endpoint) and not self._scheduled:
+                self._schedule()
 
-    async def _send_unary(self, op: _Op) -> _Outcome:
-        method = getattr(self._table_stub, UNARY_METHODS[op.kind])
+    async def _send_unary(self, endpoint: str | None, op: _Op) -> _Outcome:
+        method = getattr(self._stubs(endpoint)[0], UNARY_METHODS[op.kind])
         rpc = method(op.request, metadata=op.metadata, timeout=self._policy.call_timeout_s)
         try:
             response = await rpc
@@ -165,12 +186,14 @@ class Coalescer:
         message = await trailer_message(rpc) if response.header.code else ""
         return _Outcome(response=response, error=message)
 
-    async def _send_batch(self, ops: list[_Op]) -> list[_Outcome]:
+    async def _send_batch(self, endpoint: str | None, ops: list[_Op]) -> list[_Outcome]:
         request = tablekeeper_pb2.BatchRequest()
         for op in ops:
             getattr(request.ops.add(), op.kind).CopyFrom(op.request)
         try:
-            response = await self._tk_stub.Batch(request, timeout=self._policy.call_timeout_s)
+            response = await self._stubs(endpoint)[1].Batch(
+                request, timeout=self._policy.call_timeout_s
+            )
         except grpc.aio.AioRpcError as error:
             return [_Outcome(transport=error) for _ in ops]
         outcomes = []

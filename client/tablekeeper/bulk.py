@@ -22,9 +22,12 @@ import struct
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from tablekeeper._transport import call
+import grpc
+
+from tablekeeper._routes import Target
+from tablekeeper._transport import call, retryable_rpc_error
 from tablekeeper.errors import (
     TableKeeperError,
     TableNotFoundError,
@@ -34,7 +37,7 @@ from tablekeeper.errors import (
 from tablekeeper.routing import RangeInfo
 from tablekeeper.table import KeyValue
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, storage_pb2, storage_pb2_grpc, stream_pb2
-from tablekeeper_proto.v1 import tablekeeper_pb2
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 
 if TYPE_CHECKING:
     from tablekeeper.client import AsyncClient
@@ -109,7 +112,9 @@ async def scan_range(
     Each page is a consistent read; the scan as a whole is not a snapshot (keys written during
     the scan may or may not be seen). Pages are retried on transport errors (reads are safe).
     """
-    stub = client._tablekeeper_stub()
+    method = client._method(
+        "tk", tablekeeper_pb2_grpc.TableKeeperStub, "ScanRange", table_id, range_id=range_id
+    )
     cursor = start_after
     while True:
         request = tablekeeper_pb2.ScanRangeRequest(
@@ -118,7 +123,7 @@ async def scan_range(
         if cursor is not None:
             request.start_after.pkey, request.start_after.lkey = cursor
         response = await call(
-            stub.ScanRange,
+            method,
             request,
             metadata=None,
             idempotent=True,
@@ -194,42 +199,91 @@ class BatchSender:
     ) -> list[tablekeeper_pb2.BatchResult]:
         """Apply every op; returns their results in order. Raises `BatchOpError` for the first op
         that failed for a reason of its own, `UnavailableError` if the deadline passes."""
-        policy = self._client.retry
-        stub = self._client._tablekeeper_stub()
-        results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(ops)
-        pending = list(range(len(ops)))
-        deadline = time.monotonic() + policy.deadline_s
-        backoff = policy.initial_backoff_s
-        while pending:
-            request = tablekeeper_pb2.BatchRequest(ops=[ops[i] for i in pending])
-            response = await call(
-                stub.Batch,
-                request,
-                metadata=None,
-                idempotent=self._idempotent,
-                policy=policy,
-                status_of=lambda r: 0,
+        results = await send_batch(self._client, ops, idempotent=self._idempotent)
+        not_accepted = 0
+        for op, result in zip(ops, results, strict=True):
+            code = _inner(result).header.code
+            if code and result.retryable:
+                not_accepted += 1
+            elif code:
+                pkey, lkey = _op_key(op)
+                raise BatchOpError(error_for_code(code), pkey, lkey, result.error)
+        if not_accepted:
+            raise UnavailableError(
+                f"{not_accepted} ops of a batch were not accepted before the deadline"
             )
-            retry: list[int] = []
-            for index, result in zip(pending, response.results, strict=True):
-                inner = getattr(result, str(result.WhichOneof("result")))
-                code = inner.header.code
-                if code and result.retryable:
-                    retry.append(index)
-                    continue
-                if code:
-                    pkey, lkey = _op_key(ops[index])
-                    raise BatchOpError(error_for_code(code), pkey, lkey, result.error)
-                results[index] = result
-            pending = retry
-            if pending:
-                if time.monotonic() >= deadline:
+        return results
+
+
+def _inner(result: tablekeeper_pb2.BatchResult) -> Any:
+    return getattr(result, str(result.WhichOneof("result")))
+
+
+async def send_batch(
+    client: AsyncClient, ops: Sequence[tablekeeper_pb2.BatchOp], *, idempotent: bool
+) -> list[tablekeeper_pb2.BatchResult]:
+    """Send `ops` as one `Batch` per server that owns some of their ranges (see `_routes`).
+
+    Ops a server reports as not applied (`retryable`) are located again and resent until the
+    deadline; a whole Batch that failed is resent by `_transport`'s rules (`idempotent`: its
+    ops may be applied twice), else `UnavailableError`. Returns one result per op, in order
+    (an op still not accepted at the deadline keeps its `retryable` result).
+    """
+    policy = client.retry
+    results: dict[int, tablekeeper_pb2.BatchResult] = {}
+    pending = list(range(len(ops)))
+    deadline = time.monotonic() + policy.deadline_s
+    backoff = policy.initial_backoff_s
+    while pending:
+        groups: dict[str | None, list[tuple[int, Target]]] = {}
+        for index in pending:
+            header = getattr(ops[index], str(ops[index].WhichOneof("op"))).header
+            target = await client._routes.locate(header.stream_id, header.r_key)
+            groups.setdefault(target.endpoint, []).append((index, target))
+        answers = await asyncio.gather(
+            *(_send_group(client, endpoint, ops, group) for endpoint, group in groups.items()),
+            return_exceptions=True,
+        )
+        expired = time.monotonic() >= deadline
+        pending = []
+        for group, answer in zip(groups.values(), answers, strict=True):
+            if isinstance(answer, grpc.aio.AioRpcError):
+                for _, target in group:
+                    client._routes.failed(target, answer)
+                if expired or not retryable_rpc_error(answer, idempotent):
                     raise UnavailableError(
-                        f"{len(pending)} ops of a batch were not accepted before the deadline"
-                    )
-                await asyncio.sleep(random.uniform(0, backoff))
-                backoff = min(policy.max_backoff_s, backoff * 2)
-        return [r for r in results if r is not None]
+                        f"{answer.code().name}: {answer.details() or ''}".strip()
+                    ) from answer
+                pending += [index for index, _ in group]
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                for (index, target), result in zip(group, answer.results, strict=True):
+                    results[index] = result
+                    if _inner(result).header.code and result.retryable:
+                        client._routes.failed(target)
+                        pending.append(index)
+        if pending:
+            if expired:
+                break
+            pending.sort()
+            await asyncio.sleep(random.uniform(0, backoff))
+            backoff = min(policy.max_backoff_s, backoff * 2)
+    return [results[index] for index in range(len(ops))]
+
+
+async def _send_group(
+    client: AsyncClient,
+    endpoint: str | None,
+    ops: Sequence[tablekeeper_pb2.BatchOp],
+    group: list[tuple[int, Target]],
+) -> tablekeeper_pb2.BatchResponse:
+    stub = client._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint)
+    request = tablekeeper_pb2.BatchRequest(ops=[ops[index] for index, _ in group])
+    response: tablekeeper_pb2.BatchResponse = await stub.Batch(
+        request, timeout=client.retry.call_timeout_s
+    )
+    return response
 
 
 # ------------------------------------------------------------------- effectively-once txns
@@ -370,5 +424,6 @@ __all__ = [
     "once_txns",
     "put_op",
     "scan_range",
+    "send_batch",
     "table_layout",
 ]

@@ -4,12 +4,14 @@ runs an `AsyncClient` on a private event-loop thread."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from tablekeeper._coalesce import Coalescer
+from tablekeeper._routes import RouteCache, RoutedMethod, RouteStats
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.session import Session
@@ -49,28 +51,68 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         coalesce: bool = True,
         channel_options: Sequence[tuple[str, Any]] = (),
+        direct_routing: bool = True,
     ) -> None:
         """`coalesce`: send concurrent single-key ops (put, get, increment, delete, scan pages)
         of this client as one Batch RPC when several are waiting (see `_coalesce`); off, every
         op is its own unary call, as the BookKeeper client does. `channel_options` are extra
         gRPC channel arguments (e.g. `("grpc.use_local_subchannel_pool", 1)` for a connection
-        of its own)."""
+        of its own). `direct_routing`: send each table op straight to the server that owns its
+        range (ranges and owners are looked up through `service` and cached, see `_routes`);
+        off, everything goes to `service`, whose servers forward to the owner. Turn it off when
+        the servers' advertised addresses are not reachable from this client."""
         self.service = service
         self.retry = retry or RetryPolicy()
         self.coalesce = coalesce
         self._target = parse_service_uri(service)
         self._channel_options = list(channel_options)
-        self._channel: Any = None
-        self._stubs: dict[str, Any] = {}
+        self._channels: dict[str, Any] = {}
+        self._stubs: dict[tuple[str, str], Any] = {}
         self._coalescer_instance: Coalescer | None = None
+        self._routes = RouteCache(
+            lambda: self._stub("meta", storage_pb2_grpc.MetaRangeServiceStub),
+            lambda: self._stub("containers", storage_pb2_grpc.StorageContainerServiceStub),
+            self.retry,
+            enabled=direct_routing,
+        )
+        self._table_ids: dict[tuple[str, str], int] = {}
 
-    def _stub(self, name: str, factory: Any) -> Any:
-        stub = self._stubs.get(name)
+    def _stub(self, name: str, factory: Any, endpoint: str | None = None) -> Any:
+        """The `factory` stub on the channel to `endpoint` (`host:port`; None = the service)."""
+        target = endpoint or self._target
+        stub = self._stubs.get((name, target))
         if stub is None:
-            if self._channel is None:
-                self._channel = new_channel(self._target, _MESSAGE_BYTES_MAX, self._channel_options)
-            stub = self._stubs[name] = factory(self._channel)
+            channel = self._channels.get(target)
+            if channel is None:
+                channel = self._channels[target] = new_channel(
+                    target, _MESSAGE_BYTES_MAX, self._channel_options
+                )
+            stub = self._stubs[(name, target)] = factory(channel)
         return stub
+
+    def _method(
+        self,
+        name: str,
+        factory: Any,
+        method: str,
+        stream_id: int,
+        pkey: bytes | None = None,
+        *,
+        range_id: int | None = None,
+    ) -> RoutedMethod:
+        """A unary method for `_transport.call` that goes to the owner of the pkey (or range)."""
+        return RoutedMethod(
+            self._routes,
+            lambda endpoint: self._stub(name, factory, endpoint),
+            method,
+            stream_id,
+            pkey,
+            range_id=range_id,
+        )
+
+    def route_stats(self) -> RouteStats:
+        """How often routes were fetched and invalidated (a copy)."""
+        return dataclasses.replace(self._routes.stats)
 
     def _root_stub(self) -> storage_pb2_grpc.RootRangeServiceStub:
         return self._stub("root", storage_pb2_grpc.RootRangeServiceStub)  # type: ignore[no-any-return]
@@ -86,7 +128,12 @@ class AsyncClient:
             return None
         if self._coalescer_instance is None:
             self._coalescer_instance = Coalescer(
-                self._table_stub(), self._tablekeeper_stub(), self.retry
+                lambda endpoint: (
+                    self._stub("table", kv_rpc_pb2_grpc.TableServiceStub, endpoint),
+                    self._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint),
+                ),
+                self._routes,
+                self.retry,
             )
         return self._coalescer_instance
 
@@ -104,10 +151,12 @@ class AsyncClient:
         if self._coalescer_instance is not None:
             await self._coalescer_instance.close()
             self._coalescer_instance = None
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-            self._stubs.clear()
+        await self._routes.close()
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -141,6 +190,8 @@ class AsyncClient:
         await self._root(
             "DeleteNamespace", storage_pb2.DeleteNamespaceRequest(name=name), idempotent=False
         )
+        for key in [key for key in self._table_ids if key[0] == name]:
+            self._routes.forget_table(self._table_ids.pop(key))
 
     # ------------------------------------------------------------------ tables
 
@@ -158,14 +209,19 @@ class AsyncClient:
         )
         request = storage_pb2.CreateStreamRequest(ns_name=namespace, name=name, stream_conf=conf)
         response = await self._root("CreateStream", request, idempotent=False)
-        return _table_info(namespace, response.stream_props)
+        return self._known(_table_info(namespace, response.stream_props))
 
     async def get_table(self, namespace: str, name: str) -> TableInfo:
         request = storage_pb2.GetStreamRequest(
             stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
         )
         response = await self._root("GetStream", request, idempotent=True)
-        return _table_info(namespace, response.stream_props)
+        return self._known(_table_info(namespace, response.stream_props))
+
+    def _known(self, info: TableInfo) -> TableInfo:
+        """Remember the table's id, to drop its cached ranges when it is deleted."""
+        self._table_ids[(info.namespace, info.name)] = info.table_id
+        return info
 
     async def delete_table(self, namespace: str, name: str) -> None:
         await self._root(
@@ -173,6 +229,9 @@ class AsyncClient:
             storage_pb2.DeleteStreamRequest(ns_name=namespace, name=name),
             idempotent=False,
         )
+        table_id = self._table_ids.pop((namespace, name), None)
+        if table_id is not None:
+            self._routes.forget_table(table_id)
 
     async def table(self, namespace: str, name: str) -> AsyncTable:
         """A handle on an existing table. Raises `TableNotFoundError`."""
@@ -237,10 +296,15 @@ class Client:
         retry: RetryPolicy | None = None,
         coalesce: bool = True,
         channel_options: Sequence[tuple[str, Any]] = (),
+        direct_routing: bool = True,
     ) -> None:
         self._runner = _LoopThread()
         self._async = AsyncClient(
-            service, retry=retry, coalesce=coalesce, channel_options=channel_options
+            service,
+            retry=retry,
+            coalesce=coalesce,
+            channel_options=channel_options,
+            direct_routing=direct_routing,
         )
 
     def close(self) -> None:
@@ -291,6 +355,9 @@ class Client:
 
     def status(self) -> Any:
         return self._runner.run(self._async.status())
+
+    def route_stats(self) -> RouteStats:
+        return self._async.route_stats()
 
 
 class Txn:

@@ -5,7 +5,8 @@ session are ephemeral (deleted by the server when the session closes or expires)
         await table.put("app", "member-1", "host:port", session=session)
 
 The keep-alive task sends a keep-alive every `ttl_s / 3` on a stream and reconnects after
-errors (a restarted server gives every session a fresh TTL). When the server answers that the
+errors (a restarted server gives every session a fresh TTL); it goes to the owner of the session's
+range, located again on every reconnect (see `_routes`). When the server answers that the
 session no longer exists, `expired` is set and `on_expired` callbacks run. A session lives on
 the range of the pkey it was created for: ephemeral keys must use that pkey (or another pkey on
 the same range).
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from tablekeeper._routes import RoutedMethod
 from tablekeeper._transport import call
 from tablekeeper.errors import UnavailableError
 from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
@@ -47,8 +49,11 @@ class AsyncSession:
         self._callbacks: list[Callable[[AsyncSession], Any]] = []
         self._task: asyncio.Task[None] | None = None
 
-    def _stub(self) -> session_pb2_grpc.SessionsStub:
-        return self._table._client._stub("sessions", session_pb2_grpc.SessionsStub)  # type: ignore[no-any-return]
+    def _method(self, name: str) -> RoutedMethod:
+        """A Sessions method sent to the owner of the session's range."""
+        return self._table._client._method(
+            "sessions", session_pb2_grpc.SessionsStub, name, self._table.info.table_id, self.pkey
+        )
 
     def on_expired(self, callback: Callable[[AsyncSession], Any]) -> None:
         """Call `callback(session)` (on the client's loop) when the session is found expired."""
@@ -64,7 +69,7 @@ class AsyncSession:
             ttl_ms=round(self.ttl_s * 1000),
         )
         response = await call(
-            self._stub().Create,
+            self._method("Create"),
             request,
             metadata=None,
             idempotent=False,
@@ -84,9 +89,12 @@ class AsyncSession:
             await asyncio.sleep(self.ttl_s / 3)
 
     async def _keep_alive(self) -> None:
+        client = self._table._client
         backoff = 0.05
         while not self.expired.is_set():
-            stream = self._stub().KeepAlive(self._requests())
+            target = await client._routes.locate(self._table.info.table_id, self.pkey)
+            stub = client._stub("sessions", session_pb2_grpc.SessionsStub, target.endpoint)
+            stream = stub.KeepAlive(self._requests())
             try:
                 async for _ in stream:
                     backoff = 0.05
@@ -96,6 +104,9 @@ class AsyncSession:
                     self._expire()
                     return
                 log.info("session %d keep-alive stream broke: %s", self.id, error.code().name)
+                client._routes.failed(target, error)
+            else:  # the server ended the stream: it is stopping or gave the range away
+                client._routes.failed(target)
             finally:
                 stream.cancel()
             await asyncio.sleep(random.uniform(0, backoff))
@@ -122,7 +133,7 @@ class AsyncSession:
             )
             with contextlib.suppress(UnavailableError):
                 await call(
-                    self._stub().Close,
+                    self._method("Close"),
                     request,
                     metadata=None,
                     idempotent=True,  # closing twice is harmless (KEY_NOT_FOUND, ignored)

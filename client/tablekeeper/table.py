@@ -12,10 +12,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from tablekeeper._transport import call
-from tablekeeper.errors import TableKeeperError, error_for_code
+from tablekeeper.errors import (
+    TableKeeperError,
+    TableNotFoundError,
+    UnavailableError,
+    error_for_code,
+)
 from tablekeeper.session import AsyncSession
 from tablekeeper.watch import AsyncWatch
-from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
+from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
 if TYPE_CHECKING:
@@ -251,19 +256,24 @@ class AsyncTable:
             ("bk-rt-key-bin", pkey),
         )
         coalescer = self._client._coalescer()
-        if coalescer is not None and method in _COALESCED:
-            return await coalescer.call(
-                _COALESCED[method], request, metadata, idempotent=idempotent
+        try:
+            if coalescer is not None and method in _COALESCED:
+                return await coalescer.call(
+                    _COALESCED[method], request, metadata, idempotent=idempotent
+                )
+            return await call(
+                self._client._method(
+                    "table", kv_rpc_pb2_grpc.TableServiceStub, method, self.info.table_id, pkey
+                ),
+                request,
+                metadata=metadata,
+                idempotent=idempotent,
+                policy=self._client.retry,
+                status_of=lambda r: r.header.code,
             )
-        stub = self._client._table_stub()
-        return await call(
-            getattr(stub, method),
-            request,
-            metadata=metadata,
-            idempotent=idempotent,
-            policy=self._client.retry,
-            status_of=lambda r: r.header.code,
-        )
+        except TableNotFoundError:
+            self._client._routes.forget_table(self.info.table_id)
+            raise
 
     async def put(
         self,
@@ -442,10 +452,11 @@ class AsyncTable:
         *,
         mode: Literal["put", "increment"] = "put",
     ) -> list[TableKeeperError | None]:
-        """Write many independent keys in one request (TableKeeper's Batch RPC).
+        """Write many independent keys in one request per server (TableKeeper's Batch RPC).
 
         `items` are (pkey, lkey, value) for puts or (pkey, lkey, amount) for increments.
-        Returns one entry per item: None on success, else the error. Not retried once sent.
+        Returns one entry per item: None on success, else the error. Only what the server
+        reports as not applied is sent again.
         """
         request = tablekeeper_pb2.BatchRequest()
         for pkey, lkey, value in items:
@@ -463,17 +474,14 @@ class AsyncTable:
                 op.increment.CopyFrom(
                     kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=value, header=header)
                 )
-        stub = self._client._tablekeeper_stub()
-        response = await call(
-            stub.Batch,
-            request,
-            metadata=None,
-            idempotent=False,
-            policy=self._client.retry,
-            status_of=lambda r: 0,
-        )
+        from tablekeeper.bulk import send_batch  # bulk builds on this module
+
         out: list[TableKeeperError | None] = []
-        for result in response.results:
+        for result in await send_batch(self._client, request.ops, idempotent=False):
             inner = getattr(result, str(result.WhichOneof("result")))
-            out.append(error_for_code(inner.header.code) if inner.header.code else None)
+            code = inner.header.code
+            if code and result.retryable:
+                out.append(UnavailableError(f"NOT_FOUND: {result.error}".strip()))
+            else:
+                out.append(error_for_code(code, result.error) if code else None)
         return out

@@ -6,7 +6,8 @@
 
 Events arrive in revision order, each exactly once. If the stream breaks (the server restarts,
 the range moves), the watch reconnects by itself and resumes right after the last event it
-delivered, for up to `RetryPolicy.deadline_s` of failed attempts. Older revisions come from
+delivered, for up to `RetryPolicy.deadline_s` of failed attempts; the stream goes to the range's
+owner (located again on every reconnect, see `_routes`). Older revisions come from
 each range's bounded event history; when a revision is no longer held the watch raises
 `CompactedError` (with `oldest_revision`); a watcher that falls too far behind is cancelled by
 the server (`WatchCancelledError`) and may watch again from its last revision.
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 
+from tablekeeper._routes import BOOTSTRAP
 from tablekeeper.errors import BadRequestError, TableKeeperError, UnavailableError
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
 
@@ -102,6 +104,8 @@ class AsyncWatch:
         )
         self._last: tuple[int, int] | None = None
         self._call: Any = None
+        self._target = BOOTSTRAP
+        """Where `_call` went (forgotten by the route cache if the stream breaks)."""
         self._buffer: list[WatchEvent] = []
         self._closed = False
         self.revision = 0
@@ -118,7 +122,7 @@ class AsyncWatch:
         policy = self._table._client.retry
         deadline = time.monotonic() + policy.deadline_s
         backoff = policy.initial_backoff_s
-        stub = self._table._client._stub("watch", watch_pb2_grpc.WatchStub)
+        client = self._table._client
         while True:
             request = watch_pb2.WatchRequest()
             request.CopyFrom(self._request)
@@ -127,11 +131,13 @@ class AsyncWatch:
                 # `_last` are skipped if the server repeats them).
                 revision, index = self._last
                 request.start_revision = revision + 1 if index == _INDEX_MAX else revision
-            call = stub.Watch(request)
+            target = await client._routes.locate(request.stream_id, request.pkey)
+            call = client._stub("watch", watch_pb2_grpc.WatchStub, target.endpoint).Watch(request)
             try:
                 first = await call.read()
             except grpc.aio.AioRpcError as error:
                 self._raise_final(error)
+                client._routes.failed(target, error)
                 if time.monotonic() >= deadline:
                     raise UnavailableError(
                         f"watch: {error.code().name}: {error.details()}"
@@ -147,6 +153,7 @@ class AsyncWatch:
                 start = self._request.start_revision
                 self._last = (start - 1 if start else first.revision, _INDEX_MAX)
             self._call = call
+            self._target = target
             return
 
     def _raise_final(self, error: grpc.aio.AioRpcError) -> None:
@@ -193,9 +200,11 @@ class AsyncWatch:
                 if self._closed:
                     raise StopAsyncIteration from None
                 self._raise_final(error)
+                self._table._client._routes.failed(self._target, error)
                 self._call = None  # resume after the last delivered event
                 continue
-            if message is grpc.aio.EOF:
+            if message is grpc.aio.EOF:  # the server is stopping or gave the range away
+                self._table._client._routes.failed(self._target)
                 self._call = None
                 continue
             assert self._last is not None
