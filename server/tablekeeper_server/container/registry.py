@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -29,6 +30,10 @@ from tablekeeper_server.range.replica import Range
 
 log = logging.getLogger(__name__)
 
+REMOTE_ROUTE_TTL_S = 10.0
+"""How long a route resolved through another server's root range is trusted: a table deleted
+there stops being served here within this time (deletes on this server drop it at once)."""
+
 
 class _TableRoute:
     def __init__(
@@ -37,6 +42,7 @@ class _TableRoute:
         self.props = props
         self.ranges = {r.range_id: r for r in ranges}
         self.router = RangeRouter([r.start_hash_key for r in ranges], [r.range_id for r in ranges])
+        self.resolved_at = time.monotonic()
 
 
 class RemoteCatalog(Protocol):
@@ -143,7 +149,10 @@ class ContainerRegistry:
 
     async def _route(self, stream_id: int) -> _TableRoute:
         route = self._routes.get(stream_id)
-        if route is not None:
+        if route is not None and (
+            ROOT_CONTAINER_ID in self.containers
+            or time.monotonic() - route.resolved_at < REMOTE_ROUTE_TTL_S
+        ):
             return route
         # One resolution per table however many requests arrive before it is cached.
         task = self._resolving.get(stream_id)
