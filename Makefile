@@ -58,8 +58,11 @@ test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), 
 	@# The SDK suite once more, entering a 3-server cluster (ZooKeeper + Pulsar) through one endpoint.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/integration/test_sdk.py -k 'not data_survives_restart'
 
-test-compat: $(STAMP)  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
+test-compat: $(STAMP) pulsar-fetch  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q tests/compat
+	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
+	@# through one server's endpoint; the tests marked standalone_only are skipped there.
+	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/compat
 
 test: lint test-unit test-integration test-compat  ## everything CI runs
 

@@ -1,8 +1,10 @@
 """The unmodified `apache-bookkeeper-client` (import name `bookkeeper`) against a real server.
 
-Each test starts its own server process (tests/support/server.py). Never import `tablekeeper`,
-`tablekeeper_proto` or `tablekeeper_server` here: their generated protos register the same
-`bookkeeper.proto.*` symbols as the client's (see tests/compat/__init__.py).
+Each test starts its own server process (tests/support/server.py), or with
+`TABLEKEEPER_TEST_CLUSTER=3` its own 3-server cluster and talks to one of its servers only
+(conftest.py). Never import `tablekeeper`, `tablekeeper_proto` or `tablekeeper_server` here:
+their generated protos register the same `bookkeeper.proto.*` symbols as the client's (see
+tests/compat/__init__.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from bookkeeper.proto import storage_pb2, stream_pb2
 from bookkeeper.types import StorageClientSettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.compat.cluster import Server, running
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.compat
@@ -51,15 +54,15 @@ VALID_ODD_NAMES = ["a/b", "with.dots-and_underscores", "a\x7fb", "\u00e9t\u00e9"
 # helpers
 
 
-def settings(server: ServerProcess) -> StorageClientSettings:
+def settings(server: Server) -> StorageClientSettings:
     return StorageClientSettings(service_uri=server.service)
 
 
-def admin_client(server: ServerProcess) -> Any:
+def admin_client(server: Server) -> Any:
     return admin.Client(settings(server))
 
 
-def health_status(server: ServerProcess) -> int:
+def health_status(server: Server) -> int:
     with grpc.insecure_channel(server.target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status)
@@ -93,7 +96,7 @@ def wait_listening(port: int, timeout_s: float) -> None:
 
 
 @pytest.fixture
-def table(server: ServerProcess) -> Any:
+def table(server: Server) -> Any:
     """A table with the client's default table conf, in the kv client's default namespace."""
     admin_client(server).namespaces().create("public")
     admin_client(server).namespace("public").create("t")
@@ -104,7 +107,7 @@ def table(server: ServerProcess) -> Any:
 # admin: namespaces
 
 
-def test_namespace_create_get_delete(server: ServerProcess) -> None:
+def test_namespace_create_get_delete(server: Server) -> None:
     namespaces = admin_client(server).namespaces()
     created = [namespaces.create(name) for name in ("ns-a", "ns-b", "ns-c")]
 
@@ -131,7 +134,7 @@ def test_namespace_create_get_delete(server: ServerProcess) -> None:
     assert namespaces.get("ns-custom") == props
 
 
-def test_namespace_errors(server: ServerProcess) -> None:
+def test_namespace_errors(server: Server) -> None:
     namespaces = admin_client(server).namespaces()
     namespaces.create("dup")
     with pytest.raises(bk_errors.NamespaceExistsError):
@@ -161,7 +164,7 @@ def test_namespace_errors(server: ServerProcess) -> None:
 # admin: tables (streams)
 
 
-def test_table_create_get_delete(server: ServerProcess) -> None:
+def test_table_create_get_delete(server: Server) -> None:
     client = admin_client(server)
     client.namespaces().create("ns1")
     client.namespaces().create("ns2")
@@ -197,7 +200,7 @@ def test_table_create_get_delete(server: ServerProcess) -> None:
     assert ns1.get("custom") == props
 
 
-def test_table_errors(server: ServerProcess) -> None:
+def test_table_errors(server: Server) -> None:
     client = admin_client(server)
     client.namespaces().create("ns")
     ns = client.namespace("ns")
@@ -346,7 +349,7 @@ def test_binary_keys_and_values(table: Any) -> None:
     assert table.get(b"big").value == big
 
 
-def test_key_and_value_limits(server: ServerProcess, table: Any) -> None:
+def test_key_and_value_limits(server: Server, table: Any) -> None:
     empty_key_calls: list[Callable[[], object]] = [
         lambda: table.put(b"", b"v"),
         lambda: table.get(b""),
@@ -396,12 +399,12 @@ def test_key_and_value_limits(server: ServerProcess, table: Any) -> None:
 
     # the server is still healthy and serving
     assert health_status(server) == health_pb2.HealthCheckResponse.SERVING
-    assert server.process is not None and server.process.poll() is None
+    assert running(server)
     table.put(b"after", b"ok")
     assert table.get(b"after").value == b"ok"
 
 
-def test_tables_are_isolated(server: ServerProcess) -> None:
+def test_tables_are_isolated(server: Server) -> None:
     client = admin_client(server)
     for ns in ("ns1", "ns2"):
         client.namespaces().create(ns)
@@ -431,6 +434,7 @@ def test_tables_are_isolated(server: ServerProcess) -> None:
     assert tables[("ns2", "a")].get(b"shared").value == b"ns2/a"
 
 
+@pytest.mark.standalone_only(reason="stops and restarts the server process")
 def test_data_survives_graceful_restart(server: ServerProcess) -> None:
     client = admin_client(server)
     ns_props = client.namespaces().create("ns")
@@ -556,7 +560,7 @@ class FunctionContext:
         return self.state_context.get_value(key)
 
 
-def test_pulsar_functions_state_flow(server: ServerProcess) -> None:
+def test_pulsar_functions_state_flow(server: Server) -> None:
     # first start: neither namespace nor table exists; the runtime creates both
     ctx = FunctionContext(server.service, "public", "default", "word-count")
     client = admin_client(server)
@@ -590,7 +594,7 @@ def test_pulsar_functions_state_flow(server: ServerProcess) -> None:
     assert ctx.get_counter("hello") == 3
 
 
-def test_pulsar_functions_concurrent_instances(server: ServerProcess) -> None:
+def test_pulsar_functions_concurrent_instances(server: Server) -> None:
     instances = [FunctionContext(server.service, "my-tenant", "my-ns", "counter") for _ in range(2)]
     rounds = 150
     barrier = threading.Barrier(len(instances))
@@ -627,6 +631,9 @@ def slow_starting_server(tmp_path: Path, server_factory: list[ServerProcess]) ->
     return s.start(timeout_s=60)
 
 
+@pytest.mark.standalone_only(
+    reason="restarts a server started with --containers 32 and reads its /metrics"
+)
 def test_request_during_restart_is_retried_until_served(
     slow_starting_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
