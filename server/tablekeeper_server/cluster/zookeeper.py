@@ -335,9 +335,15 @@ class Controller:
         log.info("this server is the controller now")
         self._zk.watch_servers(lambda _: self._changed.set())
         self._changed.set()
+        last = 0.0
         while not stop.is_set():
-            self._changed.wait(timeout=RECONCILE_INTERVAL_S)
+            # Short waits: `stop` must end the term promptly (a server shutting down waits).
+            if not self._changed.wait(timeout=0.2) and (
+                time.monotonic() - last < RECONCILE_INTERVAL_S
+            ):
+                continue
             self._changed.clear()
+            last = time.monotonic()
             while not stop.is_set():
                 try:
                     if self.reconcile():
