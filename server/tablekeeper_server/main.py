@@ -176,6 +176,7 @@ async def serve(config: ServerConfig) -> None:
         assert server.forwarder is not None
         member = ClusterMember(coordinator, server.endpoint, registry)
         owners["member"] = member.owner_of
+        server.forwarder.draining = lambda: member is not None and member.draining
         registry.remote = RemoteCatalogClient(server.forwarder)
         registry.still_owns = member.still_owns
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open

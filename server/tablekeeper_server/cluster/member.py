@@ -45,6 +45,8 @@ class ClusterMember:
         self._changed = asyncio.Event()
         self._lost = False
         self._leaving = False
+        self.draining = False
+        """Shutting down, containers handed over: refuse (retryably) instead of forwarding."""
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -70,10 +72,25 @@ class ClusterMember:
         log.info("joined the cluster as %s (%d containers)", self.endpoint, num_containers)
         return num_containers
 
-    async def stop(self) -> None:
-        """Leave: stop reconciling, close every container and release it (finishing what is
-        in flight), then close the session; the ephemeral node goes with it, so the controller
-        moves the containers at once and their next owners need not wait for us."""
+    async def stop(self, *, handoff_timeout_s: float = 5.0, linger_s: float = 1.0) -> None:
+        """Leave gracefully. Deregister first, so the controller moves our containers while we
+        still run: each is closed here (in-flight writes finish) and released, and the next
+        owner takes it at once. Then `draining()` turns true for `linger_s`: requests get "not
+        served here" (clients refresh their routes; our GetStorageContainerEndpoint still
+        answers the new owners), instead of being cut off when the process exits. Finally
+        close what is left and end the session."""
+        if self._registry.suspended is None and not self._lost:
+            try:
+                await asyncio.to_thread(self._zk.deregister, self.endpoint)
+                deadline = asyncio.get_running_loop().time() + handoff_timeout_s
+                while (self._wanted or self._registry.containers) and (
+                    asyncio.get_running_loop().time() < deadline
+                ):
+                    await asyncio.sleep(0.05)
+            except Exception as exc:  # ZooKeeper unreachable: the session end does it
+                log.warning("could not hand containers over before leaving: %s", exc)
+            self.draining = True
+            await asyncio.sleep(linger_s)
         self._leaving = True
         if self._task is not None:
             self._task.cancel()

@@ -17,6 +17,7 @@ Layout under `/tablekeeper/<cluster>`:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -175,6 +176,12 @@ class ZkCoordinator:
             # Our own node from a previous session that has not expired yet: replace it.
             self.zk.delete(path)
             self.zk.create(path, endpoint.encode(), ephemeral=True)
+
+    def deregister(self, endpoint: str) -> None:
+        """Stop being a live server (before shutting down: the controller moves our containers
+        while we can still hand them over)."""
+        with contextlib.suppress(NoNodeError):
+            self.zk.delete(f"{self.root}/servers/{endpoint}")
 
     def live_servers(self) -> list[str]:
         return sorted(self.zk.get_children(f"{self.root}/servers"))

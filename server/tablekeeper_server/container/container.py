@@ -142,7 +142,17 @@ class StorageContainer:
             task = asyncio.create_task(self._reopen_range(range_, stream_id, range_id, ttl_seconds))
             self._opening[key] = task
             task.add_done_callback(lambda _: self._opening.pop(key, None))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                # The container closed (it moved away) while the range was opening: nothing
+                # was applied, so the request may go to the next owner.
+                raise UnavailableError(
+                    f"container {self.id} closed while range {stream_id}/{range_id} was opening"
+                ) from None
+            raise
 
     async def _reopen_range(
         self, failed: Range | None, stream_id: int, range_id: int, ttl_seconds: int

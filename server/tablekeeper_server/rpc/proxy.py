@@ -73,6 +73,9 @@ class Forwarder:
     ) -> None:
         self._owner_of = owner_of
         self._self = self_endpoint
+        self.draining: Callable[[], bool] = lambda: False
+        """True while this server shuts down: answer "not served here" (clients find the new
+        owner themselves) rather than forward and be cut off mid-call at exit."""
         self._options = [
             ("grpc.max_receive_message_length", message_bytes_max),
             ("grpc.max_send_message_length", message_bytes_max),
@@ -86,6 +89,8 @@ class Forwarder:
 
     def owner(self, container_id: int) -> str:
         """The endpoint to forward to; `RouteNotFoundError` if that is nobody or this server."""
+        if self.draining():
+            raise RouteNotFoundError(f"server {self._self} is shutting down")
         endpoint = self._owner_of(container_id)
         if endpoint is None:
             raise RouteNotFoundError(f"storage container {container_id} has no owner right now")
