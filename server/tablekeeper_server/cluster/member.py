@@ -180,7 +180,17 @@ class ClusterMember:
         for container_id in sorted(running - wanted):
             log.info("container %d moved away: closing it", container_id)
             await self._give_up(container_id)
-        starting = sorted(wanted - running)
+        for container_id in sorted(running & wanted):
+            container = self._registry.containers.get(container_id)
+            if container is not None and container.fenced:
+                # Another server opened one of its logs (it claimed the container from an
+                # assignment that has since moved on) while the assignment still names us:
+                # take it back with a new epoch rather than refuse its requests for good.
+                log.warning(
+                    "container %d was fenced by another server: taking it back", container_id
+                )
+                await self._registry.remove(container_id)
+        starting = sorted(wanted - set(self._registry.containers))
         if starting:
             results = await asyncio.gather(
                 *(self._take_over(c) for c in starting), return_exceptions=True
@@ -192,7 +202,20 @@ class ClusterMember:
 
     async def _take_over(self, container_id: int) -> None:
         started = asyncio.get_running_loop().time()
-        epoch = await asyncio.to_thread(self._zk.claim, container_id, self.endpoint)
+        epoch = await asyncio.to_thread(
+            self._zk.claim,
+            container_id,
+            self.endpoint,
+            still_wanted=lambda: container_id in self._wanted,
+        )
+        if container_id not in self._wanted:
+            # The assignment moved on while we waited for the previous owner: opening the logs
+            # now would fence the server that has it.
+            log.info(
+                "container %d: assignment changed during the takeover; not opening it", container_id
+            )
+            await asyncio.to_thread(self._zk.release, container_id, self.endpoint, epoch)
+            return
         await self._registry.add(container_id, epoch)
         log.info(
             "container %d serving (epoch %d) after %.3fs",

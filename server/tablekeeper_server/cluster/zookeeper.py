@@ -229,12 +229,21 @@ class ZkCoordinator:
             return None
         return _decode_owner(raw)
 
-    def claim(self, container: int, endpoint: str, *, handoff_timeout_s: float = 5.0) -> int:
+    def claim(
+        self,
+        container: int,
+        endpoint: str,
+        *,
+        handoff_timeout_s: float = 5.0,
+        still_wanted: Callable[[], bool] = lambda: True,
+    ) -> int:
         """Make `endpoint` the owner of `container` with a new, higher epoch; return it.
 
         A live previous owner gets up to `handoff_timeout_s` to close the container and
         `release` it (so the requests it is finishing are not cut off by fencing); a dead or
-        released one is taken over at once. Compare-and-set against concurrent claims: of two
+        released one is taken over at once. Returns 0 without claiming if `still_wanted()`
+        turns false meanwhile (the assignment moved on). Compare-and-set against concurrent
+        claims: of two
         claimants, one wins each round and the other sees the higher epoch on its retry. The
         caller must then fence the container's logs (opening them does) before serving.
         """
@@ -256,6 +265,8 @@ class ZkCoordinator:
                 and time.monotonic() < deadline
                 and current.endpoint in self.live_servers()
             ):
+                if not still_wanted():
+                    return 0
                 time.sleep(0.05)  # the previous owner is alive and closing: let it finish
                 continue
             epoch = current.epoch + 1

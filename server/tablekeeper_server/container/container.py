@@ -75,6 +75,11 @@ class StorageContainer:
         return self.env.db_dir / f"{self.id:05d}"
 
     @property
+    def fenced(self) -> bool:
+        """Another writer took one of this container's logs over (cluster mode)."""
+        return any(r.fenced for r in self._ranges.values())
+
+    @property
     def serving(self) -> bool:
         return self.state is ContainerState.SERVING
 
