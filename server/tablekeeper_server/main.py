@@ -136,6 +136,7 @@ async def serve(config: ServerConfig) -> None:
         checkpoint_store=checkpoint_store,
         checkpoints_kept=config.checkpoints_kept,
         failpoints=failpoints,
+        open_hosted_ranges_on_start=coordinator is not None,
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
     registry = ContainerRegistry(env, [] if coordinator else list(range(num_containers)))

@@ -3,6 +3,10 @@
 Key layout (BookKeeper's): `stream_id 0x01` -> StreamMetadata, `stream_id 0x02 range_id` ->
 RangeMetadata. A table's ranges are created lazily on the first GetActiveRanges, from its
 `initial_num_ranges`, in one txn guarded by "no metadata yet".
+
+TableKeeper adds `-1 0x03 stream_id range_id` -> the range's TTL (8 bytes): the data ranges that
+have been opened on this container (of any table), so the next owner of the container can open
+them all as soon as it takes the container over instead of on their first request.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ def _stream_key(stream_id: int) -> bytes:
 
 def _range_key(stream_id: int, range_id: int) -> bytes:
     return _LONG.pack(stream_id) + b"\x02" + _LONG.pack(range_id)
+
+
+_HOSTED_PREFIX = _LONG.pack(-1) + b"\x03"
+
+
+def _hosted_key(stream_id: int, range_id: int) -> bytes:
+    return _HOSTED_PREFIX + _LONG.pack(stream_id) + _LONG.pack(range_id)
 
 
 def place_range(stream_id: int, range_index: int, num_containers: int) -> int:
@@ -110,3 +121,21 @@ class MetaCatalog:
                 delete_ranges=[(prefix + b"\x01", prefix + b"\x02" + b"\xff" * 8)]
             )
             return ranges
+
+    def hosted_ranges(self) -> list[tuple[int, int, int]]:
+        """(stream id, range id, TTL seconds) of every data range opened on this container."""
+        rows = self._kv.scan(_HOSTED_PREFIX, _HOSTED_PREFIX + b"\xff" * 16)
+        hosted = []
+        for key, value in rows:
+            stream_id, range_id = struct.unpack_from(">qq", key, len(_HOSTED_PREFIX))
+            hosted.append((stream_id, range_id, _LONG.unpack(value)[0]))
+        return hosted
+
+    async def record_hosted(self, stream_id: int, range_id: int, ttl_seconds: int) -> None:
+        """Remember that this data range lives here (once; later calls read only)."""
+        key = _hosted_key(stream_id, range_id)
+        if self._kv.get(key) is None:
+            await self._kv.commit(puts=[(key, _LONG.pack(ttl_seconds))])
+
+    async def forget_hosted(self, stream_id: int, range_id: int) -> None:
+        await self._kv.commit(deletes=[_hosted_key(stream_id, range_id)])

@@ -48,6 +48,9 @@ class ContainerEnv:
     """Where range checkpoints go; None disables checkpoints (and restore)."""
     checkpoints_kept: int = 2
     failpoints: Failpoints = NO_FAILPOINTS
+    open_hosted_ranges_on_start: bool = False
+    """Open every data range known to live on a container when the container starts (cluster
+    mode: a container that moved serves its first request sooner); else on first use."""
 
 
 class ContainerState(enum.Enum):
@@ -114,12 +117,17 @@ class StorageContainer:
 
     async def start(self) -> None:
         self.state = ContainerState.RECOVERING
-        meta_range = await self._open_range(CONTAINER_META_STREAM_ID, CONTAINER_META_RANGE_ID, 0)
-        self.meta = MetaCatalog(meta_range, self.env.num_containers, self.env.clock.now_ms)
+        opening = [self._open_range(CONTAINER_META_STREAM_ID, CONTAINER_META_RANGE_ID, 0)]
         if self.id == ROOT_CONTAINER_ID:
-            root_range = await self._open_range(ROOT_STREAM_ID, ROOT_RANGE_ID, 0)
-            self.root = RootCatalog(root_range, self.env.num_containers)
+            opening.append(self._open_range(ROOT_STREAM_ID, ROOT_RANGE_ID, 0))
+        opened = await asyncio.gather(*opening)
+        self.meta = MetaCatalog(opened[0], self.env.num_containers, self.env.clock.now_ms)
+        if self.id == ROOT_CONTAINER_ID:
+            self.root = RootCatalog(opened[1], self.env.num_containers)
         self.state = ContainerState.SERVING
+        if self.env.open_hosted_ranges_on_start:
+            for stream_id, range_id, ttl_seconds in self.meta.hosted_ranges():
+                self._start_opening(stream_id, range_id, ttl_seconds, None)
 
     async def _open_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
         range_ = self._new_range(stream_id, range_id, ttl_seconds)
@@ -142,11 +150,7 @@ class StorageContainer:
         if task is None:
             if range_ is not None:  # failed: close it and recover from the log
                 self._ranges.pop(key, None)
-            # Registered before anything is awaited, so concurrent callers wait for this one
-            # reopen instead of opening the store while the failed range still holds it.
-            task = asyncio.create_task(self._reopen_range(range_, stream_id, range_id, ttl_seconds))
-            self._opening[key] = task
-            task.add_done_callback(lambda _: self._opening.pop(key, None))
+            task = self._start_opening(stream_id, range_id, ttl_seconds, range_)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -159,18 +163,38 @@ class StorageContainer:
                 ) from None
             raise
 
+    def _start_opening(
+        self, stream_id: int, range_id: int, ttl_seconds: int, failed: Range | None
+    ) -> asyncio.Task[Range]:
+        # Registered before anything is awaited, so concurrent callers wait for this one
+        # (re)open instead of opening the store while a failed range still holds it.
+        key = (stream_id, range_id)
+        task = asyncio.create_task(self._reopen_range(failed, stream_id, range_id, ttl_seconds))
+        self._opening[key] = task
+        task.add_done_callback(lambda _: self._opening.pop(key, None))
+        task.add_done_callback(_log_open_failure)
+        return task
+
     async def _reopen_range(
         self, failed: Range | None, stream_id: int, range_id: int, ttl_seconds: int
     ) -> Range:
         if failed is not None:
             await failed.close()
-        return await self._open_range(stream_id, range_id, ttl_seconds)
+        range_ = await self._open_range(stream_id, range_id, ttl_seconds)
+        if self.meta is not None and self.env.open_hosted_ranges_on_start:
+            try:
+                await self.meta.record_hosted(stream_id, range_id, ttl_seconds)
+            except Exception as exc:  # only an optimisation for the next owner: serve anyway
+                log.warning("could not record range %s as hosted: %s", range_.name.log_name, exc)
+        return range_
 
     async def drop_range(self, stream_id: int, range_id: int) -> None:
         """Close a deleted table's range and remove its log and store."""
         range_ = self._ranges.pop((stream_id, range_id), None)
         if range_ is not None:
             await range_.close()
+        if self.meta is not None and self.env.open_hosted_ranges_on_start:
+            await self.meta.forget_hosted(stream_id, range_id)
         name = RangeName(self.id, stream_id, range_id)
         await asyncio.to_thread(self.env.log_backend.delete, name.log_name)
         await asyncio.to_thread(shutil.rmtree, self._range_dir(name), True)
@@ -187,3 +211,10 @@ class StorageContainer:
         self._ranges.clear()
         await asyncio.gather(*(r.close() for r in ranges), return_exceptions=True)
         self.state = ContainerState.STOPPED
+
+
+def _log_open_failure(task: asyncio.Task[Range]) -> None:
+    """Retrieve a background open's failure (it was logged by the range, and the next request
+    for the range tries again)."""
+    if not task.cancelled():
+        task.exception()
