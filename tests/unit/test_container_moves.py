@@ -69,6 +69,7 @@ async def test_the_next_owner_opens_moved_ranges_at_once_and_has_the_data() -> N
     }
     for i in range(20):
         range_ = await second.table_range(table.stream_id, f"p{i}".encode())
-        got = range_.read(kv_rpc_pb2.RangeRequest(key=b"k", header={"r_key": f"p{i}".encode()}))
+        header = kv_rpc_pb2.RoutingHeader(r_key=f"p{i}".encode())
+        got = range_.read(kv_rpc_pb2.RangeRequest(key=b"k", header=header))
         assert got.kvs[0].value == f"v{i}".encode()
     await second.stop()
