@@ -424,11 +424,16 @@ def test_disk_loss_under_load_loses_no_acknowledged_write(
     with _workers(first, tmp_path, 0, count=2) as workers:
         for worker in workers:
             worker.wait_acked(20, timeout_s=60)
-        time.sleep(4)
+        # Kill once a table range has been checkpointed under the load (a busy machine takes a
+        # few seconds to get through the catalog ranges first), and a little later.
+        checkpointed = rf"range \d+-{table_id:012d}-\d+: checkpoint at [1-9]"
+        deadline = time.monotonic() + 90
+        while not re.search(checkpointed, first.log_path.read_text(errors="replace")):
+            assert time.monotonic() < deadline, first.log_tail()
+            time.sleep(0.2)
+        time.sleep(1)
         first.kill()
         journals = _stop_workers(workers)
-    first_log = first.log_path.read_text(errors="replace")
-    assert re.search(rf"range \d+-{table_id:012d}-\d+: checkpoint at [1-9]", first_log), first_log
     shutil.rmtree(first.data_dir)
 
     second = ServerProcess(tmp_path / "second", extra_args=args)
