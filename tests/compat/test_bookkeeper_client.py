@@ -625,14 +625,15 @@ def test_pulsar_functions_concurrent_instances(server: Server) -> None:
 
 @pytest.fixture
 def slow_starting_server(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
-    """More containers, so opening them on start takes about a second."""
-    s = ServerProcess(tmp_path / "slow", extra_args=["--containers", "32"])
+    """Many containers, so opening them on start takes a few seconds even on an idle machine
+    (32 took well under a second there: the put below then arrived after recovery)."""
+    s = ServerProcess(tmp_path / "slow", extra_args=["--containers", "256"])
     server_factory.append(s)
     return s.start(timeout_s=60)
 
 
 @pytest.mark.standalone_only(
-    reason="restarts a server started with --containers 32 and reads its /metrics"
+    reason="restarts a server started with --containers 256 and reads its /metrics"
 )
 def test_request_during_restart_is_retried_until_served(
     slow_starting_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
