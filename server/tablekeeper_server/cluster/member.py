@@ -48,14 +48,13 @@ class ClusterMember:
         self.draining = False
         """Shutting down, containers handed over: refuse (retryably) instead of forwarding."""
         self._task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> int:
         """Join the cluster (the coordinator is started); return its number of containers.
         Containers start in the background as the assignment arrives."""
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         num_containers = await asyncio.to_thread(self._zk.num_containers)
 
         def on_session(state: str) -> None:  # on a kazoo thread
