@@ -43,6 +43,12 @@ class ServerMetrics:
             buckets=_BATCH_BUCKETS,
             registry=registry,
         )
+        self.forwarded = Counter(
+            "tablekeeper_forwarded_requests",
+            "Requests (and watch streams) forwarded to the server that owns their container",
+            ["method"],
+            registry=registry,
+        )
         self.wal_append_bytes = Counter(
             "tablekeeper_wal_append_bytes", "Payload bytes appended to WALs", registry=registry
         )
@@ -51,6 +57,9 @@ class ServerMetrics:
         self.wal_append_seconds.observe(seconds)
         self.wal_append_records.observe(records)
         self.wal_append_bytes.inc(payload_bytes)
+
+    def observe_forward(self, method: str) -> None:
+        self.forwarded.labels(method).inc()
 
     def observe_request(self, method: str, code: int, seconds: float) -> None:
         self.requests.labels(method, str(code)).inc()

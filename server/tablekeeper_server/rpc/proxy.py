@@ -84,8 +84,8 @@ class Forwarder:
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.forwarded = 0
-        """Requests forwarded so far (for tests and metrics)."""
+        self.on_forward: Callable[[str], None] = lambda method: None
+        """Called with the method name of every forwarded call (metrics)."""
 
     def owner(self, container_id: int) -> str:
         """The endpoint to forward to; `RouteNotFoundError` if that is nobody or this server."""
@@ -134,7 +134,7 @@ class Forwarder:
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
         )
         call = method(request, metadata=(*metadata, (FORWARDED_METADATA_KEY, "1")), timeout=timeout)
-        self.forwarded += 1
+        self.on_forward(path.rpartition("/")[2])
         try:
             response: R = await call
         except grpc.aio.AioRpcError as error:
@@ -165,7 +165,7 @@ class Forwarder:
             response_deserializer=response_type.FromString,
         )
         call = method(request, metadata=((FORWARDED_METADATA_KEY, "1"),))
-        self.forwarded += 1
+        self.on_forward(path.rpartition("/")[2])
         try:
             async for message in call:
                 yield message

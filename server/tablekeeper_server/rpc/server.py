@@ -85,6 +85,8 @@ class GrpcServer:
                 message_bytes_max=message_max,
                 metadata_bytes_max=metadata_max,
             )
+            if metrics is not None:
+                self.forwarder.on_forward = metrics.observe_forward
         forwarder = self.forwarder
         ops = TableOps(registry, limits, forwarder)
         storage_pb2_grpc.add_RootRangeServiceServicer_to_server(
