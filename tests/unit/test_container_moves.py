@@ -13,7 +13,7 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import ManualClock
-from tablekeeper_server.errors import NotServedHereError
+from tablekeeper_server.errors import NotServedHereError, UnavailableError
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.memory import MemoryKvStore
@@ -72,4 +72,22 @@ async def test_the_next_owner_opens_moved_ranges_at_once_and_has_the_data() -> N
         header = kv_rpc_pb2.RoutingHeader(r_key=f"p{i}".encode())
         got = range_.read(kv_rpc_pb2.RangeRequest(key=b"k", header=header))
         assert got.kvs[0].value == f"v{i}".encode()
+    await second.stop()
+
+
+async def test_a_container_whose_log_was_taken_over_asks_to_be_reopened() -> None:
+    log = MemoryLogBackend()
+    first, second = server(log), server(log)
+    await first.add(0, epoch=1)
+    ns = stream_pb2.NamespaceConfiguration()
+    await first.root.create_namespace("a", ns)
+    assert first.containers[0].needs_reopen() is None
+    await second.add(0, epoch=2)  # opens (fences) the same logs
+    with pytest.raises(UnavailableError):
+        await first.root.create_namespace("b", ns)
+    reason = first.containers[0].needs_reopen()
+    assert reason is not None and "fenced" in reason
+    assert second.containers[0].needs_reopen() is None
+    assert second.root.get_namespace("a").namespace_id == 0
+    await first.stop()
     await second.stop()

@@ -53,6 +53,11 @@ class MetaCatalog:
         self._now_ms = now_ms
         self._lock = asyncio.Lock()
 
+    @property
+    def range(self) -> Range:
+        """The range this catalog lives in."""
+        return self._kv.range
+
     async def active_ranges(
         self,
         stream_id: int,

@@ -72,6 +72,11 @@ class RootCatalog:
         self._num_containers = num_containers
         self._lock = asyncio.Lock()
 
+    @property
+    def range(self) -> Range:
+        """The range this catalog lives in."""
+        return self._kv.range
+
     # ------------------------------------------------------------------ namespaces
 
     def _namespace_id(self, name: str) -> int:

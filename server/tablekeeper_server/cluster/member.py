@@ -181,13 +181,12 @@ class ClusterMember:
             await self._give_up(container_id)
         for container_id in sorted(running & wanted):
             container = self._registry.containers.get(container_id)
-            if container is not None and container.fenced:
-                # Another server opened one of its logs (it claimed the container from an
-                # assignment that has since moved on) while the assignment still names us:
-                # take it back with a new epoch rather than refuse its requests for good.
-                log.warning(
-                    "container %d was fenced by another server: taking it back", container_id
-                )
+            reason = container.needs_reopen() if container is not None else None
+            if reason is not None:
+                # E.g. another server opened one of its logs (it claimed the container from an
+                # assignment that has since moved on) while the assignment still names us: open
+                # it again with a new epoch rather than refuse its requests for good.
+                log.warning("container %d must be reopened: %s", container_id, reason)
                 await self._registry.remove(container_id)
         starting = sorted(wanted - set(self._registry.containers))
         if starting:

@@ -77,10 +77,17 @@ class StorageContainer:
         """Where this container's range stores live on this server."""
         return self.env.db_dir / f"{self.id:05d}"
 
-    @property
-    def fenced(self) -> bool:
-        """Another writer took one of this container's logs over (cluster mode)."""
-        return any(r.fenced for r in self._ranges.values())
+    def needs_reopen(self) -> str | None:
+        """Why the container must be closed and opened again, or None: another writer took one
+        of its logs over (cluster mode), or its meta or root range failed (data ranges reopen by
+        themselves on their next request; the catalog ranges do not)."""
+        for range_ in self._ranges.values():
+            if range_.fenced:
+                return f"range {range_.name.log_name} was fenced by another writer"
+        for catalog in (self.meta, self.root):
+            if catalog is not None and catalog.range.failed:
+                return catalog.range.failure
+        return None
 
     @property
     def serving(self) -> bool:
