@@ -157,7 +157,12 @@ async def serve(config: ServerConfig) -> None:
         num_containers,
         f", cluster {config.cluster} at {config.zk_hosts}" if coordinator else "",
     )
-    owners: dict[str, Callable[[int], str | None]] = {}
+    # The port is fixed by configuration (never 0), so the endpoint we register is known now.
+    member = (
+        ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
+        if coordinator is not None
+        else None
+    )
     server = GrpcServer(
         registry,
         bind_host=config.bind_host,
@@ -170,14 +175,12 @@ async def serve(config: ServerConfig) -> None:
             checkpoint_store=checkpoint_store.describe(),
             interval_s=config.checkpoint_interval_s,
         ),
-        owner_of=(lambda cid: owners["member"](cid)) if coordinator else None,
+        owner_of=member.owner_of if member is not None else None,
     )
-    member: ClusterMember | None = None
-    if coordinator is not None:
-        assert server.forwarder is not None
-        member = ClusterMember(coordinator, server.endpoint, registry)
-        owners["member"] = member.owner_of
-        server.forwarder.draining = lambda: member is not None and member.draining
+    if member is not None:
+        assert server.forwarder is not None and server.endpoint == member.endpoint
+        cluster_member = member
+        server.forwarder.draining = lambda: cluster_member.draining
         registry.remote = RemoteCatalogClient(server.forwarder)
         registry.still_owns = member.still_owns
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open

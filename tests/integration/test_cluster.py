@@ -22,7 +22,7 @@ import pytest
 from tablekeeper import Client, RetryPolicy
 from tablekeeper.routing import RangeInfo, RangeRouter
 from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc
-from tests.integration.test_crash import NS, TABLE, _check_state, _stop_workers
+from tests.integration.test_crash import NS, TABLE, _check_state, _stop_workers, _workers
 from tests.support.cluster import TestCluster
 from tests.support.crash_worker import JournalSummary, WorkerProcess
 
@@ -73,29 +73,13 @@ def _pkey_on(router: RangeRouter, containers: frozenset[int]) -> str:
 
 @contextmanager
 def _load(cluster: TestCluster, journal_dir: Path, round_: int) -> Iterator[list[WorkerProcess]]:
-    workers: list[WorkerProcess] = []
-    try:
-        for w in range(WORKERS):
-            workers.append(
-                WorkerProcess(
-                    service=cluster.service_all(),
-                    namespace=NS,
-                    table=TABLE,
-                    journal=journal_dir / f"round{round_}-worker{w}.jsonl",
-                    worker=w,
-                    round_=round_,
-                    tasks=TASKS,
-                    retry_deadline_s=60.0,
-                )
-            )
+    """Crash-test workers given every server and a long retry deadline, already under way."""
+    with _workers(
+        cluster.service_all(), journal_dir, round_, WORKERS, tasks=TASKS, retry_deadline_s=60.0
+    ) as workers:
         for worker in workers:
             worker.wait_acked(20, timeout_s=60)
         yield workers
-    finally:
-        for worker in workers:
-            if worker.process.poll() is None:
-                worker.process.kill()
-                worker.process.wait()
 
 
 def _errors(journals: list[JournalSummary]) -> list[str]:

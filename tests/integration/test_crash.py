@@ -207,20 +207,28 @@ def _check_state(client: Client, journals: list[JournalSummary]) -> Checked:
 
 @contextmanager
 def _workers(
-    server: ServerProcess, journal_dir: Path, round_: int, count: int = WORKERS
+    server: ServerProcess | str,
+    journal_dir: Path,
+    round_: int,
+    count: int = WORKERS,
+    *,
+    tasks: int = TASKS_PER_WORKER,
+    retry_deadline_s: float = 2.0,
 ) -> Iterator[list[WorkerProcess]]:
+    """`count` worker processes against `server` (or a service URI), killed on the way out."""
     workers: list[WorkerProcess] = []
     try:
         for w in range(count):
             workers.append(
                 WorkerProcess(
-                    service=server.service,
+                    service=server if isinstance(server, str) else server.service,
                     namespace=NS,
                     table=TABLE,
                     journal=journal_dir / f"round{round_}-worker{w}.jsonl",
                     worker=w,
                     round_=round_,
-                    tasks=TASKS_PER_WORKER,
+                    tasks=tasks,
+                    retry_deadline_s=retry_deadline_s,
                 )
             )
         yield workers
