@@ -348,6 +348,34 @@ async def test_restore_verifies_sha256_and_falls_back_to_the_older_checkpoint(
     assert [p.name for p in harness.store_path.parent.iterdir()] == [harness.store_path.name]
 
 
+class PhantomListingStore(DirectoryCheckpointStore):
+    """Lists one more manifest than it holds: what the Pulsar store shows after a crash between
+    creating a manifest's topic and publishing into it."""
+
+    def __init__(self, root: Path, phantom: str) -> None:
+        super().__init__(root)
+        self.phantom = phantom
+
+    def list(self, prefix: str) -> list[str]:
+        names = super().list(prefix)
+        return sorted([*names, self.phantom]) if self.phantom.startswith(prefix) else names
+
+
+async def test_a_listed_but_never_published_manifest_is_no_checkpoint(harness: Harness) -> None:
+    phantom = f"{NAME}/manifests/99999999999999999999-000000000000001.json"
+    harness.objects = PhantomListingStore(harness.objects.root, phantom)
+    harness.checkpointer = harness.new_checkpointer()
+    harness.lose_local_store()
+    # Only the phantom: the range starts empty (and replays its untruncated log).
+    assert harness.checkpointer.restore() is None
+    harness.sm = harness.open_restored()
+    await harness.write(300)
+    first = harness.checkpoint()  # GC deletes the phantom name (a no-op here) and keeps `first`
+    harness.lose_local_store()
+    # A real checkpoint beside the phantom: restored from, the phantom skipped as absent.
+    assert harness.checkpointer.restore() == first.applied_sequence == 300
+
+
 async def test_restore_refuses_when_no_checkpoint_is_valid(harness: Harness) -> None:
     await harness.write(2000)
     older = harness.checkpoint()

@@ -35,7 +35,9 @@ class CheckpointStore(Protocol):
         ...
 
     def list(self, prefix: str) -> list[str]:
-        """Names under `prefix` (a directory-like path), sorted."""
+        """Names under `prefix` (a directory-like path), sorted. A name whose write was cut off
+        by a crash may be listed although reading it raises `FileNotFoundError` (a shared store
+        cannot always create and fill an object in one step): readers treat it as absent."""
         ...
 
     def delete(self, name: str) -> None:

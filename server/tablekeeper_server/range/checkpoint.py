@@ -210,19 +210,27 @@ class RangeCheckpointer:
         """Manifest object names, newest (highest position, then latest) first."""
         return sorted(self._store.list(manifests_prefix(self.range_name)), reverse=True)
 
-    def _load(self, name: str) -> Manifest:
+    def _load(self, name: str) -> Manifest | None:
+        """The manifest `name`; None if it holds nothing (listed, but its publication was cut
+        off by a crash, or it was deleted meanwhile): that is no checkpoint, not a damaged one."""
         try:
             raw = self._store.get_bytes(name)
-        except FileNotFoundError as exc:
-            raise CorruptionError(f"manifest {name} vanished") from exc
+        except FileNotFoundError:
+            log.info(
+                "range %s: ignoring %s: listed but empty (never published)", self.range_name, name
+            )
+            return None
         return Manifest.decode(raw, f"{self._store.describe()}:{name}")
 
     def _newest_valid_manifest(self) -> Manifest | None:
         for name in self._manifests():
             try:
-                return self._load(name)
+                manifest = self._load(name)
             except CorruptionError as exc:
                 log.warning("range %s: skipping %s", self.range_name, exc.message)
+                continue
+            if manifest is not None:
+                return manifest
         return None
 
     def _collect_garbage(self) -> list[Manifest]:
@@ -259,7 +267,7 @@ class RangeCheckpointer:
         os.replace(self.store_path, aside)
 
     def has_checkpoints(self) -> bool:
-        return bool(self._manifests())
+        return bool(self._manifests())  # never-published names count: restore sorts them out
 
     def restore(self) -> int | None:
         """Rebuild the local store from the newest valid checkpoint; return its position.
@@ -277,6 +285,8 @@ class RangeCheckpointer:
             started = time.monotonic()
             try:
                 manifest = self._load(name)
+                if manifest is None:
+                    continue
                 self._download(manifest, scratch)
             except (CorruptionError, OSError) as exc:
                 message = exc.message if isinstance(exc, CorruptionError) else repr(exc)
@@ -299,6 +309,8 @@ class RangeCheckpointer:
                 time.monotonic() - started,
             )
             return manifest.applied_sequence
+        if not problems:
+            return None  # only never-published names: no checkpoint at all
         raise CorruptionError(
             f"range {self.range_name}: no valid checkpoint in {self._store.describe()} "
             f"({'; '.join(problems)}); refusing to start it with incomplete data"
