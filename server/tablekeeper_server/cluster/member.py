@@ -23,14 +23,11 @@ import contextlib
 import logging
 
 from tablekeeper_server.cluster.placement import Assignment
-from tablekeeper_server.cluster.zookeeper import Controller, ZkCoordinator
+from tablekeeper_server.cluster.zookeeper import RECONCILE_INTERVAL_S, Controller, ZkCoordinator
 from tablekeeper_server.container.container import StorageContainer
 from tablekeeper_server.container.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
-
-RECONCILE_INTERVAL_S = 5.0
-"""Reconcile at least this often, in case a start failed or a watch was missed."""
 
 
 class ClusterMember:

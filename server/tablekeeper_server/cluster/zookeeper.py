@@ -325,6 +325,8 @@ def _decode_assignment(raw: bytes) -> Assignment:
 
 
 RECONCILE_INTERVAL_S = 5.0
+"""The controller and each server reconcile at least this often, in case a watch was missed or a
+container failed to start."""
 
 
 class Controller:
