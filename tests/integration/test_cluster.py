@@ -218,7 +218,10 @@ def test_rolling_restart_under_load_loses_nothing(
     for c in range(CONTAINERS):
         before, after = epochs_before[c], cluster.owner(c)
         assert before is not None and after is not None and after.epoch > before.epoch
-    _only_in_flight_errors(journals, victims=0)
+    # Each server hands its containers over before it exits, so ops are retried, not failed; a
+    # write that reaches a server in the instant its gRPC server stops can still be cut off
+    # (CANCELLED: outcome unknown, reported, never retried blindly). Nothing may be lost.
+    _only_in_flight_errors(journals, victims=1)
     _check(cluster, journals)
 
 
