@@ -46,6 +46,14 @@ class BadRequestError(TableKeeperError):
     code = Code.BAD_REQUEST
 
 
+class ResourceLimitError(TableKeeperError):
+    """The request is over a configured limit (ops per Batch, bytes per response, ...). Nothing was
+    applied; the message names the limit and its flag. gRPC RESOURCE_EXHAUSTED on every RPC
+    (unary BookKeeper calls included): retrying the same request cannot succeed."""
+
+    code = Code.BAD_REQUEST
+
+
 class IllegalOpError(TableKeeperError):
     code = Code.ILLEGAL_OP
 

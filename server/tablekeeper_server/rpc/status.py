@@ -4,6 +4,7 @@ BookKeeper's convention, which its clients depend on:
 - application errors travel in the response body (`code` / `header.code`) with gRPC status OK;
   TableKeeper adds the human-readable reason as the `tk-error` trailing metadata entry;
 - "not served here / not ready / shutting down" is gRPC NOT_FOUND, which clients retry;
+- a request over a configured limit is gRPC RESOURCE_EXHAUSTED (metrics code -429), never retried;
 - an unexpected exception is INTERNAL_SERVER_ERROR (500) in the body, logged with its traceback.
 """
 
@@ -22,6 +23,7 @@ from tablekeeper_server.errors import (
     Code,
     CompactedError,
     CorruptionError,
+    ResourceLimitError,
     RouteNotFoundError,
     TableKeeperError,
     UnavailableError,
@@ -80,6 +82,10 @@ async def serve(
         _record(metrics, method, -404, started)
         await context.abort(grpc.StatusCode.NOT_FOUND, _ascii(exc.message))
         raise  # unreachable: abort raises
+    except ResourceLimitError as exc:
+        _record(metrics, method, -429, started)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
+        raise  # unreachable: abort raises
     except TableKeeperError as exc:
         code = exc.code
         context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(exc.message)),))
@@ -105,6 +111,8 @@ async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable
         await context.abort(grpc.StatusCode.UNAVAILABLE, _ascii(exc.message))
     except CorruptionError as exc:
         await context.abort(grpc.StatusCode.DATA_LOSS, _ascii(exc.message))
+    except ResourceLimitError as exc:
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
     except TableKeeperError as exc:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _ascii(exc.message))
     except Exception as exc:
@@ -119,7 +127,8 @@ async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable
 async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
     """Streaming RPCs (Watch) report errors as gRPC statuses, with the BookKeeper code in the
     `tk-code` trailing metadata entry: compacted → OUT_OF_RANGE (oldest available revision in
-    `tk-compacted-revision`), a cancelled slow watcher → RESOURCE_EXHAUSTED, not served here /
+    `tk-compacted-revision`), a cancelled slow watcher or a request over a limit →
+    RESOURCE_EXHAUSTED, not served here /
     shutting down → UNAVAILABLE (resume elsewhere), a bad request → INVALID_ARGUMENT, other
     domain errors → FAILED_PRECONDITION, anything else → INTERNAL (logged)."""
     try:
@@ -129,7 +138,7 @@ async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
         if isinstance(exc, CompactedError):
             metadata.append((COMPACTED_METADATA_KEY, str(exc.oldest_revision)))
             status = grpc.StatusCode.OUT_OF_RANGE
-        elif isinstance(exc, WatcherTooSlowError):
+        elif isinstance(exc, (WatcherTooSlowError, ResourceLimitError)):
             status = grpc.StatusCode.RESOURCE_EXHAUSTED
         elif isinstance(exc, (RouteNotFoundError, UnavailableError)):
             status = grpc.StatusCode.UNAVAILABLE
