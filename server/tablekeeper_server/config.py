@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tablekeeper_server.range.validation import Limits
@@ -29,8 +29,7 @@ class ServerConfig:
     metrics_port: int = 9181
     """0 disables the Prometheus endpoint."""
     containers: int = 8
-    key_bytes_max: int = 64 * 1024
-    value_bytes_max: int = 4 * 1024 * 1024
+    limits: Limits = field(default_factory=Limits)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
@@ -71,10 +70,6 @@ class ServerConfig:
     def db_dir(self) -> Path:
         return self.data_dir / "db"
 
-    @property
-    def limits(self) -> Limits:
-        return Limits(key_bytes_max=self.key_bytes_max, value_bytes_max=self.value_bytes_max)
-
     def validate(self) -> None:
         if self.containers < 1:
             raise ValueError("--containers must be at least 1")
@@ -82,8 +77,7 @@ class ServerConfig:
             raise ValueError("--port must be in 1..65535")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
-        if self.key_bytes_max < 1 or self.value_bytes_max < 0:
-            raise ValueError("size limits must be positive")
+        self.limits.check()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
         if self.wal_segment_bytes_max < 4096:
@@ -170,15 +164,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
     )
-    parser.add_argument(
-        "--max-value-bytes",
-        type=int,
-        default=d.value_bytes_max,
-        help="largest value (default 4 MiB)",
-    )
-    parser.add_argument(
-        "--max-key-bytes", type=int, default=d.key_bytes_max, help="largest key (default 64 KiB)"
-    )
+    _add_limit_arguments(parser, d.limits)
     parser.add_argument("--log-level", default=d.log_level, help="DEBUG, INFO, WARNING, ERROR")
     parser.add_argument(
         "--log",
@@ -233,6 +219,56 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_LIMIT_FLAGS = (
+    # (flag, Limits field, help)
+    ("--max-key-bytes", "key_bytes_max", "largest key"),
+    ("--max-value-bytes", "value_bytes_max", "largest value"),
+    ("--max-txn-ops", "txn_ops_max", "compares plus ops of one txn"),
+    ("--max-batch-ops", "batch_ops_max", "ops of one Batch RPC"),
+    (
+        "--max-response-bytes",
+        "response_bytes_max",
+        "keys and values one response may carry (scans page below it)",
+    ),
+    (
+        "--max-history-bytes",
+        "history_bytes_max",
+        "change events one range keeps in memory for watches",
+    ),
+    (
+        "--max-history-bytes-total",
+        "history_bytes_total_max",
+        "change events kept in memory by all ranges of this server",
+    ),
+    (
+        "--max-watcher-queue-bytes",
+        "watcher_queue_bytes_max",
+        "undelivered events one watcher may queue before it is cancelled as too slow",
+    ),
+    ("--max-table-ranges", "table_ranges_max", "ranges of one table"),
+)
+
+
+def _human(value: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size and value % size == 0:
+            return f"{value // size} {unit}"
+    return str(value)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser, limits: Limits) -> None:
+    group = parser.add_argument_group("limits (a request over one is refused, nothing applied)")
+    for flag, name, text in _LIMIT_FLAGS:
+        default = getattr(limits, name)
+        group.add_argument(
+            flag,
+            type=int,
+            default=default,
+            dest=name,
+            help=f"{text} (default {_human(default) if name.endswith('bytes_max') else default})",
+        )
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     config = ServerConfig(
         data_dir=args.data_dir,
@@ -246,8 +282,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         metrics_port=args.metrics_port,
         containers=args.containers,
-        key_bytes_max=args.max_key_bytes,
-        value_bytes_max=args.max_value_bytes,
+        limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
         log_level=args.log_level.upper(),
         log_backend=args.log,
         checkpoint_store=args.checkpoint_store,
