@@ -187,6 +187,11 @@ async def serve(config: ServerConfig) -> None:
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
     try:
+        # Metrics before recovery, so a long recovery can be watched (and a taken port fails
+        # now, not after the server already serves).
+        if config.metrics_port:
+            start_http_server(config.metrics_port, addr=config.bind_host, registry=registry_metrics)
+        await failpoints.hit_async("server.before_recovery")
         if member is not None:
             await member.start()
         else:
@@ -197,8 +202,6 @@ async def serve(config: ServerConfig) -> None:
             await asyncio.to_thread(coordinator.stop)
         raise
     await server.set_serving()
-    if config.metrics_port:
-        start_http_server(config.metrics_port, addr=config.bind_host, registry=registry_metrics)
     log.info(
         "serving on %s:%d (metrics on %s)",
         config.bind_host,

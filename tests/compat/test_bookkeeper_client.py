@@ -623,51 +623,49 @@ def test_pulsar_functions_concurrent_instances(server: Server) -> None:
 # retries
 
 
-@pytest.fixture
-def slow_starting_server(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
-    """Many containers, so opening them on start takes a few seconds even on an idle machine
-    (32 took well under a second there: the put below then arrived after recovery)."""
-    s = ServerProcess(tmp_path / "slow", extra_args=["--containers", "256"])
-    server_factory.append(s)
-    return s.start(timeout_s=60)
-
-
-@pytest.mark.standalone_only(
-    reason="restarts a server started with --containers 256 and reads its /metrics"
-)
+@pytest.mark.standalone_only(reason="restarts a standalone server held at a failpoint")
 def test_request_during_restart_is_retried_until_served(
-    slow_starting_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    server: ServerProcess, tmp_path: Path
 ) -> None:
     """A put sent while the server restarts completes once the server is ready.
 
     The client retries only gRPC NOT_FOUND and 500s; a refused connection (UNAVAILABLE) fails at
-    once. So the server listens before it recovers and answers NOT_FOUND until it is ready; the
-    put here is sent as soon as the new process listens, i.e. during recovery.
+    once. So the server listens before it recovers and answers NOT_FOUND until it is ready. The
+    restarted server is held before recovery (a failpoint) until the put has been answered
+    NOT_FOUND at least once, so the put certainly arrives during recovery, on any machine.
     """
-    server = slow_starting_server
     admin_client(server).namespaces().create("public")
     admin_client(server).namespace("public").create("t")
     table = kv.Client(settings(server)).table("t")
     table.put(b"before", b"1")
 
     assert server.stop() == 0
-    # Start the process without polling its health: a health poll on a refused port would put
-    # the (shared) connection to this address into reconnect backoff.
-    monkeypatch.setattr(server, "wait_serving", lambda timeout_s: None)
-    server.start()
-    monkeypatch.undo()
+    release = tmp_path / "release-recovery"
+    server.env = {"TABLEKEEPER_FAILPOINTS": f"server.before_recovery=wait:{release}"}
+    # No health polling while it starts: a poll on a refused port would put the (shared)
+    # connection to this address into reconnect backoff.
+    server.launch()
     wait_listening(server.port, timeout_s=30)
 
-    started = time.monotonic()
+    def metrics_answer() -> bool:
+        try:
+            requests_counted(server, "Put", -404)
+        except OSError:
+            return False
+        return True
+
     with ThreadPoolExecutor(1) as pool:
+        server.wait_for(metrics_answer, "metrics endpoint")
         put = pool.submit(table.put, b"during", b"2")
-        put.result(timeout=30)
-    elapsed = time.monotonic() - started
-    assert elapsed < 30
+        server.wait_for(
+            lambda: requests_counted(server, "Put", -404) >= 1, "put answered NOT_FOUND"
+        )
+        assert not put.done()
+        assert health_status(server) != health_pb2.HealthCheckResponse.SERVING
+        release.touch()
+        put.result(timeout=60)
 
     server.wait_serving(30)
-    # the put really arrived during recovery: it was answered NOT_FOUND, then retried
-    assert requests_counted(server, "Put", -404) >= 1
     assert requests_counted(server, "Put", 0) == 1
     assert table.get(b"during").value == b"2"
     assert table.get(b"before").value == b"1"

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,14 @@ class ServerProcess:
         return self.data_dir.parent / f"{self.data_dir.name}-server.log"
 
     def start(self, timeout_s: float = 30.0) -> ServerProcess:
+        """Start the process and wait until it reports SERVING."""
+        self.launch()
+        self.wait_serving(timeout_s)
+        return self
+
+    def launch(self) -> ServerProcess:
+        """Start the process and return at once (it may still be recovering, or not listening
+        yet); nothing polls it, so no client connection is put into reconnect backoff."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child process)
         self.process = subprocess.Popen(
@@ -71,7 +80,6 @@ class ServerProcess:
             env={**os.environ, **self.env} if self.env is not None else None,
         )
         log.close()
-        self.wait_serving(timeout_s)
         return self
 
     def wait_serving(self, timeout_s: float) -> None:
@@ -100,6 +108,21 @@ class ServerProcess:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"server not serving after {timeout_s}s:\n{self.log_tail()}")
                 time.sleep(0.1)
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+        """Poll `condition` until it holds; fail (with the log's tail) if the process exits or
+        `timeout_s` passes. The timeout is a hang guard, not a measurement."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.process.returncode} while waiting for {what}:\n"
+                    f"{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} after {timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.01)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
