@@ -9,7 +9,9 @@ the connection could not be established at all.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import grpc
 from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_code
 
 T = TypeVar("T")
+DEFAULT_PORT = 4181
 ERROR_METADATA_KEY = "tk-error"
 _CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
 
@@ -34,21 +37,65 @@ class RetryPolicy:
 
 
 def parse_service_uri(uri: str) -> str:
-    """`bk://host:port[,host:port…]` (or plain `host:port`) to a gRPC target."""
+    """`bk://host:port[,host:port…]` (or plain `host:port`) to a gRPC target.
+
+    One host is passed to gRPC as it is (its DNS resolver handles names). Several hosts become a
+    static address list, which gRPC accepts only as IP addresses (`ipv4:`/`ipv6:`), so host
+    names are resolved here, once; an IPv4 address is preferred where a name has both.
+    """
     target = uri.split("://", 1)[1] if "://" in uri else uri
     if "://" in uri and not uri.startswith("bk://"):
         raise ValueError(f"service URI must start with bk:// (got {uri!r})")
-    hosts = []
-    for part in target.strip("/").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        hosts.append(part if ":" in part else f"{part}:4181")
+    hosts = [
+        _split_host_port(part.strip(), uri) for part in target.strip("/").split(",") if part.strip()
+    ]
     if not hosts:
         raise ValueError(f"service URI has no host: {uri!r}")
     if len(hosts) == 1:
-        return hosts[0]
-    return "ipv4:" + ",".join(hosts)
+        host, port = hosts[0]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    addresses = [(_resolve(host, port), port) for host, port in hosts]
+    if all(":" not in address for address, _ in addresses):
+        return "ipv4:" + ",".join(f"{address}:{port}" for address, port in addresses)
+    # Some host is IPv6 only: list every address as IPv6 (IPv4 ones mapped).
+    return "ipv6:" + ",".join(
+        f"[{address if ':' in address else '::ffff:' + address}]:{port}"
+        for address, port in addresses
+    )
+
+
+def _split_host_port(part: str, uri: str) -> tuple[str, int]:
+    if part.startswith("["):  # [v6-address]:port or [v6-address]
+        host, bracket, rest = part[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad [address]:port {part!r} in service URI {uri!r}")
+        port_text = rest.removeprefix(":") or str(DEFAULT_PORT)
+    elif part.count(":") == 1:
+        host, _, port_text = part.partition(":")
+    elif ":" in part:  # a bare IPv6 address
+        host, port_text = part, str(DEFAULT_PORT)
+    else:
+        host, port_text = part, str(DEFAULT_PORT)
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad host:port {part!r} in service URI {uri!r}")
+    return host, int(port_text)
+
+
+def _resolve(host: str, port: int) -> str:
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ValueError(f"cannot resolve host {host!r} of the service URI: {exc}") from exc
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for info in infos:
+            if info[0] == family:
+                return str(info[4][0])
+    raise ValueError(f"host {host!r} of the service URI has no IP address")
 
 
 def new_channel(

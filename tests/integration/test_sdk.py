@@ -216,6 +216,17 @@ def test_async_client_admin_and_errors(shared_server: ServerProcess) -> None:
 # --------------------------------------------------------------------------- put / get
 
 
+def test_service_uri_with_several_host_names(shared_server: ServerProcess, table: Table) -> None:
+    """`bk://name:port,name:port` (the README recommends several addresses) is resolved into an
+    address list gRPC accepts."""
+    table.put("p", "named", "v")
+    service = f"bk://localhost:{shared_server.port},localhost:{shared_server.port}"
+    with Client(service) as named:
+        assert named.get_namespace(table.info.namespace) >= 0
+        kv = named.table(table.info.namespace, table.info.name).get("p", "named")
+        assert kv is not None and kv.value == b"v"
+
+
 def test_put_get_versions_and_revisions(table: Table) -> None:
     assert table.get("p", "k") is None
     assert table.put("p", "k", "v0") is None
