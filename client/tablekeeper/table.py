@@ -32,7 +32,13 @@ _STREAM_ID = struct.Struct(">q")
 
 
 def _bytes(value: Key) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
+    """A key or value as bytes: str is UTF-8 encoded, bytes-like taken as is. Anything else is
+    refused (`bytes(5)` would silently be five zero bytes)."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"keys and values are str or bytes, not {type(value).__name__}")
 
 
 def _session_id(session: AsyncSession) -> int:

@@ -263,6 +263,18 @@ def test_put_get_versions_and_revisions(table: Table) -> None:
     assert table.get("q", "k") is None
 
 
+def test_keys_and_values_must_be_str_or_bytes(table: Table) -> None:
+    for bad in (5, 1.5, None, ["x"]):
+        with pytest.raises(TypeError, match="str or bytes"):
+            table.put("p", "k", bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="str or bytes"):
+            table.get("p", bad)  # type: ignore[arg-type]
+    assert table.get("p", "k") is None  # nothing was written
+    table.put("p", bytearray(b"k"), memoryview(b"v"))  # type: ignore[arg-type]
+    kv = table.get("p", "k")
+    assert kv is not None and kv.value == b"v"
+
+
 def test_expected_version(table: Table) -> None:
     table.put("p", "k", "a", expected_version=-1)  # absent: ok
     kv = table.get("p", "k")
