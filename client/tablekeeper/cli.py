@@ -37,6 +37,20 @@ def _split_table(value: str) -> tuple[str, str]:
     return namespace, table
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
 def _render(kv: KeyValue, as_json: bool) -> str:
     if as_json:
         return json.dumps(
@@ -92,8 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     table = commands.add_parser("table", help="create, get or delete a table")
     table.add_argument("action", choices=["create", "get", "delete"])
     table.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
-    table.add_argument("--ranges", type=int, default=4, help="hash ranges at create (default 4)")
-    table.add_argument("--ttl", type=int, default=0, help="seconds a key lives after a write")
+    table.add_argument(
+        "--ranges",
+        type=_positive_int,
+        default=4,
+        help="hash ranges at create, at least 1; odd counts round up (default 4)",
+    )
+    table.add_argument(
+        "--ttl",
+        type=_non_negative_int,
+        default=0,
+        help="seconds a key lives after its last write, 0 = forever (default 0)",
+    )
 
     def key_command(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)

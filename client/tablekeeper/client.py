@@ -200,6 +200,10 @@ class AsyncClient:
     ) -> TableInfo:
         """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
         `ttl_seconds` > 0 makes keys invisible that long after their last write."""
+        if ranges < 1:
+            raise ValueError(f"a table needs at least 1 range (got ranges={ranges})")
+        if ttl_seconds < 0:
+            raise ValueError(f"ttl_seconds must be >= 0 (got {ttl_seconds})")
         conf = stream_pb2.StreamConfiguration(
             key_type=stream_pb2.HASH,
             min_num_ranges=ranges,

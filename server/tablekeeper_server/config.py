@@ -10,6 +10,7 @@ from tablekeeper_server.range.validation import Limits
 
 LOG_BACKENDS = ("local", "pulsar")
 CHECKPOINT_STORES = ("dir", "pulsar")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
     )
     _add_limit_arguments(parser, d.limits)
-    parser.add_argument("--log-level", default=d.log_level, help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=d.log_level,
+        help=f"{', '.join(LOG_LEVELS)} (default {d.log_level})",
+    )
     parser.add_argument(
         "--log",
         choices=LOG_BACKENDS,

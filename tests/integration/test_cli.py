@@ -119,6 +119,10 @@ def test_usage_errors_exit_2() -> None:
         ["put", "ns/t", "k"],
         ["server", "--containers", "0", "--data-dir", "/nonexistent/never"],
         ["--service", "http://127.0.0.1:1", "ns", "get", "x"],
+        ["table", "create", "ns/t", "--ranges", "0"],
+        ["table", "create", "ns/t", "--ranges", "-5"],
+        ["table", "create", "ns/t", "--ttl", "-1"],
+        ["server", "--log-level", "verbose"],
     )
     expected = [
         "usage:",
@@ -129,6 +133,10 @@ def test_usage_errors_exit_2() -> None:
         "the following arguments are required: value",
         "--containers must be at least 1",
         "error: service URI must start with bk://",
+        "--ranges: must be at least 1 (got 0)",
+        "--ranges: must be at least 1 (got -5)",
+        "--ttl: must be >= 0 (got -1)",
+        "--log-level: invalid choice: 'VERBOSE'",
     ]
     for result, message in zip(results, expected, strict=True):
         assert result.returncode == 2, (result.args, result.stderr)

@@ -144,6 +144,15 @@ def test_table_admin_and_errors(client: Client, ns: str) -> None:
     assert client.get_table(ns, "events") == other  # untouched
 
 
+def test_create_table_refuses_nonsense_sizes(client: Client, ns: str) -> None:
+    for ranges in (0, -5):
+        with pytest.raises(ValueError, match="at least 1 range"):
+            client.create_table(ns, "t", ranges=ranges)
+    with pytest.raises(ValueError, match="ttl_seconds"):
+        client.create_table(ns, "t", ttl_seconds=-1)
+    assert client.create_table(ns, "t", ranges=1).ranges == 2  # 1 rounds up, as documented
+
+
 def test_delete_namespace_removes_its_tables(client: Client, ns: str) -> None:
     client.create_table(ns, "a")
     client.create_table(ns, "b")
