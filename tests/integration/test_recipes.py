@@ -192,6 +192,39 @@ async def test_lock_taken_over_after_holder_kill_9(server: ServerProcess, namesp
         holder.wait()
 
 
+async def test_a_contender_that_gives_up_leaves_no_node(
+    server: ServerProcess, namespace: str
+) -> None:
+    """B times out and C is cancelled while A holds the lock: neither leaves its contender node,
+    so D gets the lock as soon as A releases it (their stores' sessions are still alive)."""
+    path = "/locks/l"
+    async with AsyncClient(server.service) as client:
+        table = await client.table(namespace, "meta")
+        stores = [MetadataStore(table, session_ttl_s=60) for _ in range(4)]
+        a, b, c, d = (CoordinationService(store) for store in stores)
+        lock_a = await a.acquire_lock(path, "a")
+        holder = [lock_a.node.rsplit("/", 1)[1]]
+        with pytest.raises(TimeoutError):
+            await b.acquire_lock(path, "b", timeout_s=0.5)
+        assert await stores[0].get_children(path) == holder
+
+        waiting = asyncio.create_task(c.acquire_lock(path, "c"))
+        async with asyncio.timeout(60):
+            while len(await stores[0].get_children(path)) < 2:  # C's node is there
+                await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await stores[0].get_children(path) == holder
+
+        await a.release_lock(lock_a)
+        lock_d = await asyncio.wait_for(d.acquire_lock(path, "d"), 60)
+        assert lock_d.fencing_token > lock_a.fencing_token
+        await d.release_lock(lock_d)
+        for store in stores:
+            await store.close()
+
+
 async def test_groups_election_counter_and_shared_map(
     server: ServerProcess, namespace: str
 ) -> None:

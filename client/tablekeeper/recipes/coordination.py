@@ -13,9 +13,14 @@ carrying a token older than one it has seen.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
+from tablekeeper.errors import KeyNotFoundError, TableKeeperError
 from tablekeeper.recipes.metadata_store import MetadataStore, split_path
+
+log = logging.getLogger(__name__)
 
 _LOCK_PREFIX = "lock-"
 
@@ -40,15 +45,31 @@ class CoordinationService:
         assert total is not None
         return total
 
-    async def acquire_lock(self, path: str, value: bytes | str = b"") -> Lock:
+    async def acquire_lock(
+        self, path: str, value: bytes | str = b"", *, timeout_s: float | None = None
+    ) -> Lock:
         """Wait until this process holds the lock at `path`; returns it with its fencing token.
-        The lock is released by `release_lock` or when the store's session ends."""
+        The lock is released by `release_lock` or when the store's session ends.
+
+        Giving up (`timeout_s` passing: `TimeoutError`; the caller cancelling; an error) removes
+        this contender's node before the exception goes on, so it never blocks later holders.
+        """
         split_path(path)
         stat = await self.store.put(
             f"{path}/{_LOCK_PREFIX}", value, ephemeral=True, sequential=True
         )
-        mine = stat.path.rsplit("/", 1)[1]
-        table = self.store.table
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._wait_for_turn(path, stat.path, stat.create_revision)
+        except BaseException:
+            # Shielded: a cancelled caller must still not leave its node behind.
+            cleanup = asyncio.ensure_future(self._withdraw(stat.path))
+            await asyncio.shield(cleanup)
+            raise
+        return Lock(path, stat.path, stat.create_revision)
+
+    async def _wait_for_turn(self, path: str, node: str, create_revision: int) -> None:
+        mine = node.rsplit("/", 1)[1]
         while True:
             contenders = sorted(
                 name
@@ -56,18 +77,27 @@ class CoordinationService:
                 if name.startswith(_LOCK_PREFIX)
             )
             if mine not in contenders:
-                raise RuntimeError(f"lost the lock node {stat.path} (session expired)")
+                raise RuntimeError(f"lost the lock node {node} (session expired)")
             index = contenders.index(mine)
             if index == 0:
-                return Lock(path, stat.path, stat.create_revision)
+                return
             predecessor = contenders[index - 1]
             # Any change of the predecessor since our node was created wakes us.
-            async with table.watch(
-                path, predecessor, start_revision=stat.create_revision + 1
+            async with self.store.table.watch(
+                path, predecessor, start_revision=create_revision + 1
             ) as watch:
                 async for event in watch:
                     if event.type == "delete":
                         break
+
+    async def _withdraw(self, node: str) -> None:
+        try:
+            await self.store.delete(node)
+        except KeyNotFoundError:
+            pass  # already gone (the session ended)
+        except TableKeeperError as exc:
+            # The node stays until the store's session ends; say so rather than hide it.
+            log.warning("could not remove lock contender %s: %s", node, exc)
 
     async def release_lock(self, lock: Lock) -> None:
         await self.store.delete(lock.node)
