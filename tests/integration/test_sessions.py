@@ -105,3 +105,18 @@ async def test_ephemeral_keys_survive_a_server_restart_while_kept_alive(
         assert await table.get("members", "durable") is not None
         with pytest.raises(IllegalOpError):
             await table.put("members", "late", "x", session=session)
+
+
+async def test_closing_keep_alive_streams_logs_no_error(server: ServerProcess) -> None:
+    """A client that closes its sessions' keep-alive streams is a normal event: the server logs
+    no error for it (it used to log an unretrieved task exception per stream)."""
+    ns = _namespace(server.service)
+    for _ in range(3):
+        async with AsyncClient(server.service) as client:
+            table = await client.table(ns, "t")
+            session = await table.session("members", 5).start()
+            await table.put("members", "m", "alive", session=session)
+            assert session.id
+    assert server.stop() == 0
+    log = server.log_path.read_text(errors="replace")
+    assert "never retrieved" not in log and " ERROR " not in log, server.log_tail()

@@ -100,6 +100,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         async with stream_errors("KeepAlive", context):
             requests = request_iterator.__aiter__()
             stop = asyncio.ensure_future(self._shutdown.wait())
+            nxt: asyncio.Future[session_pb2.KeepAliveRequest] | None = None
             try:
                 while True:
                     nxt = asyncio.ensure_future(requests.__anext__())
@@ -116,3 +117,10 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
                     yield session_pb2.SessionResponse(session_id=request.session_id, ttl_ms=ttl_ms)
             finally:
                 stop.cancel()
+                # The client ended the call while we waited: its last read ends (or already
+                # ended, with StopAsyncIteration) with nobody awaiting it. Collect it, or asyncio
+                # logs "Task exception was never retrieved" for a normal close.
+                if nxt is not None:
+                    nxt.cancel()
+                    if nxt.done() and not nxt.cancelled():
+                        nxt.exception()
