@@ -144,6 +144,29 @@ def test_usage_errors_exit_2() -> None:
         assert result.stdout == "", result.args
 
 
+def test_server_on_a_taken_port_says_so(shared_server: ServerProcess, tmp_path: Path) -> None:
+    """A taken gRPC or metrics port ends the start with exit 2 and one clear line, before the
+    new server serves anything (no traceback)."""
+    grpc_taken = tk_all(
+        ["server", "--data-dir", str(tmp_path / "a"), "--port", str(shared_server.port)],
+        [
+            "server",
+            "--data-dir",
+            str(tmp_path / "b"),
+            "--port",
+            str(free_port()),
+            "--metrics-port",
+            str(shared_server.metrics_port),
+        ],
+    )
+    for result in grpc_taken:
+        assert result.returncode == 2, result.stderr
+        assert "cannot start" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{shared_server.port}" in grpc_taken[0].stderr
+    assert "Address already in use" in grpc_taken[1].stderr
+
+
 # --------------------------------------------------------------------------- admin
 
 

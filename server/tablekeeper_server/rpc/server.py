@@ -70,9 +70,12 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+        try:
+            self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+        except RuntimeError:  # grpc's way of saying the bind failed
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind gRPC port {bind_host}:{port}")
+            raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
         self.endpoint = f"{advertised_host}:{self.port}"
         self.forwarder: Forwarder | None = None
         if owner_of is None:
