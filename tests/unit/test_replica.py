@@ -162,3 +162,106 @@ async def test_close_finishes_queued_writes() -> None:
     reopened = await open_range(backend, MemoryKvStore())
     assert reopened.applied_sequence == len(done)
     await reopened.close()
+
+
+class GatedBackend:
+    """The memory backend whose appends wait for `gate`, then fail with `error` if it is set, or
+    return `sequence_shift` more than the log really assigned (a log that misnumbers)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryLogBackend()
+        self.gate = asyncio.Event()
+        self.error: Exception | None = None
+        self.sequence_shift = 0
+        self.appends = 0
+
+    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> LogWriter:
+        writer = self.inner.open_writer(log_name, min_last_sequence=min_last_sequence)
+        backend = self
+
+        class Gated:
+            @property
+            def last_sequence(self) -> int:
+                return writer.last_sequence
+
+            async def append(self, payloads: Sequence[bytes]) -> int:
+                backend.appends += 1
+                await backend.gate.wait()
+                if backend.error is not None:
+                    raise backend.error
+                return await writer.append(payloads) + backend.sequence_shift
+
+            async def close(self) -> None:
+                await writer.close()
+
+        return Gated()
+
+    def read(self, log_name: str, from_sequence: int) -> Iterator[LogRecord]:
+        return self.inner.read(log_name, from_sequence)
+
+    def truncate(self, log_name: str, before_sequence: int) -> None:
+        self.inner.truncate(log_name, before_sequence)
+
+    def delete(self, log_name: str) -> None:
+        self.inner.delete(log_name)
+
+
+async def until_appending(backend: GatedBackend, appends: int = 1) -> None:
+    async with asyncio.timeout(10):
+        while backend.appends < appends:
+            await asyncio.sleep(0)
+
+
+async def test_callers_waiting_for_queue_room_are_answered_when_the_range_fails() -> None:
+    backend = GatedBackend()
+    range_ = Range(NAME, backend, MemoryKvStore, ManualClock(), queue_depth_max=2)  # type: ignore[arg-type]
+    await range_.open()
+    callers = [asyncio.create_task(range_.execute(put(b"k%d" % i))) for i in range(10)]
+    await until_appending(backend)  # one group is in the log; 2 queued; the rest wait for room
+    backend.error = OSError("disk gone")
+    backend.gate.set()
+    async with asyncio.timeout(10):  # nobody is stranded
+        results = await asyncio.gather(*callers, return_exceptions=True)
+    # The group in the log when it failed: outcome unknown; everything queued or waiting for
+    # room behind it: refused, never appended.
+    assert all(isinstance(r, (IndeterminateError, UnavailableError)) for r in results), results
+    indeterminate = [r for r in results if isinstance(r, IndeterminateError)]
+    assert 1 <= len(indeterminate) <= 3
+    assert backend.appends == 1
+    assert range_.failed
+    await range_.close()
+
+
+async def test_callers_behind_close_are_answered_and_never_applied() -> None:
+    backend = GatedBackend()
+    range_ = Range(NAME, backend, MemoryKvStore, ManualClock(), queue_depth_max=2)  # type: ignore[arg-type]
+    await range_.open()
+    callers = [asyncio.create_task(range_.execute(put(b"k%d" % i))) for i in range(10)]
+    await until_appending(backend)
+    closing = asyncio.create_task(range_.close())  # its sentinel waits for room, too
+    await asyncio.sleep(0)
+    backend.gate.set()
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        await closing
+    applied = [r for r in results if not isinstance(r, BaseException)]
+    assert all(isinstance(r, UnavailableError) for r in results if isinstance(r, BaseException))
+    assert applied and all(r.header.code == 0 for r in applied)
+    reopened = await open_range(backend.inner, MemoryKvStore())
+    assert reopened.applied_sequence == len(applied)  # exactly the acknowledged ones
+    await reopened.close()
+
+
+async def test_a_group_the_log_misnumbers_is_never_acknowledged() -> None:
+    backend = GatedBackend()
+    backend.gate.set()
+    store = MemoryKvStore()
+    range_ = Range(NAME, backend, lambda: store, ManualClock())  # type: ignore[arg-type]
+    await range_.open()
+    await range_.execute(put(b"a"))
+    backend.sequence_shift = 5  # claims records 7.. for what follows 1
+    with pytest.raises(IndeterminateError, match="after applied position 1"):
+        await range_.execute(put(b"b"))
+    assert range_.failed
+    await range_.close()
+    assert read(await open_range(backend.inner, MemoryKvStore()), b"a").kvs

@@ -106,6 +106,7 @@ class Range:
         ttl_seconds: int = 0,
         metrics: RangeMetrics | None = None,
         checkpointer: RangeCheckpointer | None = None,
+        queue_depth_max: int = QUEUE_DEPTH_MAX,
     ) -> None:
         self.name = name
         self._checkpointer = checkpointer
@@ -115,12 +116,13 @@ class Range:
         self._clock = clock
         self._ttl_seconds = ttl_seconds
         self._metrics = metrics or NullMetrics()
-        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=QUEUE_DEPTH_MAX)
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_depth_max)
         self._writer: LogWriter | None = None
         self._store: KvStore | None = None
         self._sm: RangeStateMachine | None = None
         self._task: asyncio.Task[None] | None = None
         self._accepting = False
+        self._writer_exited = False
         self._failure: str | None = None
         self._fenced = False
         self.watch = WatchHub(name.log_name)
@@ -299,6 +301,10 @@ class Range:
         command.timestamp_ms = self._clock.now_ms()
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(command.SerializeToString(), command, future))
+        if self._writer_exited:
+            # We waited for room in the queue while the writer stopped (the range failed or
+            # closed): nobody will take this command. It was never appended.
+            self._refuse_queued()
         return await future
 
     def read(self, request: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
@@ -307,6 +313,22 @@ class Range:
         return self._sm.read(request, self._clock.now_ms())
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_groups()
+        finally:
+            # Whatever is still queued (behind close's sentinel, or queued after a failure)
+            # was never appended: answer it, and every caller that enqueues from now on.
+            self._writer_exited = True
+            self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        reason = self._failure or f"range {self.name.log_name} closed"
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None and not item.future.done():
+                item.future.set_exception(UnavailableError(reason))
+
+    async def _write_groups(self) -> None:
         assert self._writer is not None and self._sm is not None
         writer, sm = self._writer, self._sm
         stopping = False
@@ -342,6 +364,16 @@ class Range:
                 time.perf_counter() - started, len(group), sum(map(len, payloads))
             )
             first_sequence = last - len(group) + 1
+            if first_sequence != sm.applied_sequence + 1:
+                # The log numbered this group so that it does not continue what was applied:
+                # applying it would answer SUCCESS for commands at the wrong positions.
+                self._fail(
+                    group,
+                    f"log placed records {first_sequence}..{last} after applied position "
+                    f"{sm.applied_sequence}",
+                    indeterminate=True,
+                )
+                return
             try:
                 responses = sm.apply_batch(
                     [(first_sequence + i, p.command) for i, p in enumerate(group)]
@@ -369,10 +401,7 @@ class Range:
                     else UnavailableError(self._failure)
                 )
                 pending.future.set_exception(error)
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is not None and not item.future.done():
-                item.future.set_exception(UnavailableError(self._failure))
+        self._refuse_queued()
 
     @property
     def failed(self) -> bool:
