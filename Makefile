@@ -12,7 +12,7 @@ export TABLEKEEPER_REQUIRE_PULSAR ?= 1
 PORT ?= 4181
 METRICS_PORT ?= 9181
 
-.PHONY: help install run test test-unit test-integration test-compat lint proto proto-check bench clean pulsar-fetch
+.PHONY: help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench clean pulsar-fetch
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,6 +24,18 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install the server, SDK and dev tools
+
+# The SDK at the lowest versions pyproject.toml declares (grpcio, protobuf; the health-checking
+# package the test harness imports, at its declared floor), in a client-only environment.
+FLOORS_VENV := .venv-floors
+FLOORS_STAMP := $(FLOORS_VENV)/.installed
+$(FLOORS_STAMP): pyproject.toml
+	rm -rf $(FLOORS_VENV) && $(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/pip install -q $$($(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+		print(' '.join(d.replace('>=', '==') for d in p['dependencies'] + [x for x in p['optional-dependencies']['server'] if x.startswith('grpcio')]))") \
+		kazoo pytest pytest-asyncio pytest-timeout
+	$(FLOORS_VENV)/bin/pip install -q --no-deps -e .
+	touch $(FLOORS_STAMP)
 
 run: $(STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT)
 	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT)
@@ -64,10 +76,14 @@ test-compat: $(STAMP) pulsar-fetch  ## the unmodified apache-bookkeeper-client a
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/compat
 
-test: lint test-unit test-integration test-compat  ## everything CI runs
+test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
+	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '
+	TABLEKEEPER_TEST_SERVER_BIN=$(CURDIR)/$(VENV)/bin/tablekeeper $(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sdk.py
+
+test: lint test-unit test-integration test-compat test-floors  ## everything CI runs
 
 bench: $(STAMP)  ## load benchmark against TableKeeper and etcd side by side
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data
-	rm -rf $(VENV) $(DATA_DIR) .deploy
+	rm -rf $(VENV) $(FLOORS_VENV) $(DATA_DIR) .deploy

@@ -20,6 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
+SERVER_COMMAND = Path(os.environ.get("TABLEKEEPER_TEST_SERVER_BIN") or TABLEKEEPER)
+"""What starts servers: this environment's `tablekeeper`, unless TABLEKEEPER_TEST_SERVER_BIN
+names another (the SDK-at-its-floor-versions run uses a client-only environment)."""
 
 
 def free_port() -> int:
@@ -64,7 +67,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child process)
         self.process = subprocess.Popen(
             [
-                str(TABLEKEEPER),
+                str(SERVER_COMMAND),
                 "server",
                 "--data-dir",
                 str(self.data_dir),
