@@ -12,7 +12,7 @@ export TABLEKEEPER_REQUIRE_PULSAR ?= 1
 PORT ?= 4181
 METRICS_PORT ?= 9181
 
-.PHONY: help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench clean pulsar-fetch
+.PHONY: help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz clean pulsar-fetch
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -82,7 +82,15 @@ test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at 
 
 test: lint test-unit test-integration test-compat test-floors  ## everything CI runs
 
-bench: $(STAMP)  ## load benchmark against TableKeeper and etcd side by side
+GHZ_VERSION := v0.93.0
+GHZ := $(CURDIR)/.deploy/bin/ghz
+$(GHZ):
+	GOBIN=$(CURDIR)/.deploy/bin GOFLAGS=-mod=mod go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+
+ghz: $(GHZ)  ## install the ghz load generator (Go module proxy) into .deploy/bin
+
+bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then the SDK path (load.py)
+	GHZ=$(GHZ) $(PY) benchmarks/native.py
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data
