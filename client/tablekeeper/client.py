@@ -37,6 +37,12 @@ def _table_info(namespace: str, props: stream_pb2.StreamProperties) -> TableInfo
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    name: str
+    namespace_id: int
+
+
 class AsyncClient:
     """A connection to a TableKeeper service. Many calls may be in flight at once.
 
@@ -193,7 +199,30 @@ class AsyncClient:
         for key in [key for key in self._table_ids if key[0] == name]:
             self._routes.forget_table(self._table_ids.pop(key))
 
+    async def list_namespaces(self) -> list[NamespaceInfo]:
+        """Every namespace, ordered by name (TableKeeper's Admin service; BookKeeper has no
+        listing)."""
+        response = await self._admin_list("ListNamespaces", admin_pb2.ListNamespacesRequest())
+        return [NamespaceInfo(p.namespace_name, p.namespace_id) for p in response.namespaces]
+
+    async def _admin_list(self, method: str, request: Any) -> Any:
+        return await call(
+            getattr(self._stub("admin", admin_pb2_grpc.AdminStub), method),
+            request,
+            metadata=None,
+            idempotent=True,
+            policy=self.retry,
+            status_of=lambda r: r.code,
+        )
+
     # ------------------------------------------------------------------ tables
+
+    async def list_tables(self, namespace: str) -> list[TableInfo]:
+        """The namespace's tables, ordered by name. Raises `NamespaceNotFoundError`."""
+        response = await self._admin_list(
+            "ListTables", admin_pb2.ListTablesRequest(namespace=namespace)
+        )
+        return [_table_info(namespace, props) for props in response.tables]
 
     async def create_table(
         self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
@@ -334,6 +363,12 @@ class Client:
 
     def delete_namespace(self, name: str) -> None:
         self._runner.run(self._async.delete_namespace(name))
+
+    def list_namespaces(self) -> list[NamespaceInfo]:
+        return self._runner.run(self._async.list_namespaces())
+
+    def list_tables(self, namespace: str) -> list[TableInfo]:
+        return self._runner.run(self._async.list_tables(namespace))
 
     def create_table(
         self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
@@ -547,4 +582,4 @@ class Table:
         return self._runner.run(self._table.batch_put(items, mode=mode))
 
 
-__all__ = ["AsyncClient", "Client", "Table", "TableKeeperError", "Txn"]
+__all__ = ["AsyncClient", "Client", "NamespaceInfo", "Table", "TableKeeperError", "Txn"]

@@ -197,6 +197,11 @@ class RemoteCatalogClient:
         self._forwarder = forwarder
         self._root = root_container_id
 
+    @property
+    def forwarder(self) -> Forwarder:
+        """Sends requests to the owner of a container (the Admin listings use it)."""
+        return self._forwarder
+
     async def stream_props(self, stream_id: int) -> Any:
         response = await self._forwarder.forward(
             self._root,

@@ -22,25 +22,34 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tablekeeper_proto.bookkeeper import stream_pb2 as tablekeeper__proto_dot_bookkeeper_dot_stream__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n tablekeeper_proto/v1/admin.proto\x12\x0etablekeeper.v1\"\xee\x02\n\x0bRangeStatus\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\x03\x12\x11\n\tstream_id\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\x12\x18\n\x10\x61pplied_sequence\x18\x04 \x01(\x03\x12\x11\n\twal_bytes\x18\x05 \x01(\x03\x12\x16\n\x0e\x65stimated_keys\x18\x06 \x01(\x03\x12\x1b\n\x13\x63heckpoint_sequence\x18\x07 \x01(\x03\x12\x19\n\x11\x63heckpoint_age_ms\x18\x08 \x01(\x03\x12\x1a\n\x12\x63heckpoint_seconds\x18\t \x01(\x01\x12!\n\x19\x63heckpoint_bytes_uploaded\x18\n \x01(\x03\x12!\n\x19\x63heckpoint_files_uploaded\x18\x0b \x01(\x05\x12\x1f\n\x17\x63heckpoint_files_reused\x18\x0c \x01(\x05\x12\x15\n\rrestored_from\x18\r \x01(\t\x12\r\n\x05\x65rror\x18\x0e \x01(\t\"&\n\x11\x43heckpointRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x03\"A\n\x12\x43heckpointResponse\x12+\n\x06ranges\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.RangeStatus\"\x0f\n\rStatusRequest\"\x96\x01\n\x0eStatusResponse\x12+\n\x06ranges\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.RangeStatus\x12\x1e\n\x16num_storage_containers\x18\x02 \x01(\x05\x12\x18\n\x10\x63heckpoint_store\x18\x03 \x01(\t\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x04 \x01(\x01\x32\xa5\x01\n\x05\x41\x64min\x12S\n\nCheckpoint\x12!.tablekeeper.v1.CheckpointRequest\x1a\".tablekeeper.v1.CheckpointResponse\x12G\n\x06Status\x12\x1d.tablekeeper.v1.StatusRequest\x1a\x1e.tablekeeper.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n tablekeeper_proto/v1/admin.proto\x12\x0etablekeeper.v1\x1a)tablekeeper_proto/bookkeeper/stream.proto\"\xee\x02\n\x0bRangeStatus\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\x03\x12\x11\n\tstream_id\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\x12\x18\n\x10\x61pplied_sequence\x18\x04 \x01(\x03\x12\x11\n\twal_bytes\x18\x05 \x01(\x03\x12\x16\n\x0e\x65stimated_keys\x18\x06 \x01(\x03\x12\x1b\n\x13\x63heckpoint_sequence\x18\x07 \x01(\x03\x12\x19\n\x11\x63heckpoint_age_ms\x18\x08 \x01(\x03\x12\x1a\n\x12\x63heckpoint_seconds\x18\t \x01(\x01\x12!\n\x19\x63heckpoint_bytes_uploaded\x18\n \x01(\x03\x12!\n\x19\x63heckpoint_files_uploaded\x18\x0b \x01(\x05\x12\x1f\n\x17\x63heckpoint_files_reused\x18\x0c \x01(\x05\x12\x15\n\rrestored_from\x18\r \x01(\t\x12\r\n\x05\x65rror\x18\x0e \x01(\t\"&\n\x11\x43heckpointRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x03\"A\n\x12\x43heckpointResponse\x12+\n\x06ranges\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.RangeStatus\"\x0f\n\rStatusRequest\"\x96\x01\n\x0eStatusResponse\x12+\n\x06ranges\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.RangeStatus\x12\x1e\n\x16num_storage_containers\x18\x02 \x01(\x05\x12\x18\n\x10\x63heckpoint_store\x18\x03 \x01(\t\x12\x1d\n\x15\x63heckpoint_interval_s\x18\x04 \x01(\x01\"\x17\n\x15ListNamespacesRequest\"h\n\x16ListNamespacesResponse\x12@\n\nnamespaces\x18\x01 \x03(\x0b\x32,.bookkeeper.proto.stream.NamespaceProperties\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\"&\n\x11ListTablesRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\"]\n\x12ListTablesResponse\x12\x39\n\x06tables\x18\x01 \x03(\x0b\x32).bookkeeper.proto.stream.StreamProperties\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x32\xdb\x02\n\x05\x41\x64min\x12S\n\nCheckpoint\x12!.tablekeeper.v1.CheckpointRequest\x1a\".tablekeeper.v1.CheckpointResponse\x12G\n\x06Status\x12\x1d.tablekeeper.v1.StatusRequest\x1a\x1e.tablekeeper.v1.StatusResponse\x12_\n\x0eListNamespaces\x12%.tablekeeper.v1.ListNamespacesRequest\x1a&.tablekeeper.v1.ListNamespacesResponse\x12S\n\nListTables\x12!.tablekeeper.v1.ListTablesRequest\x1a\".tablekeeper.v1.ListTablesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tablekeeper_proto.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RANGESTATUS']._serialized_start=53
-  _globals['_RANGESTATUS']._serialized_end=419
-  _globals['_CHECKPOINTREQUEST']._serialized_start=421
-  _globals['_CHECKPOINTREQUEST']._serialized_end=459
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=461
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=526
-  _globals['_STATUSREQUEST']._serialized_start=528
-  _globals['_STATUSREQUEST']._serialized_end=543
-  _globals['_STATUSRESPONSE']._serialized_start=546
-  _globals['_STATUSRESPONSE']._serialized_end=696
-  _globals['_ADMIN']._serialized_start=699
-  _globals['_ADMIN']._serialized_end=864
+  _globals['_RANGESTATUS']._serialized_start=96
+  _globals['_RANGESTATUS']._serialized_end=462
+  _globals['_CHECKPOINTREQUEST']._serialized_start=464
+  _globals['_CHECKPOINTREQUEST']._serialized_end=502
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=504
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=569
+  _globals['_STATUSREQUEST']._serialized_start=571
+  _globals['_STATUSREQUEST']._serialized_end=586
+  _globals['_STATUSRESPONSE']._serialized_start=589
+  _globals['_STATUSRESPONSE']._serialized_end=739
+  _globals['_LISTNAMESPACESREQUEST']._serialized_start=741
+  _globals['_LISTNAMESPACESREQUEST']._serialized_end=764
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_start=766
+  _globals['_LISTNAMESPACESRESPONSE']._serialized_end=870
+  _globals['_LISTTABLESREQUEST']._serialized_start=872
+  _globals['_LISTTABLESREQUEST']._serialized_end=910
+  _globals['_LISTTABLESRESPONSE']._serialized_start=912
+  _globals['_LISTTABLESRESPONSE']._serialized_end=1005
+  _globals['_ADMIN']._serialized_start=1008
+  _globals['_ADMIN']._serialized_end=1355
 # @@protoc_insertion_point(module_scope)

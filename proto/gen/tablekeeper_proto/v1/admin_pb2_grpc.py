@@ -44,6 +44,16 @@ class AdminStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/tablekeeper.v1.Admin/ListNamespaces',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesResponse.FromString,
+                _registered_method=True)
+        self.ListTables = channel.unary_unary(
+                '/tablekeeper.v1.Admin/ListTables',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -61,6 +71,20 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNamespaces(self, request, context):
+        """Read from the root range (forwarded to its owner in cluster mode). Errors travel as on
+        BookKeeper's root range service: a status code in the body, "not served here" as NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTables(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +97,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesResponse.SerializeToString,
+            ),
+            'ListTables': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTables,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +163,60 @@ class Admin:
             '/tablekeeper.v1.Admin/Status',
             tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/ListNamespaces',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/ListTables',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,
