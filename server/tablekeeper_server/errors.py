@@ -7,6 +7,9 @@ human-readable message. The mapping to the wire lives in one place: `rpc/status.
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class Code:
     """BookKeeper `StatusCode` numbers (storage.proto), as plain ints: no protobuf needed here."""
@@ -118,6 +121,45 @@ class UnavailableError(TableKeeperError):
 
     code = Code.INTERNAL_SERVER_ERROR
     retryable = True
+
+
+class StorageUnavailableError(UnavailableError):
+    """The disk or the process ran out of a resource (space, quota, file descriptors, memory),
+    a file lock is held, or permission is denied: nothing is damaged, and the request succeeds
+    once the resource is back. Retryable (gRPC NOT_FOUND, like every `UnavailableError`); never
+    a reason to set a store aside or restore a checkpoint. `maybe_persisted`: the failure hit a
+    log append that may have reached the disk (its callers must hear "outcome unknown")."""
+
+    RESOURCE_ERRNOS = frozenset(
+        {
+            errno.ENOSPC,
+            errno.EDQUOT,
+            errno.EMFILE,
+            errno.ENFILE,
+            errno.ENOLCK,
+            errno.ENOMEM,
+            errno.EACCES,
+            errno.EPERM,
+            errno.EROFS,
+            errno.EAGAIN,
+        }
+    )
+    RESOURCE_MESSAGES = tuple(os.strerror(code) for code in sorted(RESOURCE_ERRNOS)) + (
+        "lock hold by current process",  # RocksDB: the LOCK is held by a handle of this process
+    )
+
+    def __init__(self, message: str = "", *, maybe_persisted: bool = False) -> None:
+        super().__init__(message)
+        self.maybe_persisted = maybe_persisted
+
+    @classmethod
+    def is_resource_error(cls, exc: BaseException) -> bool:
+        """Whether `exc` (an `OSError`, or RocksDB's plain exception) reports exhaustion of a
+        resource or a held lock rather than damaged data."""
+        if isinstance(exc, OSError):
+            return exc.errno in cls.RESOURCE_ERRNOS
+        text = str(exc)
+        return not text.startswith("Corruption") and any(m in text for m in cls.RESOURCE_MESSAGES)
 
 
 class IndeterminateError(TableKeeperError):

@@ -15,7 +15,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.errors import (
+    CorruptionError,
+    LogFencedError,
+    StorageUnavailableError,
+    UnavailableError,
+)
 from tablekeeper_server.log.api import LogRecord
 from tablekeeper_server.log.codec import (
     RECORD_HEADER_SIZE,
@@ -63,6 +68,17 @@ def write(backend: LocalLogBackend, groups: Sequence[Sequence[bytes]]) -> int:
         return last
 
     return run(scenario())
+
+
+class FailOnceSync(CountingSync):
+    """Fails only the next sync after `fail_with` is set (a disk full only for a moment)."""
+
+    def __call__(self, fd: int) -> None:
+        error, self.fail_with = self.fail_with, None
+        if error is not None:
+            self.calls += 1
+            raise error
+        super().__call__(fd)
 
 
 def append_one(backend: LocalLogBackend, payload: bytes) -> int:
@@ -239,6 +255,85 @@ def test_missing_middle_segment_refuses_to_open(tmp_path: Path) -> None:
         backend.open_writer(LOG)
     with pytest.raises(CorruptionError, match="records are missing"):
         list(backend.read(LOG, 1))
+
+
+def test_missing_last_segment_refuses_to_open_naming_it(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    *_, last = paths = segments(backend)
+    assert len(paths) >= 3
+    last.unlink()
+    with pytest.raises(CorruptionError, match=f"segment .*{last.name} is missing") as refused:
+        backend.open_writer(LOG)
+    assert "records are missing" in refused.value.message
+    with pytest.raises(CorruptionError, match=f"{last.name} is missing"):
+        list(backend.read(LOG, 1))
+    # Refusing changed nothing: no segment was created in place of the missing one.
+    assert segments(backend) == paths[:-1]
+
+
+def test_missing_only_segment_after_truncation_refuses_to_open(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    backend.truncate(LOG, 10**6)
+    (only,) = segments(backend)
+    only.unlink()
+    with pytest.raises(CorruptionError, match=f"{only.name} is missing.*none is"):
+        backend.open_writer(LOG, min_last_sequence=3)
+    assert segments(backend) == []
+
+
+def test_a_log_without_tail_marker_gets_one_and_is_then_protected(tmp_path: Path) -> None:
+    """Logs written before tail markers existed open as before and are protected from then on;
+    a crash between creating a segment and moving the marker leaves the marker behind, which
+    is not a gap either."""
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200)
+    write(backend, [[b"x" * 100] for _ in range(6)])
+    marker = backend.log_dir(LOG) / "TAIL"
+    marker.unlink()
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 6
+    run(writer.close())
+    *_, last = segments(backend)
+    assert int(marker.read_text()) == int(last.name.removesuffix(".wal"))
+    marker.write_text(f"{1:020d}\n")  # behind the newest segment
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 6
+    run(writer.close())
+    assert int(marker.read_text()) == int(last.name.removesuffix(".wal"))
+    last.unlink()
+    with pytest.raises(CorruptionError, match=f"{last.name} is missing"):
+        backend.open_writer(LOG)
+
+
+def test_damaged_tail_marker_is_corruption(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path)
+    append_one(backend, b"a")
+    (backend.log_dir(LOG) / "TAIL").write_bytes(b"\x00garbage")
+    with pytest.raises(CorruptionError, match="tail marker .* is damaged"):
+        backend.open_writer(LOG)
+
+
+def test_the_tail_marker_moves_only_when_a_segment_is_created(tmp_path: Path) -> None:
+    sync = CountingSync()
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=1000, sync=sync)
+    marker = backend.log_dir(LOG) / "TAIL"
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        before = marker.stat()
+        sync.calls = 0
+        for _ in range(5):
+            await writer.append([b"p" * 100])  # 5 x 116 bytes: no roll
+        assert sync.calls == 5  # still one sync per append, nothing for the marker
+        after = marker.stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+        await writer.append([b"p" * 100] * 5)  # rolls
+        await writer.close()
+
+    run(scenario())
+    assert [p.name for p in segments(backend)] == [segment_file_name(1), segment_file_name(6)]
+    assert int(marker.read_text()) == 6
 
 
 def test_read_skips_segments_before_from_sequence(tmp_path: Path) -> None:
@@ -432,6 +527,73 @@ def test_failed_sync_breaks_the_writer_until_reopened(tmp_path: Path) -> None:
     # The write reached the page cache, so recovery finds the record; the numbering holds.
     assert writer.last_sequence == 2
     run(writer.close())
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_no_space_at_sync_cuts_the_group_back_and_is_retryable(tmp_path: Path, code: int) -> None:
+    sync = FailOnceSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+    segment_size = 0
+
+    async def scenario() -> None:
+        nonlocal segment_size
+        writer = backend.open_writer(LOG)
+        await writer.append([b"a"])
+        segment_size = only_segment(backend).stat().st_size
+        sync.fail_with = OSError(code, os.strerror(code))
+        with pytest.raises(StorageUnavailableError, match="none of them is in the log") as err:
+            await writer.append([b"b", b"c"])
+        assert not err.value.maybe_persisted
+        assert err.value.retryable
+        # The group was cut back out of the file (the cut itself synced once more).
+        assert only_segment(backend).stat().st_size == segment_size
+        with pytest.raises(UnavailableError, match="earlier failure"):
+            await writer.append([b"d"])
+        await writer.close()
+
+    run(scenario())
+    writer = backend.open_writer(LOG)  # space is back: the log continues where it was
+    assert writer.last_sequence == 1
+    assert run(writer.append([b"b"])) == 2
+    run(writer.close())
+    assert payloads_of(backend) == [b"a", b"b"]
+
+
+def test_no_space_while_rolling_leaves_no_new_segment(tmp_path: Path) -> None:
+    sync = FailOnceSync()
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=200, sync=sync)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        await writer.append([b"x" * 100])
+        sync.fail_with = OSError(errno.ENOSPC, "No space left on device")
+        with pytest.raises(StorageUnavailableError) as err:
+            await writer.append([b"y" * 100])  # needs a new segment, whose header sync fails
+        assert not err.value.maybe_persisted
+        await writer.close()
+
+    run(scenario())
+    assert [p.name for p in segments(backend)] == [segment_file_name(1)]
+    assert payloads_of(backend) == [b"x" * 100]
+    writer = backend.open_writer(LOG)
+    assert run(writer.append([b"y" * 100])) == 2
+    run(writer.close())
+    assert [p.name for p in segments(backend)] == [segment_file_name(1), segment_file_name(2)]
+
+
+def test_when_the_cut_back_fails_too_the_group_may_be_durable(tmp_path: Path) -> None:
+    sync = CountingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        sync.fail_with = OSError(errno.ENOSPC, "No space left on device")
+        with pytest.raises(StorageUnavailableError, match="may or may not be durable") as err:
+            await writer.append([b"a"])
+        assert err.value.maybe_persisted
+        await writer.close()
+
+    run(scenario())
 
 
 def test_oversized_payload_is_refused_without_breaking_the_writer(tmp_path: Path) -> None:

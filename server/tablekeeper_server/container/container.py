@@ -19,7 +19,7 @@ from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
-from tablekeeper_server.errors import UnavailableError
+from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
@@ -186,7 +186,10 @@ class StorageContainer:
         self, failed: Range | None, stream_id: int, range_id: int, ttl_seconds: int
     ) -> Range:
         if failed is not None:
-            await failed.close()
+            try:
+                await failed.close()
+            except Exception as exc:  # e.g. its final flush on a full disk; the log has it all
+                log.warning("range %s: closing the failed range: %s", failed.name.log_name, exc)
         range_ = await self._open_range(stream_id, range_id, ttl_seconds)
         if self.meta is not None and self.env.open_hosted_ranges_on_start:
             try:
@@ -221,7 +224,9 @@ class StorageContainer:
 
 
 def _log_open_failure(task: asyncio.Task[Range]) -> None:
-    """Retrieve a background open's failure (it was logged by the range, and the next request
-    for the range tries again)."""
+    """Retrieve a background open's failure (corruption was logged by the range; the next
+    request for the range tries again)."""
     if not task.cancelled():
-        task.exception()
+        exc = task.exception()
+        if isinstance(exc, StorageUnavailableError):
+            log.warning("cannot open a range now (retried on its next request): %s", exc.message)

@@ -6,7 +6,12 @@ Layout: each log is a directory `root_dir/<log_name>/` holding
   header and holding consecutive records; the file name is the sequence of the segment's first
   record, so a segment's records are all below the next segment's name;
 * `LOCK`, which the single writer holds with `flock(LOCK_EX | LOCK_NB)` (it also holds the
-  writer's pid, for error messages only).
+  writer's pid, for error messages only);
+* `TAIL`, the tail marker: the first sequence of the newest segment, replaced atomically (write,
+  fsync, rename, fsync the directory) each time a segment is created, after the segment is
+  durable and before any record goes into it. Only segment creation writes it, so appends pay
+  nothing for it. A log whose newest segment file is older than the marker lost its tail: that
+  is refused like any other missing segment.
 
 Writers and fencing: within one process, opening a writer fences the earlier writer of the same
 log (even one opened through another `LocalLogBackend` on the same directory): the earlier one
@@ -20,8 +25,13 @@ records are written to them; a deleted segment or log is gone once its directory
 
 Recovery (`open_writer`): every segment is read and checked, in order. A torn tail of the last
 segment (the group of a crashed append) is cut off with `ftruncate` + sync; any other damage,
-a missing segment between two others, or a damaged non-last segment raises `CorruptionError`
-naming the log, file and byte offset. The cost is a read of the whole retained log, so callers
+a missing segment (first, between two others, or the last one, which the tail marker names), or
+a damaged non-last segment raises `CorruptionError` naming the log, file and byte offset.
+
+Resource errors (no space, quota, descriptors; see `StorageUnavailableError`) raise
+`StorageUnavailableError`. An append that fails that way after writing part of its group cuts
+the segment back to where the group began and syncs that; only if that fails too may the group
+be durable (`maybe_persisted`). The cost is a read of the whole retained log, so callers
 should `truncate` what their checkpoints cover.
 """
 
@@ -43,7 +53,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
-from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.errors import (
+    CorruptionError,
+    LogFencedError,
+    StorageUnavailableError,
+    UnavailableError,
+)
 from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
 from tablekeeper_server.log.codec import (
     SEGMENT_FLAG_GAP,
@@ -61,6 +76,8 @@ MiB: Final = 1 << 20
 DEFAULT_SEGMENT_BYTES_MAX: Final = 64 * MiB
 SEGMENT_SUFFIX: Final = ".wal"
 LOCK_FILE_NAME: Final = "LOCK"
+TAIL_FILE_NAME: Final = "TAIL"
+_TAIL_TEMP_NAME: Final = "TAIL.tmp"
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.wal$")
 _TOMBSTONE_PREFIX: Final = ".deleted-"
 _MAX_LOG_NAME_BYTES: Final = 200
@@ -138,6 +155,55 @@ def _list_segments(log_dir: Path) -> list[_Segment]:
             segments.append(_Segment(int(match.group(1)), log_dir / name))
     segments.sort(key=lambda segment: segment.first_sequence)
     return segments
+
+
+def _read_tail_marker(log_dir: Path, log_name: str) -> int | None:
+    """The first sequence of the newest segment as the tail marker records it; None if the log
+    has no marker (new, or written before markers existed)."""
+    path = log_dir / TAIL_FILE_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    text = raw.decode("ascii", "replace").strip()
+    if not text.isdigit():
+        raise CorruptionError(f"log {log_name!r}: tail marker {path} is damaged ({raw[:40]!r})")
+    return int(text)
+
+
+def _write_tail_marker(log_dir: Path, first_sequence: int) -> None:
+    """Durably record that the newest segment starts at `first_sequence` (atomic replace)."""
+    temp = log_dir / _TAIL_TEMP_NAME
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        data = f"{first_sequence:020d}\n".encode("ascii")
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.EIO, f"short write of {temp}")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, log_dir / TAIL_FILE_NAME)
+    _fsync_dir(log_dir)
+
+
+def _check_tail(log_name: str, log_dir: Path, marker: int | None, segments: list[_Segment]) -> None:
+    """Refuse a log whose newest segment is older than its tail marker says."""
+    newest = segments[-1].first_sequence if segments else None
+    if marker is None or (newest is not None and newest >= marker):
+        return
+    found = f"the newest segment found is {segments[-1].path.name}" if segments else "none is"
+    raise CorruptionError(
+        f"log {log_name!r}: segment {log_dir / segment_file_name(marker)} is missing: the tail "
+        f"marker {log_dir / TAIL_FILE_NAME} says the newest segment starts at sequence {marker}, "
+        f"but {found}; records are missing (the log's tail was lost)"
+    )
+
+
+def _storage_error(what: str, exc: OSError, *, maybe_persisted: bool = False) -> UnavailableError:
+    """The retryable error for an `OSError`: `StorageUnavailableError` for resource exhaustion."""
+    if StorageUnavailableError.is_resource_error(exc):
+        return StorageUnavailableError(f"{what}: {exc}", maybe_persisted=maybe_persisted)
+    return UnavailableError(f"{what}: {exc}")
 
 
 def _lock_log(log_dir: Path, log_name: str) -> int:
@@ -281,6 +347,8 @@ class LocalLogWriter:
             first = self._last + 1
             data = encode_batch(first, payloads)
             last = first + len(payloads) - 1
+            fd: int | None = None
+            written = 0
             try:
                 if (
                     self._segment_records > 0
@@ -290,7 +358,6 @@ class LocalLogWriter:
                 fd = self._fd
                 assert fd is not None
                 view = memoryview(data)
-                written = 0
                 while written < len(data):
                     count = os.write(fd, view[written:])
                     if count <= 0:
@@ -300,9 +367,23 @@ class LocalLogWriter:
             except BaseException as exc:
                 self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
                 if isinstance(exc, OSError):
-                    raise UnavailableError(
+                    # Out of a resource: cut the group back out, so its callers may retry.
+                    # (Other errors leave the file alone: recovery decides what is there.)
+                    maybe_persisted = written > 0 and not (
+                        fd is not None
+                        and StorageUnavailableError.is_resource_error(exc)
+                        and self._undo(fd)
+                    )
+                    outcome = (
+                        "they may or may not be durable"
+                        if maybe_persisted
+                        else "none of them is in the log"
+                    )
+                    raise _storage_error(
                         f"log {self._log_name!r}: append of sequences {first}..{last} failed; "
-                        f"they may or may not be durable: {exc}"
+                        + outcome,
+                        exc,
+                        maybe_persisted=maybe_persisted,
                     ) from exc
                 raise
             self._segment_size += len(data)
@@ -310,17 +391,41 @@ class LocalLogWriter:
             self._last = last
             return last
 
+    def _undo(self, fd: int) -> bool:
+        """Cut the current segment back to its size before the failed append and sync it;
+        whether that worked (then none of the group's bytes can be in the log)."""
+        try:
+            os.ftruncate(fd, self._segment_size)
+            os.lseek(fd, self._segment_size, os.SEEK_SET)
+            self._sync(fd)
+        except OSError as exc:
+            _log.error("log %r: cannot cut back a failed append: %s", self._log_name, exc)
+            return False
+        return True
+
     def _roll(self, first_sequence: int, *, flags: int) -> None:
-        """Start a new segment at `first_sequence`: create, write header, sync it and the dir."""
+        """Start a new segment at `first_sequence`: create, write header, sync it and the dir,
+        then move the tail marker to it."""
         path = self._dir / segment_file_name(first_sequence)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        header = encode_segment_header(first_sequence, flags=flags)
         try:
-            header = encode_segment_header(first_sequence, flags=flags)
-            os.write(fd, header)
+            if os.write(fd, header) != len(header):
+                raise OSError(errno.EIO, f"short write of the header of {path}")
             self._sync(fd)
             _fsync_dir(self._dir)
         except BaseException:
             os.close(fd)
+            # No marker names it yet: remove it, so the writer's next owner finds the log as
+            # it was (a leftover would be an empty, or torn, last segment: recovered too).
+            with contextlib.suppress(OSError):
+                path.unlink()
+                _fsync_dir(self._dir)
+            raise
+        try:
+            _write_tail_marker(self._dir, first_sequence)
+        except BaseException:
+            os.close(fd)  # the empty segment stays: the marker may already name it
             raise
         old = self._fd
         self._fd = fd
@@ -408,7 +513,7 @@ class LocalLogBackend:
             try:
                 writer = self._open_locked(log_name, log_dir, slot, min_last_sequence)
             except OSError as exc:
-                raise UnavailableError(f"log {log_name!r}: cannot open: {exc}") from exc
+                raise _storage_error(f"log {log_name!r}: cannot open", exc) from exc
             slot.writer = writer
             return writer
 
@@ -423,7 +528,9 @@ class LocalLogBackend:
         lock_fd = _lock_log(log_dir, log_name)
         segment_fd: int | None = None
         try:
+            marker = _read_tail_marker(log_dir, log_name)
             segments = _list_segments(log_dir)
+            _check_tail(log_name, log_dir, marker, segments)
             if not segments:
                 first = min_last_sequence + 1
                 flags = SEGMENT_FLAG_GAP if min_last_sequence else 0
@@ -446,6 +553,10 @@ class LocalLogBackend:
                 return self._writer(
                     log_name, log_dir, slot, lock_fd, segment_fd, first, SEGMENT_HEADER_SIZE, 0
                 )
+            if marker is None or marker < tail.first_sequence:
+                # A log from before tail markers, or a crash between creating a segment and
+                # moving the marker to it.
+                _write_tail_marker(log_dir, tail.first_sequence)
             segment_fd = os.open(tail.path, os.O_WRONLY | os.O_CLOEXEC)
             size = os.lseek(segment_fd, 0, os.SEEK_END)
             return self._writer(
@@ -499,6 +610,7 @@ class LocalLogBackend:
             os.write(fd, encode_segment_header(first_sequence, flags=flags))
             self._sync(fd)
             _fsync_dir(log_dir)
+            _write_tail_marker(log_dir, first_sequence)
         except BaseException:
             os.close(fd)
             raise
@@ -584,7 +696,11 @@ class LocalLogBackend:
         writer = _slot_for(log_dir).writer
         stop_after = writer.last_sequence if writer is not None else None
         try:
+            # The marker before the listing: a segment exists before the marker names it.
+            marker = _read_tail_marker(log_dir, log_name)
             segments = _list_segments(log_dir)
+            if log_dir.is_dir():  # (a log deleted meanwhile just has nothing to read)
+                _check_tail(log_name, log_dir, marker, segments)
             start = 0
             for index, segment in enumerate(segments):
                 if segment.first_sequence <= from_sequence:
@@ -639,7 +755,7 @@ class LocalLogBackend:
                     if stop_after is not None and previous_last >= stop_after:
                         return
         except OSError as exc:
-            raise UnavailableError(f"log {log_name!r}: read failed: {exc}") from exc
+            raise _storage_error(f"log {log_name!r}: read failed", exc) from exc
 
     def truncate(self, log_name: str, before_sequence: int) -> None:
         """Delete every segment whose records are all < `before_sequence`; never the last one.
@@ -659,7 +775,7 @@ class LocalLogBackend:
             if deleted:
                 _fsync_dir(log_dir)
         except OSError as exc:
-            raise UnavailableError(f"log {log_name!r}: truncate failed: {exc}") from exc
+            raise _storage_error(f"log {log_name!r}: truncate failed", exc) from exc
 
     def size_bytes(self, log_name: str) -> int:
         """Bytes in the log's segment files now."""

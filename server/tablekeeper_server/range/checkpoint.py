@@ -15,7 +15,9 @@ stops the process in):
 Restore (the local store is missing or unusable): take manifests newest first; download every
 file into a scratch directory, verifying SHA-256 [restore.during_download]; move it into place
 atomically [restore.before_open]. A damaged checkpoint is skipped for the next one; if none is
-valid the range refuses to open rather than serve incomplete data.
+valid the range refuses to open rather than serve incomplete data. Running out of a resource
+while restoring (a full disk) is no verdict on the checkpoint: it raises
+`StorageUnavailableError` and nothing is set aside or skipped.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from tablekeeper_server.checkpoint.manifest import (
 )
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
-from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.errors import CorruptionError, StorageUnavailableError
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.api import KvStore, StoreOpener
@@ -289,6 +291,13 @@ class RangeCheckpointer:
                     continue
                 self._download(manifest, scratch)
             except (CorruptionError, OSError) as exc:
+                if isinstance(exc, OSError) and StorageUnavailableError.is_resource_error(exc):
+                    # The disk here is full (or out of descriptors...): the checkpoint is fine,
+                    # an older one would fail the same way. Retry the whole restore later.
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    raise StorageUnavailableError(
+                        f"range {self.range_name}: cannot restore checkpoint {name}: {exc}"
+                    ) from exc
                 message = exc.message if isinstance(exc, CorruptionError) else repr(exc)
                 log.warning("range %s: checkpoint %s unusable: %s", self.range_name, name, message)
                 problems.append(f"{name}: {message}")

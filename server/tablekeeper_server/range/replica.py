@@ -42,6 +42,7 @@ from tablekeeper_server.errors import (
     CorruptionError,
     IndeterminateError,
     LogFencedError,
+    StorageUnavailableError,
     TableKeeperError,
     UnavailableError,
 )
@@ -357,6 +358,11 @@ class Range:
                     indeterminate=exc.maybe_persisted,
                 )
                 return
+            except StorageUnavailableError as exc:
+                # Out of disk space, descriptors, ...: the log knows whether the group may have
+                # reached the disk; if not, its callers may retry (once the range reopens).
+                self._fail(group, f"log append failed: {exc}", indeterminate=exc.maybe_persisted)
+                return
             except Exception as exc:
                 self._fail(group, f"log append failed: {exc}", indeterminate=True)
                 return
@@ -418,5 +424,7 @@ class Range:
 
 
 def _flush_and_close(store: KvStore) -> None:
-    store.flush()
-    store.close()
+    try:
+        store.flush()
+    finally:
+        store.close()  # a failed flush (full disk) must not keep the store and its lock open

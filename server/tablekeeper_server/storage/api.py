@@ -27,7 +27,11 @@ class WriteBatch(Protocol):
 
 class StoreOpener(Protocol):
     def __call__(self, path: Path, *, read_only: bool = False) -> KvStore:
-        """Open (creating if absent, unless `read_only`) the store in directory `path`."""
+        """Open (creating if absent, unless `read_only`) the store in directory `path`.
+
+        Raises `CorruptionError` when the store is damaged (the range may set it aside and
+        restore a checkpoint) and `StorageUnavailableError` when a resource is exhausted, a lock
+        is held or permission is denied (the store is fine: never set it aside)."""
         ...
 
 
@@ -59,4 +63,7 @@ class KvStore(Protocol):
         """Names of the files that make up the store now (for status)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the store (and its lock) even when the final flush fails; idempotent. An
+        unfinished `scan` of a closed store raises `UnavailableError` when resumed."""
+        ...

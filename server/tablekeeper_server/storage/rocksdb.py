@@ -3,16 +3,28 @@
 RocksDB's own WAL is disabled: the range's log is the source of truth and each write batch carries
 the log position it reflects, so after a crash the range replays the log from the position that
 RocksDB still has. LZ4 compression and a modest write buffer keep many ranges per process cheap.
+
+Errors: rocksdict raises plain exceptions. Those that report exhausted resources (no space, no
+file descriptors, a held LOCK, permissions) become `StorageUnavailableError` (retryable: the store
+is fine and opens once the resource is back); any other failure to open is `CorruptionError`.
+
+Closing: rocksdict releases RocksDB (and its LOCK file) only when the last Python object sharing
+the database is gone: the `Rdict`, but also every iterator and column-family handle. `close`
+therefore drops the iterators of unfinished scans (the scan then raises `UnavailableError`) and
+its own handle, and does so even when the final flush fails (a full disk), so the store can be
+opened again in this process.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import rocksdict
 
-from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.errors import CorruptionError, StorageUnavailableError, UnavailableError
 from tablekeeper_server.storage.api import WriteBatch
 
 _WRITE_BUFFER_BYTES = 16 * 1024 * 1024
@@ -28,56 +40,117 @@ def _options() -> rocksdict.Options:
     return opts
 
 
+def _raise_classified(what: str, path: Path, exc: Exception) -> NoReturn:
+    """Re-raise a RocksDB failure as `StorageUnavailableError` when it is resource exhaustion;
+    otherwise unchanged."""
+    if isinstance(exc, (CorruptionError, UnavailableError)):
+        raise exc
+    if StorageUnavailableError.is_resource_error(exc):
+        raise StorageUnavailableError(f"RocksDB at {path}: {what} failed: {exc}") from exc
+    raise exc
+
+
 class RocksKvStore:
     def __init__(self, path: Path, *, read_only: bool = False) -> None:
-        if not read_only:
-            path.mkdir(parents=True, exist_ok=True)
         self.path = path
         try:
+            if not read_only:
+                path.mkdir(parents=True, exist_ok=True)
             if read_only:
-                self._db = rocksdict.Rdict(
+                db = rocksdict.Rdict(
                     str(path), options=_options(), access_type=rocksdict.AccessType.read_only()
                 )
             else:
-                self._db = rocksdict.Rdict(str(path), options=_options())
+                db = rocksdict.Rdict(str(path), options=_options())
         except Exception as exc:  # rocksdict raises plain exceptions for corruption and locks
+            if StorageUnavailableError.is_resource_error(exc):
+                raise StorageUnavailableError(f"cannot open RocksDB at {path}: {exc}") from exc
             raise CorruptionError(f"cannot open RocksDB at {path}: {exc}") from exc
+        self._db: rocksdict.Rdict | None = db
+        self._iterators: dict[int, rocksdict.RdictIter] = {}
+        """The iterators of unfinished scans, the only references to them (see module doc)."""
+        self._iterator_ids = itertools.count()
         self._write_opts = rocksdict.WriteOptions()
         # A property at runtime; rocksdict's stub declares it a method.
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
 
+    @property
+    def db(self) -> rocksdict.Rdict:
+        db = self._db
+        if db is None:
+            raise UnavailableError(f"RocksDB at {self.path} is closed")
+        return db
+
     def get(self, key: bytes) -> bytes | None:
-        value = self._db.get(key)
+        try:
+            value = self.db.get(key)
+        except Exception as exc:
+            _raise_classified("read", self.path, exc)
         return None if value is None else bytes(value)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
         read_opts = rocksdict.ReadOptions()
         read_opts.set_iterate_upper_bound(end)
-        it = self._db.iter(read_opts)
-        it.seek(start)
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
+        it_id = next(self._iterator_ids)
+        self._iterators[it_id] = self.db.iter(read_opts)
+        try:
+            self._iterators[it_id].seek(start)
+            while True:
+                it = self._iterators.get(it_id)
+                if it is None:
+                    raise UnavailableError(f"RocksDB at {self.path} closed during a scan")
+                if not it.valid():
+                    break
+                item = it.key(), it.value()
+                del it  # between items, the store holds the only reference
+                yield item
+                it = self._iterators.get(it_id)
+                if it is not None:
+                    it.next()
+                del it
+        finally:
+            self._iterators.pop(it_id, None)
 
     def new_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
 
     def write(self, batch: WriteBatch) -> None:
         assert isinstance(batch, rocksdict.WriteBatch)
-        self._db.write(batch, self._write_opts)
+        try:
+            self.db.write(batch, self._write_opts)
+        except Exception as exc:
+            _raise_classified("write", self.path, exc)
 
     def estimate_num_keys(self) -> int:
-        value = self._db.property_int_value("rocksdb.estimate-num-keys")
+        value = self.db.property_int_value("rocksdb.estimate-num-keys")
         return int(value or 0)
 
     def flush(self) -> None:
-        self._db.flush()
+        try:
+            self.db.flush()
+        except Exception as exc:
+            _raise_classified("flush", self.path, exc)
 
     def create_checkpoint(self, dest: Path) -> None:
-        rocksdict.Checkpoint(self._db).create_checkpoint(str(dest))
+        try:
+            rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))
+        except Exception as exc:
+            _raise_classified("checkpoint", self.path, exc)
 
     def live_file_names(self) -> list[str]:
-        return sorted(str(f["name"]).lstrip("/") for f in self._db.live_files())
+        return sorted(str(f["name"]).lstrip("/") for f in self.db.live_files())
 
     def close(self) -> None:
-        self._db.close()
+        """Release the store and its LOCK. Idempotent. The memtable is flushed first; if that
+        fails (a full disk) the store is released all the same and the error is raised: what
+        was not flushed is in the range's log."""
+        db, self._db = self._db, None
+        if db is None:
+            return
+        self._iterators.clear()
+        try:
+            db.close()
+        except Exception as exc:
+            _raise_classified("close", self.path, exc)
+        finally:
+            del db  # a traceback of the error must not keep the handle alive

@@ -1,0 +1,178 @@
+"""Running out of a resource (disk space, a held lock) is retryable, never corruption, and a
+range recovers by itself once the resource is back: real RocksDB, real local log files, disk
+full injected through the log's `sync` function."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
+from tablekeeper_server.container.container import ContainerEnv, StorageContainer
+from tablekeeper_server.core.clock import ManualClock
+from tablekeeper_server.errors import (
+    IndeterminateError,
+    StorageUnavailableError,
+    UnavailableError,
+)
+from tablekeeper_server.log.local import LocalLogBackend
+from tablekeeper_server.range.checkpoint import RangeCheckpointer
+from tablekeeper_server.range.replica import Range, RangeName
+from tablekeeper_server.storage.rocksdb import RocksKvStore
+
+pytestmark = pytest.mark.unit
+NAME = RangeName(0, 1024, 1)
+HEADER = kv.RoutingHeader(r_key=b"p")
+
+
+def put(key: bytes, value: bytes) -> wal_pb2.WalCommand:
+    return wal_pb2.WalCommand(put=kv.PutRequest(key=key, value=value, header=HEADER))
+
+
+def value_of(range_: Range, key: bytes) -> bytes | None:
+    response = range_.read(kv.RangeRequest(key=key, header=HEADER))
+    return response.kvs[0].value if response.kvs else None
+
+
+class DiskFullSync:
+    """The log's sync function: once `full` is set, the next sync fails with ENOSPC (the log's
+    sync of its cut-back then succeeds, as freeing the group's blocks does on a real disk)."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.failures = 0
+
+    def __call__(self, fd: int) -> None:
+        if self.full and self.failures == 0:
+            self.failures += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.fdatasync(fd)
+
+
+def test_close_releases_the_lock_while_a_scan_is_unfinished(tmp_path: Path) -> None:
+    store = RocksKvStore(tmp_path / "db")
+    batch = store.new_batch()
+    for i in range(3):
+        batch.put(b"k%d" % i, b"v")
+    store.write(batch)
+    scan = store.scan(b"", b"\xff")
+    assert next(scan) == (b"k0", b"v")
+    store.close()  # the unfinished scan's iterator must not keep RocksDB (and its LOCK) alive
+    again = RocksKvStore(tmp_path / "db")
+    with pytest.raises(UnavailableError, match="closed during a scan"):
+        next(scan)
+    again.close()
+    store.close()  # idempotent
+
+
+def test_a_held_lock_is_storage_unavailable_not_corruption(tmp_path: Path) -> None:
+    holder = RocksKvStore(tmp_path / "db")
+    with pytest.raises(StorageUnavailableError, match="lock"):
+        RocksKvStore(tmp_path / "db")
+    holder.close()
+    RocksKvStore(tmp_path / "db").close()
+
+
+class FlushFails(RocksKvStore):
+    def flush(self) -> None:
+        raise StorageUnavailableError(f"RocksDB at {self.path}: flush failed: disk full")
+
+
+async def test_a_range_whose_final_flush_fails_still_releases_its_store(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path / "wal")
+    path = tmp_path / "db"
+    range_ = Range(NAME, backend, lambda: FlushFails(path), ManualClock())
+    await range_.open()
+    await range_.execute(put(b"k", b"v"))
+    with pytest.raises(StorageUnavailableError):
+        await range_.close()
+    # Reopening in the same process works (used to fail with "LOCK: No locks available").
+    again = Range(NAME, backend, lambda: RocksKvStore(path), ManualClock())
+    await again.open()
+    assert value_of(again, b"k") == b"v"
+    await again.close()
+
+
+async def test_a_held_store_lock_does_not_set_the_store_aside(tmp_path: Path) -> None:
+    """A store that cannot open for a reason that is not damage stays where it is: no restore
+    from a checkpoint, which would lose nothing here but could lose what the checkpoint
+    misses elsewhere, and would hide the real problem."""
+    backend = LocalLogBackend(tmp_path / "wal")
+    path = tmp_path / "db" / "range"
+    clock = ManualClock()
+
+    def new_range() -> Range:
+        checkpointer = RangeCheckpointer(
+            NAME.log_name,
+            path,
+            RocksKvStore,
+            DirectoryCheckpointStore(tmp_path / "checkpoints"),
+            backend,
+            clock,
+        )
+        return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+
+    range_ = new_range()
+    await range_.open()
+    await range_.execute(put(b"a", b"1"))
+    assert await range_.checkpoint(force=True) is not None
+    await range_.execute(put(b"b", b"2"))
+    await range_.close()
+
+    holder = RocksKvStore(path)  # e.g. a handle that was never released
+    with pytest.raises(StorageUnavailableError):
+        await new_range().open()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["range"]  # nothing set aside
+    holder.close()
+
+    range_ = new_range()
+    await range_.open()
+    assert (value_of(range_, b"a"), value_of(range_, b"b")) == (b"1", b"2")
+    assert range_.checkpointer is not None
+    assert range_.checkpointer.stats.restored_from == ""
+    await range_.close()
+
+
+async def test_disk_full_on_append_is_retryable_and_the_range_reopens_by_itself(
+    tmp_path: Path,
+) -> None:
+    sync = DiskFullSync()
+    env = ContainerEnv(
+        num_containers=1,
+        log_backend=LocalLogBackend(tmp_path / "wal", sync=sync),
+        store_factory=RocksKvStore,
+        db_dir=tmp_path / "db",
+        clock=ManualClock(),
+    )
+    container = StorageContainer(1, env)
+    await container.start()
+    try:
+        range_ = await container.data_range(1024, 1, 0)
+        for i in range(10):
+            await range_.execute(put(b"k%d" % i, b"v%d" % i))
+
+        sync.full = True
+        with pytest.raises(UnavailableError) as refused:
+            await range_.execute(put(b"lost", b"x"))
+        assert not isinstance(refused.value, IndeterminateError)
+        assert refused.value.retryable
+        assert "No space left on device" in refused.value.message
+        assert range_.failed
+
+        # The next request reopens the range: no restart, nothing acknowledged missing, and
+        # the refused write is not there (it was cut back out of the log).
+        sync.full = False
+        reopened = await container.data_range(1024, 1, 0)
+        assert reopened is not range_ and not reopened.failed
+        await reopened.execute(put(b"after", b"ok"))
+        for i in range(10):
+            assert value_of(reopened, b"k%d" % i) == b"v%d" % i
+        assert value_of(reopened, b"after") == b"ok"
+        assert value_of(reopened, b"lost") is None
+    finally:
+        await container.stop()
