@@ -501,6 +501,57 @@ def test_corruption_in_a_table_range_log_is_never_served(
     assert segment.read_bytes() == corrupted, "recovery modified a corrupted log"
 
 
+def test_a_missing_last_wal_segment_is_refused_not_silently_lost(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """kill -9, then the newest segment of a range's log disappears: the range must refuse with
+    UNEXPECTED (600) and a reason naming the missing segment, not replay what is left and
+    serve without the lost tail (the store, flushed lazily, is far behind the log)."""
+    server = ServerProcess(
+        tmp_path / "data", extra_args=["--wal-segment-bytes", "4096", "--checkpoint-interval", "0"]
+    )
+    server_factory.append(server)
+    _start(server)
+    table_id = _create_table(server)
+    other_pkeys = [f"other-{i}".encode() for i in range(16)]
+    with Client(server.service) as client:
+        table = client.table(NS, TABLE)
+        for i in range(60):
+            table.put(b"victim", f"k{i:03d}", _value(i))
+        for pkey in other_pkeys:
+            table.put(pkey, "k", pkey)
+    server.kill()
+
+    log_dir = _log_of_pkey(server.data_dir, table_id, b"victim")
+    segments = _segments(log_dir)
+    assert len(segments) >= 3, segments
+    last = segments[-1]
+    lost = _wal_records(last)
+    assert lost, "the last segment holds acknowledged writes"
+    healthy = [p for p in other_pkeys if _log_of_pkey(server.data_dir, table_id, p) != log_dir]
+    assert healthy, "every pkey landed in the damaged range"
+    last.unlink()
+
+    offset = _start(server)
+    fast = RetryPolicy(deadline_s=0.5, call_timeout_s=10.0)
+    with Client(server.service, retry=fast) as client:
+        table = client.table(NS, TABLE)
+        for attempt in range(2):  # the same refusal every time
+            with pytest.raises(TableKeeperError) as read_error:
+                table.get(b"victim", "k000")
+            assert read_error.value.code == 600, (attempt, read_error.value)
+            assert f"{last.name} is missing" in str(read_error.value), (attempt, read_error.value)
+            with pytest.raises(TableKeeperError) as write_error:
+                table.put(b"victim", "new", "x")
+            assert write_error.value.code == 600, (attempt, write_error.value)
+        for pkey in healthy:
+            kv = table.get(pkey, "k")
+            assert kv is not None and kv.value == pkey
+    log = _log_since(server, offset)
+    assert "refusing to serve" in log and str(last) in log, log
+    assert _segments(log_dir) == segments[:-1], "recovery wrote to a log with a lost tail"
+
+
 # --------------------------------------------------------------------------- 4. SIGTERM
 
 
