@@ -4,15 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto)
+PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto proto/tablekeeper_proto/etcd/*.proto)
 DATA_DIR ?= ./data
 # The Pulsar tests start a Pulsar standalone through deploy/pulsar.sh (its first run downloads
 # the jars with mvn into ~/.cache); under make they must run, never be skipped.
 export TABLEKEEPER_REQUIRE_PULSAR ?= 1
 PORT ?= 4181
 METRICS_PORT ?= 9181
+ETCD_PORT ?= 2379
 
-.PHONY: help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz clean pulsar-fetch
+.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz clean pulsar-fetch
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -37,14 +38,14 @@ $(FLOORS_STAMP): pyproject.toml
 	$(FLOORS_VENV)/bin/pip install -q --no-deps -e .
 	touch $(FLOORS_STAMP)
 
-run: $(STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT)
-	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT)
+run: $(STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT)
+	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT) --etcd-port $(ETCD_PORT)
 
 proto: $(STAMP)  ## regenerate proto/gen from proto/*.proto
 	rm -rf proto/gen/tablekeeper_proto
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto --python_out=proto/gen --grpc_python_out=proto/gen \
 		--mypy_out=proto/gen --mypy_grpc_out=proto/gen $(PROTO_FILES)
-	for d in proto/gen/tablekeeper_proto proto/gen/tablekeeper_proto/bookkeeper proto/gen/tablekeeper_proto/v1; do \
+	for d in proto/gen/tablekeeper_proto proto/gen/tablekeeper_proto/bookkeeper proto/gen/tablekeeper_proto/v1 proto/gen/tablekeeper_proto/etcd; do \
 		touch $$d/__init__.py; done
 	touch proto/gen/tablekeeper_proto/py.typed
 
@@ -70,7 +71,10 @@ test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), 
 	@# The SDK suite once more, entering a 3-server cluster (ZooKeeper + Pulsar) through one endpoint.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/integration/test_sdk.py -k 'not data_survives_restart'
 
-test-compat: $(STAMP) pulsar-fetch  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
+etcd-client:  ## etcdctl for the etcd API tests (Debian etcd-client; installed if missing)
+	command -v etcdctl >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-client)
+
+test-compat: $(STAMP) pulsar-fetch etcd-client  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.

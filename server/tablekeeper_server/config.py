@@ -29,6 +29,8 @@ class ServerConfig:
     port: int = 4181
     metrics_port: int = 9181
     """0 disables the Prometheus endpoint."""
+    etcd_port: int = 0
+    """The etcd v3 API (`tablekeeper_server.etcd`) on this port; 0 = off."""
     containers: int = 8
     limits: Limits = field(default_factory=Limits)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
@@ -78,6 +80,8 @@ class ServerConfig:
             raise ValueError("--port must be in 1..65535")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
+        if not 0 <= self.etcd_port < 65536:
+            raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         self.limits.check()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
@@ -96,6 +100,8 @@ class ServerConfig:
             raise ValueError("--pulsar-timeout must be positive")
         if self.cluster_mode:
             self._validate_cluster()
+            if self.etcd_port:
+                raise ValueError("--etcd-port is not available in cluster mode yet")
 
     def _validate_cluster(self) -> None:
         if not self.cluster or "/" in self.cluster:
@@ -161,6 +167,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.metrics_port,
         help="Prometheus port, 0 = off (default 9181)",
+    )
+    parser.add_argument(
+        "--etcd-port",
+        type=int,
+        default=d.etcd_port,
+        help="serve the etcd v3 API on this port, 0 = off (default 0)",
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
@@ -288,6 +300,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         advertised_host=args.advertise_host or args.host,
         port=args.port,
         metrics_port=args.metrics_port,
+        etcd_port=args.etcd_port,
         containers=args.containers,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
         log_level=args.log_level.upper(),

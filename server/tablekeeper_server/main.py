@@ -31,6 +31,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.metrics import RangeStats, ServerMetrics
@@ -196,6 +197,8 @@ async def serve(config: ServerConfig) -> None:
             await member.start()
         else:
             await registry.start()
+        # Before health says SERVING: a client that waited for it finds the etcd port open.
+        etcd = await _start_etcd(config, registry) if config.etcd_port else None
     except BaseException:
         await server.stop(0)
         if coordinator is not None:
@@ -227,12 +230,28 @@ async def serve(config: ServerConfig) -> None:
         await server.set_not_serving()
         await member.stop()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
+    if etcd is not None:
+        await etcd.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
     await registry.stop()
     await asyncio.to_thread(close_log)
     await asyncio.to_thread(close_checkpoint_store)
     os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+async def _start_etcd(config: ServerConfig, registry: ContainerRegistry) -> EtcdServer:
+    """The etcd v3 API on `--etcd-port`, over the keyspace table (created on first start)."""
+    etcd = EtcdServer(
+        registry,
+        bind_host=config.bind_host,
+        port=config.etcd_port,
+        advertised_host=config.advertised_host,
+        value_bytes_max=config.limits.value_bytes_max,
+    )
+    await etcd.start()
+    log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)
+    return etcd
 
 
 def _range_stats(range_: Range, clock: Clock) -> RangeStats:

@@ -313,6 +313,13 @@ class Range:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         return self._sm.read(request, self._clock.now_ms())
 
+    def applied_state(self) -> RangeStateMachine:
+        """The applied state, for front-ends that read it their own way (the etcd API). Read it
+        synchronously on the range's loop: what it holds is exactly `applied_sequence`."""
+        if self._sm is None or not self._accepting:
+            raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
+        return self._sm
+
     async def _write_loop(self) -> None:
         try:
             await self._write_groups()

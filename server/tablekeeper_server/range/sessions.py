@@ -99,6 +99,13 @@ class SessionManager:
         heapq.heappush(self._heap, (deadline, session_id))
         return round(ttl_s * 1000)
 
+    def remaining_s(self, session_id: int) -> tuple[float, float] | None:
+        """(TTL, seconds until expiry) of a live session of this range; None if there is none."""
+        deadline = self._deadline.get(session_id)
+        if deadline is None:
+            return None
+        return self._ttl_s[session_id], max(0.0, deadline - self._clock())
+
     def forget(self, session_id: int) -> None:
         self._deadline.pop(session_id, None)
         self._ttl_s.pop(session_id, None)

@@ -28,6 +28,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
+from tablekeeper_proto.etcd import apply_pb2 as etcd_apply_pb2
 from tablekeeper_proto.v1 import session_pb2, tablekeeper_pb2, wal_pb2
 from tablekeeper_server.core.keys import (
     SYSTEM_PREFIX,
@@ -87,7 +88,8 @@ Compare = kv_rpc_pb2.Compare
 _Getter = Callable[[bytes], StoredRecord | None]
 _Scanner = Callable[[bytes, bytes], Iterator[tuple[bytes, StoredRecord]]]
 Response = (
-    kv_rpc_pb2.PutResponse
+    etcd_apply_pb2.ApplyResult
+    | kv_rpc_pb2.PutResponse
     | kv_rpc_pb2.DeleteRangeResponse
     | kv_rpc_pb2.TxnResponse
     | kv_rpc_pb2.IncrementResponse
@@ -270,6 +272,10 @@ class RangeStateMachine:
             return self._txn(view, previous, revision, now, command.txn)
         if op == "session":
             return self._session(view, previous, revision, now, command.session)
+        if op == "etcd_txn":
+            from tablekeeper_server.etcd.apply import apply_etcd_txn  # imports this module
+
+            return apply_etcd_txn(view, previous, revision, now, command.etcd_txn)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
 
     def _expire_at(self, now_ms: int, ttl_ms: int = 0) -> int:

@@ -30,9 +30,15 @@ class WalCommand(_message.Message):
     TXN_FIELD_NUMBER: _builtins.int
     INCREMENT_FIELD_NUMBER: _builtins.int
     SESSION_FIELD_NUMBER: _builtins.int
+    ETCD_TXN_FIELD_NUMBER: _builtins.int
     timestamp_ms: _builtins.int
     """The serving range's clock when it accepted the command. Expiry times (table TTL) are derived
     from it, so replay computes the same expiry as the original apply.
+    """
+    etcd_txn: _builtins.bytes
+    """An etcd v3 write (etcd front-end, server/tablekeeper_server/etcd): a serialized
+    etcdserverpb.TxnRequest (a Put or DeleteRange is a txn of one op), applied atomically at
+    the command's revision. Kept as bytes so the log format does not import etcd's messages.
     """
     @_builtins.property
     def put(self) -> _kv_rpc_pb2.PutRequest: ...
@@ -53,12 +59,13 @@ class WalCommand(_message.Message):
         txn: _kv_rpc_pb2.TxnRequest | None = ...,
         increment: _kv_rpc_pb2.IncrementRequest | None = ...,
         session: Global___SessionCommand | None = ...,
+        etcd_txn: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 

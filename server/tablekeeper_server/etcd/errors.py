@@ -1,0 +1,72 @@
+"""etcd's errors, with the gRPC codes and messages etcd's clients recognise (they match on the
+message text to rebuild typed errors), in one table."""
+
+from __future__ import annotations
+
+import grpc
+
+from tablekeeper_server.errors import (
+    BadRequestError,
+    ResourceLimitError,
+    RouteNotFoundError,
+    TableKeeperError,
+    UnavailableError,
+)
+
+# name -> (gRPC code, message). The names travel in `ApplyResult.error` (see etcd.apply).
+ERRORS: dict[str, tuple[grpc.StatusCode, str]] = {
+    "empty_key": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key is not provided"),
+    "key_not_found": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: key not found"),
+    "value_provided": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: value is provided"),
+    "lease_provided": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: lease is provided"),
+    "too_many_ops": (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "etcdserver: too many operations in txn request",
+    ),
+    "duplicate_key": (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "etcdserver: duplicate key given in txn request",
+    ),
+    "compacted": (
+        grpc.StatusCode.OUT_OF_RANGE,
+        "etcdserver: mvcc: required revision has been compacted",
+    ),
+    "future_rev": (
+        grpc.StatusCode.OUT_OF_RANGE,
+        "etcdserver: mvcc: required revision is a future revision",
+    ),
+    "lease_not_found": (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found"),
+    "lease_ttl_too_large": (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL"),
+    "request_too_large": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large"),
+    "stopped": (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped"),
+    "timeout": (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out"),
+}
+
+# etcd's watch cancel reason for a start revision older than the history.
+COMPACTED_REASON = "mvcc: required revision has been compacted"
+
+
+class EtcdError(Exception):
+    """An error etcd itself would answer; `name` is a key of `ERRORS` (or a custom message with
+    `code`)."""
+
+    def __init__(
+        self, name: str, *, code: grpc.StatusCode | None = None, message: str = ""
+    ) -> None:
+        known = ERRORS.get(name)
+        self.name = name
+        self.code = code or (known[0] if known else grpc.StatusCode.UNKNOWN)
+        self.message = message or (known[1] if known else name)
+        super().__init__(self.message)
+
+
+def from_tablekeeper(exc: TableKeeperError) -> EtcdError:
+    """TableKeeper's errors in etcd's terms: what a client should do about them (retry on
+    UNAVAILABLE, like an etcd member that is not ready) with TableKeeper's reason."""
+    if isinstance(exc, UnavailableError | RouteNotFoundError):
+        return EtcdError("unavailable", code=grpc.StatusCode.UNAVAILABLE, message=exc.message)
+    if isinstance(exc, ResourceLimitError):
+        return EtcdError("request_too_large")
+    if isinstance(exc, BadRequestError):
+        return EtcdError("bad_request", code=grpc.StatusCode.INVALID_ARGUMENT, message=exc.message)
+    return EtcdError("internal", code=grpc.StatusCode.INTERNAL, message=exc.message)

@@ -1,0 +1,74 @@
+"""The etcd v3 API's own gRPC server, on `--etcd-port` (etcd's clients expect its services at
+the root of an endpoint of their own)."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from tablekeeper_proto.etcd import rpc_pb2_grpc
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.etcd.keyspace import Keyspace
+from tablekeeper_server.etcd.servicers import (
+    PROGRESS_INTERVAL_S,
+    ClusterServicer,
+    KVServicer,
+    LeaseServicer,
+    MaintenanceServicer,
+    WatchServicer,
+)
+
+
+class EtcdServer:
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        *,
+        bind_host: str,
+        port: int,
+        advertised_host: str,
+        value_bytes_max: int,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
+    ) -> None:
+        self.keyspace = Keyspace(registry)
+        message_max = value_bytes_max + 2 * 1024 * 1024
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", message_max),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        try:
+            self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+        except RuntimeError:  # grpc's way of saying the bind failed
+            self.port = 0
+        if self.port == 0:
+            raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
+        client_url = f"http://{advertised_host}:{self.port}"
+        rpc_pb2_grpc.add_KVServicer_to_server(
+            KVServicer(self.keyspace, value_bytes_max), self._server
+        )
+        self._watch = WatchServicer(self.keyspace, progress_interval_s=progress_interval_s)
+        rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
+        self._lease = LeaseServicer(self.keyspace)
+        rpc_pb2_grpc.add_LeaseServicer_to_server(self._lease, self._server)
+        rpc_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(client_url), self._server)
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(
+            MaintenanceServicer(self.keyspace), self._server
+        )
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+
+    async def start(self) -> None:
+        """Open the keyspace (the registry must be serving), then accept calls."""
+        await self.keyspace.open()
+        await self._server.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace_s: float) -> None:
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._watch.streams.shutdown()
+        self._lease.streams.shutdown()
+        await self._server.stop(grace_s)

@@ -1,0 +1,552 @@
+"""etcd v3 gRPC servicers: check the request as etcd does, call the keyspace, answer etcd's way.
+
+Errors become statuses once, in `_unary` / the streams, from `etcd.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+
+from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from tablekeeper_server.core.keys import prefix_end
+from tablekeeper_server.errors import CompactedError, KeyNotFoundError, TableKeeperError
+from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
+from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
+from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
+from tablekeeper_server.etcd.keyspace import MEMBER_ID, Keyspace
+from tablekeeper_server.etcd.state import StoreView, members_prefix
+from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.range.replica import Range
+from tablekeeper_server.range.sessions import TTL_MS_MAX
+from tablekeeper_server.range.watch import KeySpan, Watcher
+
+log = logging.getLogger(__name__)
+
+Context: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type stubs)
+M = TypeVar("M")
+SERVER_VERSION = "3.5.0"
+"""The etcd API version reported by Status (what clients may rely on)."""
+LEASE_TTL_MIN_S = 2
+"""etcd's minimum lease TTL with its default election timeout; shorter requests get this."""
+PROGRESS_INTERVAL_S = 600.0
+_EMPTY = StoredRecord(0, 0, 0, False, 0, b"")
+"""etcd's default interval of progress notifications for watches that ask for them."""
+
+
+async def _unary(context: Context, handler: Callable[[], Awaitable[M]]) -> M:
+    try:
+        return await handler()
+    except EtcdError as exc:
+        await context.abort(exc.code, exc.message)
+    except TableKeeperError as exc:
+        error = from_tablekeeper(exc)
+        await context.abort(error.code, error.message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _check_put(req: rpc_pb2.PutRequest) -> None:
+    if not req.key:
+        raise EtcdError("empty_key")
+    if req.ignore_value and req.value:
+        raise EtcdError("value_provided")
+    if req.ignore_lease and req.lease:
+        raise EtcdError("lease_provided")
+
+
+def _check_txn(req: rpc_pb2.TxnRequest) -> None:
+    if len(req.compare) > TXN_OPS_MAX or max(len(req.success), len(req.failure)) > TXN_OPS_MAX:
+        raise EtcdError("too_many_ops")
+    for op in (*req.success, *req.failure):
+        kind = op.WhichOneof("request")
+        if kind == "request_put":
+            _check_put(op.request_put)
+        elif kind in ("request_range", "request_delete_range"):
+            if not getattr(op, kind).key:
+                raise EtcdError("empty_key")
+        elif kind == "request_txn":
+            _check_txn(op.request_txn)
+
+
+class KVServicer(rpc_pb2_grpc.KVServicer):
+    def __init__(self, keyspace: Keyspace, value_bytes_max: int) -> None:
+        self._keyspace = keyspace
+        self._value_bytes_max = value_bytes_max
+
+    async def Range(  # noqa: N802 (gRPC method names)
+        self, request: rpc_pb2.RangeRequest, context: Context
+    ) -> rpc_pb2.RangeResponse:
+        return await _unary(context, lambda: self._keyspace.read(request))
+
+    async def Put(self, request: rpc_pb2.PutRequest, context: Context) -> rpc_pb2.PutResponse:  # noqa: N802
+        async def handle() -> rpc_pb2.PutResponse:
+            _check_put(request)
+            if len(request.key) + len(request.value) > self._value_bytes_max:
+                raise EtcdError("request_too_large")
+            txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_put=request)])
+            result = await self._keyspace.write(txn)
+            response = result.responses[0].response_put
+            response.header.CopyFrom(result.header)
+            return response
+
+        return await _unary(context, handle)
+
+    async def DeleteRange(  # noqa: N802
+        self, request: rpc_pb2.DeleteRangeRequest, context: Context
+    ) -> rpc_pb2.DeleteRangeResponse:
+        async def handle() -> rpc_pb2.DeleteRangeResponse:
+            if not request.key:
+                raise EtcdError("empty_key")
+            txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_delete_range=request)])
+            result = await self._keyspace.write(txn)
+            response = result.responses[0].response_delete_range
+            response.header.CopyFrom(result.header)
+            return response
+
+        return await _unary(context, handle)
+
+    async def Txn(self, request: rpc_pb2.TxnRequest, context: Context) -> rpc_pb2.TxnResponse:  # noqa: N802
+        async def handle() -> rpc_pb2.TxnResponse:
+            _check_txn(request)
+            if request.ByteSize() > self._value_bytes_max + 1024 * 1024:
+                raise EtcdError("request_too_large")
+            if read_only_txn(request):
+                return await self._keyspace.read_txn(request)
+            return await self._keyspace.write(request)
+
+        return await _unary(context, handle)
+
+    async def Compact(  # noqa: N802
+        self, request: rpc_pb2.CompactionRequest, context: Context
+    ) -> rpc_pb2.CompactionResponse:
+        async def handle() -> rpc_pb2.CompactionResponse:
+            # The range's event history trims itself (by count and size); compaction asks for
+            # nothing more, but answers as etcd does for revisions it cannot compact.
+            range_ = await self._keyspace.range()
+            view = StoreView(range_.applied_state())
+            if request.revision > view.revision:
+                raise EtcdError("future_rev")
+            history = view.history
+            if history is not None and request.revision <= history.trimmed_through:
+                raise EtcdError("compacted")
+            return rpc_pb2.CompactionResponse(header=self._keyspace.header(view.revision))
+
+        return await _unary(context, handle)
+
+
+class _Streams:
+    """The open streams of one servicer, ended when the server stops (they never end alone)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stopping = False
+
+    def enter(self) -> None:
+        if self.stopping:
+            raise EtcdError("stopped")
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+
+    def leave(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.discard(task)
+
+    def shutdown(self) -> None:
+        self.stopping = True
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
+    """Leases are the keyspace range's sessions: granting one is a logged command (its id is
+    that command's revision); keep-alives only renew its in-memory deadline; revoking or expiry
+    deletes its keys through the log, each key a DELETE event."""
+
+    def __init__(self, keyspace: Keyspace) -> None:
+        self._keyspace = keyspace
+        self.streams = _Streams()
+
+    async def LeaseGrant(  # noqa: N802
+        self, request: rpc_pb2.LeaseGrantRequest, context: Context
+    ) -> rpc_pb2.LeaseGrantResponse:
+        async def handle() -> rpc_pb2.LeaseGrantResponse:
+            if request.ID:
+                raise EtcdError(
+                    "lease_id_chosen",
+                    code=grpc.StatusCode.INVALID_ARGUMENT,
+                    message="tablekeeper: a lease ID chosen by the client is not supported "
+                    "(grant with ID 0)",
+                )
+            if request.TTL * 1000 > TTL_MS_MAX:
+                raise EtcdError("lease_ttl_too_large")
+            ttl_s = max(LEASE_TTL_MIN_S, request.TTL)
+            range_ = await self._keyspace.range()
+            created = await range_.sessions.create(ttl_s * 1000)
+            if created.header.code:
+                raise EtcdError(
+                    "grant", code=grpc.StatusCode.UNAVAILABLE, message="lease grant failed"
+                )
+            return rpc_pb2.LeaseGrantResponse(
+                header=self._keyspace.header(range_.applied_sequence),
+                ID=created.session_id,
+                TTL=ttl_s,
+            )
+
+        return await _unary(context, handle)
+
+    async def LeaseRevoke(  # noqa: N802
+        self, request: rpc_pb2.LeaseRevokeRequest, context: Context
+    ) -> rpc_pb2.LeaseRevokeResponse:
+        async def handle() -> rpc_pb2.LeaseRevokeResponse:
+            range_ = await self._keyspace.range()
+            if range_.sessions.remaining_s(request.ID) is None:
+                raise EtcdError("lease_not_found")
+            closed = await range_.sessions.close(request.ID, "revoked")
+            if closed.header.code:
+                raise EtcdError("lease_not_found")
+            return rpc_pb2.LeaseRevokeResponse(
+                header=self._keyspace.header(range_.applied_sequence)
+            )
+
+        return await _unary(context, handle)
+
+    async def LeaseKeepAlive(  # noqa: N802
+        self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest], context: Context
+    ) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
+        try:
+            self.streams.enter()
+            async for request in request_iterator:
+                range_ = await self._keyspace.range()
+                try:
+                    ttl_s = range_.sessions.keep_alive(request.ID) // 1000
+                except KeyNotFoundError:
+                    ttl_s = 0  # etcd answers an unknown lease with TTL 0
+                yield rpc_pb2.LeaseKeepAliveResponse(
+                    header=self._keyspace.header(range_.applied_sequence),
+                    ID=request.ID,
+                    TTL=ttl_s,
+                )
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        except TableKeeperError as exc:
+            error = from_tablekeeper(exc)
+            await context.abort(error.code, error.message)
+        finally:
+            self.streams.leave()
+
+    async def LeaseTimeToLive(  # noqa: N802
+        self, request: rpc_pb2.LeaseTimeToLiveRequest, context: Context
+    ) -> rpc_pb2.LeaseTimeToLiveResponse:
+        async def handle() -> rpc_pb2.LeaseTimeToLiveResponse:
+            range_ = await self._keyspace.range()
+            view = StoreView(range_.applied_state())
+            header = self._keyspace.header(view.revision)
+            remaining = range_.sessions.remaining_s(request.ID)
+            if remaining is None:
+                return rpc_pb2.LeaseTimeToLiveResponse(header=header, ID=request.ID, TTL=-1)
+            ttl_s, left_s = remaining
+            response = rpc_pb2.LeaseTimeToLiveResponse(
+                header=header, ID=request.ID, TTL=int(left_s), grantedTTL=round(ttl_s)
+            )
+            if request.keys:
+                members = members_prefix(request.ID)
+                for member, _ in view.store.scan(members, prefix_end(members)):
+                    response.keys.append(member[len(members) + len(PREFIX) :])
+            return response
+
+        return await _unary(context, handle)
+
+    async def LeaseLeases(  # noqa: N802
+        self, request: rpc_pb2.LeaseLeasesRequest, context: Context
+    ) -> rpc_pb2.LeaseLeasesResponse:
+        async def handle() -> rpc_pb2.LeaseLeasesResponse:
+            range_ = await self._keyspace.range()
+            sm = range_.applied_state()
+            return rpc_pb2.LeaseLeasesResponse(
+                header=self._keyspace.header(sm.applied_sequence),
+                leases=[rpc_pb2.LeaseStatus(ID=sid) for sid, _ in sm.session_ttls()],
+            )
+
+        return await _unary(context, handle)
+
+
+class WatchServicer(rpc_pb2_grpc.WatchServicer):
+    """One bidirectional stream carries many watches; each runs as a task over the keyspace
+    range's watch hub (history catch-up, then live events) and sends into the stream's queue."""
+
+    def __init__(
+        self, keyspace: Keyspace, *, progress_interval_s: float = PROGRESS_INTERVAL_S
+    ) -> None:
+        self._keyspace = keyspace
+        self._progress_interval_s = progress_interval_s
+        self.streams = _Streams()
+
+    async def Watch(  # noqa: N802
+        self, request_iterator: AsyncIterator[rpc_pb2.WatchRequest], context: Context
+    ) -> AsyncIterator[rpc_pb2.WatchResponse]:
+        try:
+            self.streams.enter()
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        stream = _WatchStream(self._keyspace, self._progress_interval_s)
+        reader = asyncio.create_task(stream.read(request_iterator))
+        try:
+            while True:
+                response = await stream.next(reader)
+                if response is None:
+                    break
+                yield response
+        finally:
+            reader.cancel()
+            await stream.close()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self.streams.leave()
+
+
+class _Watch:
+    def __init__(self, watch_id: int, create: rpc_pb2.WatchCreateRequest) -> None:
+        self.id = watch_id
+        self.create = create
+        self.watcher: Watcher | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.sent_at = asyncio.get_running_loop().time()
+
+
+class _WatchStream:
+    QUEUE_MAX = 1024
+
+    def __init__(self, keyspace: Keyspace, progress_interval_s: float) -> None:
+        self.keyspace = keyspace
+        self.progress_interval_s = progress_interval_s
+        self.queue: asyncio.Queue[rpc_pb2.WatchResponse] = asyncio.Queue(self.QUEUE_MAX)
+        self.watches: dict[int, _Watch] = {}
+        self.next_id = 0
+        self.ticker: asyncio.Task[None] | None = None
+
+    async def next(self, reader: asyncio.Task[None]) -> rpc_pb2.WatchResponse | None:
+        """The next response to send; None once the client closed its side (or it failed)."""
+        getter = asyncio.ensure_future(self.queue.get())
+        await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return getter.result()
+        getter.cancel()
+        reader.result()  # the reader's error, if any, ends the stream with it
+        return None
+
+    async def read(self, requests: AsyncIterator[rpc_pb2.WatchRequest]) -> None:
+        async for request in requests:
+            kind = request.WhichOneof("request_union")
+            if kind == "create_request":
+                await self.create(request.create_request)
+            elif kind == "cancel_request":
+                await self.cancel(request.cancel_request.watch_id)
+            elif kind == "progress_request":
+                await self.queue.put(
+                    rpc_pb2.WatchResponse(header=await self.progress_header(None), watch_id=-1)
+                )
+
+    async def header(self) -> rpc_pb2.ResponseHeader:
+        return self.keyspace.header(await self.keyspace.revision())
+
+    async def progress_header(self, watch: _Watch | None) -> rpc_pb2.ResponseHeader:
+        """A revision no later event of the watch(es) can be at or below: every event up to it
+        was delivered (or did not match)."""
+        revision = await self.keyspace.revision()
+        watches = [watch] if watch is not None else list(self.watches.values())
+        for each in watches:
+            if each.watcher is not None and each.watcher.pending:
+                revision = min(revision, each.watcher.last[0])
+            elif each.watcher is not None:
+                revision = min(revision, max(each.watcher.last[0], revision))
+        return self.keyspace.header(revision)
+
+    async def create(self, create: rpc_pb2.WatchCreateRequest) -> None:
+        watch_id = create.watch_id if create.watch_id > 0 else self.next_id
+        if watch_id in self.watches:
+            await self.queue.put(
+                rpc_pb2.WatchResponse(
+                    header=await self.header(),
+                    watch_id=watch_id,
+                    created=True,
+                    canceled=True,
+                    cancel_reason="etcdserver: duplicate watch ID",
+                )
+            )
+            return
+        self.next_id = max(self.next_id, watch_id) + 1
+        watch = _Watch(watch_id, create)
+        range_ = await self.keyspace.range()
+        start, end = span(create.key, create.range_end)
+        header = self.keyspace.header(range_.applied_sequence)
+        try:
+            watch.watcher, _ = range_.watch.start(KeySpan(start, end), create.start_revision)
+        except CompactedError as exc:
+            await self.queue.put(
+                rpc_pb2.WatchResponse(header=header, watch_id=watch_id, created=True)
+            )
+            await self.queue.put(
+                rpc_pb2.WatchResponse(
+                    header=header,
+                    watch_id=watch_id,
+                    canceled=True,
+                    compact_revision=exc.oldest_revision,
+                    cancel_reason=COMPACTED_REASON,
+                )
+            )
+            return
+        self.watches[watch_id] = watch
+        await self.queue.put(rpc_pb2.WatchResponse(header=header, watch_id=watch_id, created=True))
+        watch.task = asyncio.create_task(self.run(range_, watch))
+        if create.progress_notify and self.ticker is None:
+            self.ticker = asyncio.create_task(self.tick())
+
+    async def cancel(self, watch_id: int) -> None:
+        watch = self.watches.pop(watch_id, None)
+        if watch is None:
+            return
+        if watch.task is not None:
+            watch.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch.task
+        await self.queue.put(
+            rpc_pb2.WatchResponse(header=await self.header(), watch_id=watch_id, canceled=True)
+        )
+
+    async def run(self, range_: Range, watch: _Watch) -> None:
+        assert watch.watcher is not None
+        create = watch.create
+        no_put = rpc_pb2.WatchCreateRequest.NOPUT in create.filters
+        no_delete = rpc_pb2.WatchCreateRequest.NODELETE in create.filters
+        try:
+            async for batch in range_.watch.events(watch.watcher):
+                events = [
+                    _event(range_, event, create.prev_kv)
+                    for event in batch
+                    if not (no_put if event.record is not None else no_delete)
+                ]
+                if not events:
+                    continue
+                watch.sent_at = asyncio.get_running_loop().time()
+                await self.queue.put(
+                    rpc_pb2.WatchResponse(
+                        header=self.keyspace.header(range_.applied_sequence),
+                        watch_id=watch.id,
+                        events=events,
+                    )
+                )
+        except TableKeeperError as exc:
+            self.watches.pop(watch.id, None)
+            await self.queue.put(
+                rpc_pb2.WatchResponse(
+                    header=self.keyspace.header(range_.applied_sequence),
+                    watch_id=watch.id,
+                    canceled=True,
+                    cancel_reason=exc.message,
+                )
+            )
+
+    async def tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.progress_interval_s / 2)
+            now = loop.time()
+            for watch in list(self.watches.values()):
+                if watch.create.progress_notify and now - watch.sent_at >= self.progress_interval_s:
+                    watch.sent_at = now
+                    await self.queue.put(
+                        rpc_pb2.WatchResponse(
+                            header=await self.progress_header(watch), watch_id=watch.id
+                        )
+                    )
+
+    async def close(self) -> None:
+        tasks = [w.task for w in self.watches.values() if w.task is not None]
+        if self.ticker is not None:
+            tasks.append(self.ticker)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.watches.clear()
+
+
+def _event(range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
+    out = kv_pb2.Event()
+    if event.record is None:
+        out.type = kv_pb2.Event.DELETE
+        out.kv.key = to_kv(event.key, _EMPTY, 0).key
+        out.kv.mod_revision = event.revision
+    else:
+        out.type = kv_pb2.Event.PUT
+        # The event does not carry the key's lease: the key's current one is reported.
+        out.kv.CopyFrom(to_kv(event.key, event.record, _lease_now(range_, event.key)))
+    if prev_kv and event.prev is not None:
+        out.prev_kv.CopyFrom(to_kv(event.key, event.prev, 0))
+    return out
+
+
+def _lease_now(range_: Range, key: bytes) -> int:
+    try:
+        return StoreView(range_.applied_state()).lease(key)
+    except TableKeeperError:
+        return 0
+
+
+class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
+    def __init__(self, client_url: str) -> None:
+        self._client_url = client_url
+
+    async def MemberList(  # noqa: N802
+        self, request: rpc_pb2.MemberListRequest, context: Context
+    ) -> rpc_pb2.MemberListResponse:
+        return rpc_pb2.MemberListResponse(
+            header=Keyspace.header(0),
+            members=[
+                rpc_pb2.Member(
+                    ID=MEMBER_ID,
+                    name="tablekeeper",
+                    peerURLs=[self._client_url],
+                    clientURLs=[self._client_url],
+                )
+            ],
+        )
+
+
+class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
+    def __init__(self, keyspace: Keyspace) -> None:
+        self._keyspace = keyspace
+
+    async def Alarm(  # noqa: N802
+        self, request: rpc_pb2.AlarmRequest, context: Context
+    ) -> rpc_pb2.AlarmResponse:
+        return rpc_pb2.AlarmResponse(header=self._keyspace.header(0))
+
+    async def Status(  # noqa: N802
+        self, request: rpc_pb2.StatusRequest, context: Context
+    ) -> rpc_pb2.StatusResponse:
+        async def handle() -> rpc_pb2.StatusResponse:
+            range_ = await self._keyspace.range()
+            revision = range_.applied_sequence
+            size = range_.wal_bytes()
+            return rpc_pb2.StatusResponse(
+                header=self._keyspace.header(revision),
+                version=SERVER_VERSION,
+                dbSize=size,
+                dbSizeInUse=size,
+                leader=MEMBER_ID,
+                raftIndex=revision,
+                raftTerm=1,
+                raftAppliedIndex=revision,
+            )
+
+        return await _unary(context, handle)
