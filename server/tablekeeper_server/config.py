@@ -32,6 +32,9 @@ class ServerConfig:
     etcd_port: int = 0
     """The etcd v3 API (`tablekeeper_server.etcd`) on this port; 0 = off."""
     containers: int = 8
+    max_open_ranges: int = 1000
+    """Table ranges open at once in this server (each holds ~8 file descriptors); the least
+    recently used idle ones are closed to open more. Root and meta ranges are not counted."""
     limits: Limits = field(default_factory=Limits)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
@@ -80,6 +83,8 @@ class ServerConfig:
             raise ValueError("--port must be in 1..65535")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
+        if self.max_open_ranges < 1:
+            raise ValueError("--max-open-ranges must be at least 1")
         if not 0 <= self.etcd_port < 65536:
             raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         self.limits.check()
@@ -176,6 +181,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
+    )
+    parser.add_argument(
+        "--max-open-ranges",
+        type=int,
+        default=d.max_open_ranges,
+        help="table ranges open at once (~8 file descriptors each); the least recently used "
+        f"idle ones are closed to open more, and reopen on their next request "
+        f"(default {d.max_open_ranges})",
     )
     _add_limit_arguments(parser, d.limits)
     parser.add_argument(
@@ -302,6 +315,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_port=args.metrics_port,
         etcd_port=args.etcd_port,
         containers=args.containers,
+        max_open_ranges=args.max_open_ranges,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
         log_level=args.log_level.upper(),
         log_backend=args.log,

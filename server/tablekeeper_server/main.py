@@ -14,6 +14,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.member import ClusterMember
 from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
 from tablekeeper_server.config import ServerConfig
-from tablekeeper_server.container.container import ContainerEnv
+from tablekeeper_server.container.container import ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
@@ -34,7 +35,7 @@ from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
-from tablekeeper_server.metrics import RangeStats, ServerMetrics
+from tablekeeper_server.metrics import OpenFilesStats, RangeStats, ServerMetrics
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient
@@ -54,6 +55,44 @@ def _lock_data_dir(data_dir: Path) -> int:
         os.close(fd)
         raise SystemExit(f"error: {data_dir} is in use by another TableKeeper server") from None
     return fd
+
+
+FILES_PER_RANGE = 8
+"""About what one open range holds: its RocksDB files (LOCK, LOG, MANIFEST, SSTs) and its
+local log's segment and LOCK."""
+
+
+def _raise_open_files_limit(max_open_ranges: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (servers hold many files); log it and
+    warn when the open-range bound may not fit. Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("open files limit raised from %d to %d", soft, target)
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
+    else:
+        log.info("open files limit %d", soft)
+    needed = max_open_ranges * FILES_PER_RANGE + 256
+    if soft != resource.RLIM_INFINITY and needed > soft:
+        log.warning(
+            "--max-open-ranges %d may need about %d file descriptors, over the limit of %d: "
+            "lower it (or raise the hard limit) before puts and checkpoints run out of files",
+            max_open_ranges,
+            needed,
+            soft,
+        )
+    return int(soft)
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
 
 
 def _log_backend(
@@ -116,6 +155,7 @@ async def _join_cluster(config: ServerConfig) -> tuple[ZkCoordinator, int]:
 
 
 async def serve(config: ServerConfig) -> None:
+    files_limit = _raise_open_files_limit(config.max_open_ranges)
     lock_fd = _lock_data_dir(config.data_dir)
     coordinator: ZkCoordinator | None = None
     num_containers = config.containers
@@ -138,11 +178,21 @@ async def serve(config: ServerConfig) -> None:
         checkpoints_kept=config.checkpoints_kept,
         failpoints=failpoints,
         open_hosted_ranges_on_start=coordinator is not None,
+        range_limit=OpenRangeLimit(config.max_open_ranges),
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
     registry = ContainerRegistry(env, [] if coordinator else list(range(num_containers)))
     metrics.register_range_stats(
         lambda: [_range_stats(r, env.clock) for r in registry.all_ranges()]
+    )
+    metrics.register_open_files(
+        lambda: OpenFilesStats(
+            open_table_ranges=env.range_limit.open_count,
+            max_open_ranges=env.range_limit.max_open,
+            evictions=env.range_limit.evictions,
+            open_files=_open_files(),
+            open_files_limit=files_limit,
+        )
     )
     metrics.register_container_stats(
         lambda: {

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (
@@ -72,6 +72,52 @@ class ServerMetrics:
     def register_container_stats(self, stats: Callable[[], dict[int, tuple[int, int]]]) -> None:
         """`stats()` returns {container id: (open ranges, estimated keys)} at scrape time."""
         self.registry.register(_ContainerCollector(stats))
+
+    def register_open_files(self, stats: Callable[[], OpenFilesStats]) -> None:
+        """`stats()` returns the open table ranges and file descriptors at scrape time."""
+        self.registry.register(_OpenFilesCollector(stats))
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFilesStats:
+    """The pressure on file descriptors: open table ranges (bounded) and the process's files."""
+
+    open_table_ranges: int
+    max_open_ranges: int
+    evictions: int
+    open_files: int
+    """-1 where the platform cannot count them."""
+    open_files_limit: int
+
+
+class _OpenFilesCollector(Collector):
+    def __init__(self, stats: Callable[[], OpenFilesStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._stats()
+        yield GaugeMetricFamily(
+            "tablekeeper_open_table_ranges",
+            "Table ranges open now (bounded by --max-open-ranges; root and meta ranges excluded)",
+            value=s.open_table_ranges,
+        )
+        yield GaugeMetricFamily(
+            "tablekeeper_max_open_ranges", "--max-open-ranges", value=s.max_open_ranges
+        )
+        yield CounterMetricFamily(
+            "tablekeeper_range_evictions",
+            "Idle table ranges closed to stay within --max-open-ranges",
+            value=s.evictions,
+        )
+        if s.open_files >= 0:
+            yield GaugeMetricFamily(
+                "tablekeeper_open_files", "File descriptors the process holds", value=s.open_files
+            )
+        yield GaugeMetricFamily(
+            "tablekeeper_open_files_limit",
+            "The process's soft limit on file descriptors (RLIMIT_NOFILE)",
+            value=s.open_files_limit,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,20 @@ once space is freed, with every acknowledged write, without a restart."""
 from __future__ import annotations
 
 import errno
+import os
+import re
 import subprocess
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tablekeeper import Client, RetryPolicy, TableKeeperError, UnavailableError
+from tablekeeper.watch import WatchEvent
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.log.codec import RecordDecoder
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -119,3 +126,101 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
     assert server.process.poll() is None and server.process.pid == pid  # never restarted
     assert _unusable_stores(small_disk) == []
     assert "Traceback" not in server.log_tail(400), server.log_tail(400)
+
+
+# --------------------------------------------------------------------------- open ranges bound
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as reply:
+        text = reply.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}:\n{text}")
+
+
+def _log_of_pkey(data_dir: Path, table_id: int, pkey: bytes) -> str:
+    """The name of the range log holding puts of `pkey` (found by decoding the records)."""
+    for log_dir in sorted((data_dir / "wal").iterdir()):
+        if f"-{table_id:012d}-" not in log_dir.name:
+            continue
+        for segment in sorted(log_dir.glob("*.wal")):
+            with open(segment, "rb") as file:
+                decoder = RecordDecoder(
+                    file,
+                    source=str(segment),
+                    first_sequence=int(segment.stem),
+                    end_offset=os.fstat(file.fileno()).st_size,
+                )
+                for record in decoder:
+                    if wal_pb2.WalCommand.FromString(record.payload).put.header.r_key == pkey:
+                        return log_dir.name
+    raise AssertionError(f"no WAL record for pkey {pkey!r}")
+
+
+def test_open_ranges_stay_within_the_bound_and_a_watched_range_stays_open(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """--max-open-ranges 4 and two tables of 8 ranges: writing through all 16 ranges in rounds
+    closes idle ranges and reopens them on demand (every value stays readable); the open count
+    never exceeds the bound; the range a watch is open on is never closed."""
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            "--max-open-ranges",
+            "4",
+            "--containers",
+            "2",
+            "--checkpoint-interval",
+            "0",
+            "--log-level",
+            "DEBUG",
+        ],
+    )
+    server_factory.append(server)
+    server.start(timeout_s=90)
+    pkeys = [f"pk-{i:02d}".encode() for i in range(40)]
+    watched = pkeys[0]
+    rounds = 3
+    with Client(server.service) as client, Client(server.service) as watcher:
+        client.create_namespace(NS)
+        table_ids = [client.create_table(NS, name, ranges=8).table_id for name in ("a", "b")]
+        tables = [client.table(NS, name) for name in ("a", "b")]
+        events: list[WatchEvent] = []
+        with watcher.table(NS, "a").watch(watched, start=b"") as watch:
+
+            def collect() -> None:
+                for event in watch:
+                    events.append(event)
+                    if len(events) == rounds:
+                        return
+
+            collector = threading.Thread(target=collect, daemon=True)
+            collector.start()
+            highest = 0.0
+            for round_ in range(rounds):
+                for table in tables:
+                    for pkey in pkeys:
+                        table.put(pkey, f"r{round_}", b"%s-%d" % (pkey, round_))
+                        highest = max(highest, _metric(server, "tablekeeper_open_table_ranges"))
+            for table in tables:
+                for pkey in pkeys:
+                    for round_ in range(rounds):
+                        kv = table.get(pkey, f"r{round_}")
+                        assert kv is not None and kv.value == b"%s-%d" % (pkey, round_)
+                    highest = max(highest, _metric(server, "tablekeeper_open_table_ranges"))
+            collector.join(60)  # a hang guard: the events were written above
+            assert [e.lkey for e in events] == [b"r%d" % r for r in range(rounds)], events
+
+    assert highest <= 4, highest
+    assert _metric(server, "tablekeeper_max_open_ranges") == 4
+    assert _metric(server, "tablekeeper_range_evictions_total") > 0
+    assert _metric(server, "tablekeeper_open_files") > 0
+    for table_id in table_ids:  # every range of both tables was opened (and so some reopened)
+        logs = [p for p in (server.data_dir / "wal").iterdir() if f"-{table_id:012d}-" in p.name]
+        assert len(logs) == 8, logs
+    closed = re.findall(r"closing idle range (\S+)", server.log_tail(100_000))
+    assert closed, "no range was closed for the bound"
+    watched_log = _log_of_pkey(server.data_dir, table_ids[0], watched)
+    assert watched_log not in closed, f"the watched range {watched_log} was closed"

@@ -13,7 +13,11 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
-from tablekeeper_server.container.container import ContainerEnv, StorageContainer
+from tablekeeper_server.container.container import (
+    ContainerEnv,
+    OpenRangeLimit,
+    StorageContainer,
+)
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import (
     IndeterminateError,
@@ -176,3 +180,45 @@ async def test_disk_full_on_append_is_retryable_and_the_range_reopens_by_itself(
         assert value_of(reopened, b"lost") is None
     finally:
         await container.stop()
+
+
+async def test_open_table_ranges_are_bounded_and_only_idle_ones_are_closed(
+    tmp_path: Path,
+) -> None:
+    limit = OpenRangeLimit(2)
+    env = ContainerEnv(
+        num_containers=2,
+        log_backend=LocalLogBackend(tmp_path / "wal"),
+        store_factory=RocksKvStore,
+        db_dir=tmp_path / "db",
+        clock=ManualClock(),
+        range_limit=limit,
+    )
+    first, second = StorageContainer(0, env), StorageContainer(1, env)  # 0 has the root too
+    await first.start()
+    await second.start()
+    try:
+        r1 = await first.data_range(1024, 1, 0)
+        await r1.execute(put(b"k", b"1"))
+        r2 = await second.data_range(1024, 2, 0)
+        await r2.execute(put(b"k", b"2"))
+        assert await first.data_range(1024, 1, 0) is r1  # used again: r2 is the oldest now
+        r3 = await first.data_range(1024, 3, 0)
+        assert (limit.open_count, limit.evictions) == (2, 1)
+        assert set(first.ranges) == {(0, 0), (1, 0), (1024, 1), (1024, 3)}  # root, meta, data
+        assert set(second.ranges) == {(1, 0)}
+        with pytest.raises(UnavailableError, match="not serving"):
+            value_of(r2, b"k")  # closed
+
+        await r1.sessions.create(60_000)  # a live session keeps r1 open
+        assert not r1.idle
+        again = await second.data_range(1024, 2, 0)  # reopens r2, closing r3 (not r1)
+        assert again is not r2 and value_of(again, b"k") == b"2"
+        assert (1024, 3) not in first.ranges and first.ranges[(1024, 1)] is r1
+        assert (limit.open_count, limit.evictions) == (2, 2)
+        with pytest.raises(UnavailableError, match="not serving"):
+            value_of(r3, b"k")
+    finally:
+        await first.stop()
+        await second.stop()
+    assert limit.open_count == 0

@@ -1,5 +1,12 @@
 """A storage container: the unit of placement. It owns its meta range, the root range (container
-0 only), and the table ranges placed on it, opened lazily on first use."""
+0 only), and the table ranges placed on it, opened lazily on first use.
+
+Open table ranges are bounded per server (`OpenRangeLimit`, `--max-open-ranges`): each holds
+about eight file descriptors (its RocksDB files, its log's segment and lock). Opening one more
+first closes the least recently used *idle* table ranges of any container (`Range.idle`: nothing
+in flight, no watcher, no session); a closed range reopens on its next request, replaying its
+log from what its store flushed at close. Root and meta ranges are never counted or closed.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import asyncio
 import enum
 import logging
 import shutil
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +42,91 @@ ROOT_STREAM_ID = 0
 ROOT_RANGE_ID = 0
 
 
+RangeKey = tuple[int, int, int]
+"""(container id, stream id, range id)"""
+
+_EVICTION_LOG_INTERVAL_S = 10.0
+
+
+class OpenRangeLimit:
+    """At most `max_open` table ranges open in this server at once (0: no bound), shared by
+    all its containers. Least recently used first; only idle ranges are closed, so the bound
+    is exceeded (and said so) while every open range is busy."""
+
+    def __init__(self, max_open: int = 0) -> None:
+        self.max_open = max_open
+        self.evictions = 0
+        """Table ranges closed to stay within the bound, since start."""
+        self._open: OrderedDict[RangeKey, tuple[StorageContainer, Range]] = OrderedDict()
+        self._reserved = 0
+        self._logged_at = 0.0
+        self._logged_evictions = 0
+        self._over_logged = False
+
+    @property
+    def open_count(self) -> int:
+        """Open table ranges (including ones being opened now)."""
+        return len(self._open) + self._reserved
+
+    def touch(self, key: RangeKey) -> None:
+        if key in self._open:
+            self._open.move_to_end(key)
+
+    def forget(self, key: RangeKey, range_: Range | None = None) -> None:
+        entry = self._open.get(key)
+        if entry is not None and (range_ is None or entry[1] is range_):
+            del self._open[key]
+
+    async def reserve(self, key: RangeKey) -> None:
+        """Make room for opening `key` (closing idle ranges), then count it as open; the caller
+        must call `opened` or `release` once the open ends."""
+        while self.max_open and self.open_count >= self.max_open:
+            victim = next(
+                (k for k, (_, r) in self._open.items() if k != key and r.idle and not r.fenced),
+                None,
+            )
+            if victim is None:
+                if not self._over_logged:
+                    self._over_logged = True
+                    log.warning(
+                        "%d table ranges open, over --max-open-ranges %d: none of them is idle "
+                        "(in-flight writes, watches or sessions)",
+                        self.open_count + 1,
+                        self.max_open,
+                    )
+                break
+            container, range_ = self._open.pop(victim)
+            self.evictions += 1
+            self._log_eviction(range_)
+            await container.close_idle_range(victim[1:], range_)
+        else:
+            self._over_logged = False
+        self._reserved += 1
+
+    def opened(self, key: RangeKey, container: StorageContainer, range_: Range) -> None:
+        self._reserved -= 1
+        self._open[key] = (container, range_)
+
+    def release(self) -> None:
+        self._reserved -= 1
+
+    def _log_eviction(self, range_: Range) -> None:
+        log.debug(
+            "closing idle range %s (--max-open-ranges %d)", range_.name.log_name, self.max_open
+        )
+        now = time.monotonic()
+        if now - self._logged_at >= _EVICTION_LOG_INTERVAL_S:
+            log.info(
+                "closed %d idle table ranges to stay within --max-open-ranges %d (%d since "
+                "start); they reopen on their next request",
+                self.evictions - self._logged_evictions,
+                self.max_open,
+                self.evictions,
+            )
+            self._logged_at = now
+            self._logged_evictions = self.evictions
+
+
 @dataclass(frozen=True)
 class ContainerEnv:
     """What every container of a server shares. Built once, in `main`."""
@@ -51,6 +145,8 @@ class ContainerEnv:
     open_hosted_ranges_on_start: bool = False
     """Open every data range known to live on a container when the container starts (cluster
     mode: a container that moved serves its first request sooner); else on first use."""
+    range_limit: OpenRangeLimit = field(default_factory=OpenRangeLimit)
+    """The server-wide bound on open table ranges (one object shared by every container)."""
 
 
 class ContainerState(enum.Enum):
@@ -71,6 +167,8 @@ class StorageContainer:
         self.meta: MetaCatalog | None = None
         self._ranges: dict[tuple[int, int], Range] = {}
         self._opening: dict[tuple[int, int], asyncio.Task[Range]] = {}
+        self._closing: dict[tuple[int, int], asyncio.Task[None]] = {}
+        """Idle table ranges being closed for the open-range bound (reopened after)."""
 
     @property
     def local_dir(self) -> Path:
@@ -149,6 +247,7 @@ class StorageContainer:
         key = (stream_id, range_id)
         range_ = self._ranges.get(key)
         if range_ is not None and not range_.failed:
+            self.env.range_limit.touch((self.id, *key))
             return range_
         if range_ is not None and range_.fenced:
             # Another server owns the range's (shared) log now; reopening would fence it back.
@@ -157,6 +256,7 @@ class StorageContainer:
         if task is None:
             if range_ is not None:  # failed: close it and recover from the log
                 self._ranges.pop(key, None)
+                self.env.range_limit.forget((self.id, *key), range_)
             task = self._start_opening(stream_id, range_id, ttl_seconds, range_)
         try:
             return await asyncio.shield(task)
@@ -190,7 +290,18 @@ class StorageContainer:
                 await failed.close()
             except Exception as exc:  # e.g. its final flush on a full disk; the log has it all
                 log.warning("range %s: closing the failed range: %s", failed.name.log_name, exc)
-        range_ = await self._open_range(stream_id, range_id, ttl_seconds)
+        closing = self._closing.get((stream_id, range_id))
+        if closing is not None:  # closed for the bound a moment ago: let it release its files
+            await asyncio.shield(closing)
+        limit = self.env.range_limit
+        key = (self.id, stream_id, range_id)
+        await limit.reserve(key)
+        try:
+            range_ = await self._open_range(stream_id, range_id, ttl_seconds)
+        except BaseException:
+            limit.release()
+            raise
+        limit.opened(key, self, range_)
         if self.meta is not None and self.env.open_hosted_ranges_on_start:
             try:
                 await self.meta.record_hosted(stream_id, range_id, ttl_seconds)
@@ -198,8 +309,27 @@ class StorageContainer:
                 log.warning("could not record range %s as hosted: %s", range_.name.log_name, exc)
         return range_
 
+    async def close_idle_range(self, key: tuple[int, int], range_: Range) -> None:
+        """Close an idle table range to bound open files (`OpenRangeLimit`). Its next request
+        opens it again (after this close has released its files)."""
+        if self._ranges.get(key) is range_:
+            del self._ranges[key]
+        task = asyncio.create_task(self._close_quietly(range_))
+        self._closing[key] = task
+        task.add_done_callback(
+            lambda _: self._closing.pop(key, None) if self._closing.get(key) is task else None
+        )
+        await asyncio.shield(task)
+
+    async def _close_quietly(self, range_: Range) -> None:
+        try:
+            await range_.close()
+        except Exception as exc:  # released all the same; its log keeps everything
+            log.warning("range %s: closing idle range: %s", range_.name.log_name, exc)
+
     async def drop_range(self, stream_id: int, range_id: int) -> None:
         """Close a deleted table's range and remove its log and store."""
+        self.env.range_limit.forget((self.id, stream_id, range_id))
         range_ = self._ranges.pop((stream_id, range_id), None)
         if range_ is not None:
             await range_.close()
@@ -218,6 +348,8 @@ class StorageContainer:
         for task in list(self._opening.values()):
             task.cancel()
         ranges = list(self._ranges.values())
+        for stream_id, range_id in self._ranges:
+            self.env.range_limit.forget((self.id, stream_id, range_id))
         self._ranges.clear()
         await asyncio.gather(*(r.close() for r in ranges), return_exceptions=True)
         self.state = ContainerState.STOPPED

@@ -126,6 +126,7 @@ class Range:
         self._writer_exited = False
         self._failure: str | None = None
         self._fenced = False
+        self._in_flight = 0
         self.watch = WatchHub(name.log_name)
         self.sessions = SessionManager(name.log_name, self.execute)
 
@@ -302,6 +303,8 @@ class Range:
         command.timestamp_ms = self._clock.now_ms()
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(command.SerializeToString(), command, future))
+        self._in_flight += 1
+        future.add_done_callback(self._answered)
         if self._writer_exited:
             # We waited for room in the queue while the writer stopped (the range failed or
             # closed): nobody will take this command. It was never appended.
@@ -415,6 +418,22 @@ class Range:
                 )
                 pending.future.set_exception(error)
         self._refuse_queued()
+
+    def _answered(self, _: asyncio.Future[Response]) -> None:
+        self._in_flight -= 1
+
+    @property
+    def idle(self) -> bool:
+        """Nothing would be cut off by closing the range now: no command queued or unanswered,
+        no checkpoint running, no watcher, no live session (the server closes idle ranges to
+        bound its open files; they reopen on their next request)."""
+        return (
+            self._in_flight == 0
+            and self._queue.empty()
+            and not self._checkpoint_lock.locked()
+            and self.watch.watchers == 0
+            and len(self.sessions) == 0
+        )
 
     @property
     def failed(self) -> bool:
