@@ -33,6 +33,7 @@ from tablekeeper.errors import (
     UnavailableError,
     UnexpectedError,
 )
+from tablekeeper.security import TlsConfig
 from tablekeeper.session import AsyncSession, Session
 from tablekeeper.table import AsyncTable, AsyncTxn, KeyValue, TableInfo, TxnResult
 from tablekeeper.watch import AsyncWatch, CompactedError, Watch, WatchCancelledError, WatchEvent
@@ -67,6 +68,7 @@ __all__ = [
     "TableInfo",
     "TableKeeperError",
     "TableNotFoundError",
+    "TlsConfig",
     "Txn",
     "TxnResult",
     "UnavailableError",

@@ -99,18 +99,28 @@ def _resolve(host: str, port: int) -> str:
 
 
 def new_channel(
-    target: str, max_message_bytes: int, extra_options: Sequence[tuple[str, Any]] = ()
+    target: str,
+    max_message_bytes: int,
+    extra_options: Sequence[tuple[str, Any]] = (),
+    *,
+    credentials: grpc.ChannelCredentials | None = None,
+    interceptors: Sequence[Any] = (),
 ) -> grpc.aio.Channel:
+    """A channel to `target`: TLS with `credentials`, plaintext without."""
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # BookKeeper clients send the whole key as routing metadata; keys go up to 64 KiB.
+        ("grpc.max_metadata_size", 256 * 1024),
+        ("grpc.lb_policy_name", "round_robin"),
+        *extra_options,
+    ]
+    if credentials is not None:
+        return grpc.aio.secure_channel(
+            target, credentials, options=options, interceptors=list(interceptors) or None
+        )
     return grpc.aio.insecure_channel(
-        target,
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # BookKeeper clients send the whole key as routing metadata; keys go up to 64 KiB.
-            ("grpc.max_metadata_size", 256 * 1024),
-            ("grpc.lb_policy_name", "round_robin"),
-            *extra_options,
-        ],
+        target, options=options, interceptors=list(interceptors) or None
     )
 
 

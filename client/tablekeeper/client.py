@@ -14,6 +14,7 @@ from tablekeeper._coalesce import Coalescer
 from tablekeeper._routes import RouteCache, RoutedMethod, RouteStats
 from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
 from tablekeeper.errors import TableKeeperError
+from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
 from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
 from tablekeeper.watch import Watch
@@ -58,10 +59,14 @@ class AsyncClient:
         coalesce: bool = True,
         channel_options: Sequence[tuple[str, Any]] = (),
         direct_routing: bool = True,
+        tls: TlsConfig | None = None,
+        token: Token | None = None,
     ) -> None:
-        """`coalesce`: send concurrent single-key ops (put, get, increment, delete, scan pages)
-        of this client as one Batch RPC when several are waiting (see `_coalesce`); off, every
-        op is its own unary call, as the BookKeeper client does. `channel_options` are extra
+        """`tls`: talk TLS (see `TlsConfig`); `token`: a bearer token (or a callable returning
+        one, asked before each call) sent with every call. `coalesce`: send concurrent
+        single-key ops (put, get, increment, delete, scan pages) of this client as one Batch
+        RPC when several are waiting (see `_coalesce`); off, every op is its own unary call, as
+        the BookKeeper client does. `channel_options` are extra
         gRPC channel arguments (e.g. `("grpc.use_local_subchannel_pool", 1)` for a connection
         of its own). `direct_routing`: send each table op straight to the server that owns its
         range (ranges and owners are looked up through `service` and cached, see `_routes`);
@@ -72,6 +77,8 @@ class AsyncClient:
         self.coalesce = coalesce
         self._target = parse_service_uri(service)
         self._channel_options = list(channel_options)
+        self._credentials = tls.credentials() if tls is not None else None
+        self._interceptors = token_interceptors(token) if token is not None else []
         self._channels: dict[str, Any] = {}
         self._stubs: dict[tuple[str, str], Any] = {}
         self._coalescer_instance: Coalescer | None = None
@@ -91,7 +98,11 @@ class AsyncClient:
             channel = self._channels.get(target)
             if channel is None:
                 channel = self._channels[target] = new_channel(
-                    target, _MESSAGE_BYTES_MAX, self._channel_options
+                    target,
+                    _MESSAGE_BYTES_MAX,
+                    self._channel_options,
+                    credentials=self._credentials,
+                    interceptors=self._interceptors,
                 )
             stub = self._stubs[(name, target)] = factory(channel)
         return stub
@@ -330,7 +341,10 @@ class Client:
         coalesce: bool = True,
         channel_options: Sequence[tuple[str, Any]] = (),
         direct_routing: bool = True,
+        tls: TlsConfig | None = None,
+        token: Token | None = None,
     ) -> None:
+        """Blocking twin of `AsyncClient` (same arguments)."""
         self._runner = _LoopThread()
         self._async = AsyncClient(
             service,
@@ -338,6 +352,8 @@ class Client:
             coalesce=coalesce,
             channel_options=channel_options,
             direct_routing=direct_routing,
+            tls=tls,
+            token=token,
         )
 
     def close(self) -> None:

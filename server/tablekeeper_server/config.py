@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.security.config import (
+    SecurityConfig,
+    add_security_arguments,
+    security_config_from_args,
+)
 
 LOG_BACKENDS = ("local", "pulsar")
 CHECKPOINT_STORES = ("dir", "pulsar")
@@ -36,6 +41,7 @@ class ServerConfig:
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
     recently used idle ones are closed to open more. Root and meta ranges are not counted."""
     limits: Limits = field(default_factory=Limits)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
@@ -88,6 +94,7 @@ class ServerConfig:
         if not 0 <= self.etcd_port < 65536:
             raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         self.limits.check()
+        self.security.validate()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
         if self.wal_segment_bytes_max < 4096:
@@ -191,6 +198,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {d.max_open_ranges})",
     )
     _add_limit_arguments(parser, d.limits)
+    add_security_arguments(parser)
     parser.add_argument(
         "--log-level",
         type=str.upper,
@@ -317,6 +325,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         containers=args.containers,
         max_open_ranges=args.max_open_ranges,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
+        security=security_config_from_args(args),
         log_level=args.log_level.upper(),
         log_backend=args.log,
         checkpoint_store=args.checkpoint_store,

@@ -208,6 +208,8 @@ async def serve(config: ServerConfig) -> None:
         num_containers,
         f", cluster {config.cluster} at {config.zk_hosts}" if coordinator else "",
     )
+    tls = config.security.server_tls()
+    authenticator = config.security.authenticator()
     # The port is fixed by configuration (never 0), so the endpoint we register is known now.
     member = (
         ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
@@ -227,6 +229,11 @@ async def serve(config: ServerConfig) -> None:
             interval_s=config.checkpoint_interval_s,
         ),
         owner_of=member.owner_of if member is not None else None,
+        tls=tls,
+        authenticator=authenticator,
+        server_token=authenticator.verifier.server_token()
+        if authenticator is not None and authenticator.verifier is not None
+        else None,
     )
     if member is not None:
         assert server.forwarder is not None and server.endpoint == member.endpoint
@@ -241,7 +248,14 @@ async def serve(config: ServerConfig) -> None:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
         # now, not after the server already serves).
         if config.metrics_port:
-            start_http_server(config.metrics_port, addr=config.bind_host, registry=registry_metrics)
+            metrics_tls = config.security.metrics_tls
+            start_http_server(
+                config.metrics_port,
+                addr=config.bind_host,
+                registry=registry_metrics,
+                certfile=str(config.security.tls_cert) if metrics_tls else None,
+                keyfile=str(config.security.tls_key) if metrics_tls else None,
+            )
         await failpoints.hit_async("server.before_recovery")
         if member is not None:
             await member.start()
@@ -270,6 +284,9 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if tls is not None:
+        # New connections get the re-read certificate; open ones go on.
+        loop.add_signal_handler(signal.SIGHUP, tls.reload)
     await stop.wait()
     if checkpoints is not None:
         checkpoints.cancel()

@@ -52,11 +52,20 @@ class ServerMetrics:
         self.wal_append_bytes = Counter(
             "tablekeeper_wal_append_bytes", "Payload bytes appended to WALs", registry=registry
         )
+        self.auth_failures = Counter(
+            "tablekeeper_auth_failures",
+            "Calls refused as unauthenticated, by reason (anonymous, expired, invalid_token, ...)",
+            ["reason"],
+            registry=registry,
+        )
 
     def wal_appended(self, seconds: float, records: int, payload_bytes: int) -> None:
         self.wal_append_seconds.observe(seconds)
         self.wal_append_records.observe(records)
         self.wal_append_bytes.inc(payload_bytes)
+
+    def auth_failed(self, reason: str) -> None:
+        self.auth_failures.labels(reason).inc()
 
     def observe_forward(self, method: str) -> None:
         self.forwarded.labels(method).inc()

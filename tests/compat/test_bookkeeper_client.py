@@ -669,3 +669,35 @@ def test_request_during_restart_is_retried_until_served(
     assert requests_counted(server, "Put", 0) == 1
     assert table.get(b"during").value == b"2"
     assert table.get(b"before").value == b"1"
+
+
+# --------------------------------------------------------------------------------------------
+# authentication
+
+
+@pytest.mark.standalone_only(reason="starts a server of its own with authentication on")
+def test_bookkeeper_client_through_the_anonymous_role(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """The BookKeeper client sends no token: with authentication on it works through
+    --anonymous-role, and is refused (UNAUTHENTICATED, not retried) without one."""
+    from tablekeeper_server.security.tokens import SERVER_ROLE  # no protos: safe in compat
+
+    secret = tmp_path / "secret.key"
+    secret.write_text("s" * 48)
+    auth = ["--auth-secret-key", str(secret), "--superuser-roles", SERVER_ROLE]
+    open_server = ServerProcess(tmp_path / "open", extra_args=[*auth, "--anonymous-role", "fn"])
+    server_factory.append(open_server)
+    open_server.start()
+    admin_client(open_server).namespaces().create("public")
+    admin_client(open_server).namespace("public").create("state")
+    table = kv.Client(settings(open_server), namespace="public").table("state")
+    table.put_str("k", "v")
+    assert table.get_str("k").value == b"v"
+
+    closed_server = ServerProcess(tmp_path / "closed", extra_args=auth)
+    server_factory.append(closed_server)
+    closed_server.start()
+    with pytest.raises(bk_errors.BKGrpcCallError) as refused:
+        admin_client(closed_server).namespaces().create("public")
+    assert refused.value.grpc_status_code == grpc.StatusCode.UNAUTHENTICATED

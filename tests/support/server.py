@@ -41,6 +41,9 @@ class ServerProcess:
     env: dict[str, str] | None = None
     """Extra environment variables for the server process (merged into `os.environ`), e.g.
     `{"TABLEKEEPER_FAILPOINTS": "checkpoint.before_manifest=crash"}`."""
+    tls_files: tuple[Path, Path | None, Path | None] | None = None
+    """(CA, client certificate, client key) to reach a server started with --tls-cert (the
+    health probe then uses TLS, with the client certificate for an mTLS server)."""
 
     @property
     def service(self) -> str:
@@ -94,7 +97,7 @@ class ServerProcess:
             ("grpc.initial_reconnect_backoff_ms", 50),
             ("grpc.max_reconnect_backoff_ms", 200),
         ]
-        with grpc.insecure_channel(self.target, options=options) as channel:
+        with self._probe_channel(options) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 assert self.process is not None
@@ -111,6 +114,17 @@ class ServerProcess:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"server not serving after {timeout_s}s:\n{self.log_tail()}")
                 time.sleep(0.1)
+
+    def _probe_channel(self, options: list[tuple[str, int]]) -> grpc.Channel:
+        if self.tls_files is None:
+            return grpc.insecure_channel(self.target, options=options)
+        ca, cert, key = self.tls_files
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=ca.read_bytes(),
+            private_key=key.read_bytes() if key else None,
+            certificate_chain=cert.read_bytes() if cert else None,
+        )
+        return grpc.secure_channel(self.target, credentials, options=options)
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
         """Poll `condition` until it holds; fail (with the log's tail) if the process exits or

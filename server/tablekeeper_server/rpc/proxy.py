@@ -31,6 +31,7 @@ from tablekeeper_server.errors import (
     NotServedHereError,
     RouteNotFoundError,
 )
+from tablekeeper_server.security.auth import AUTHORIZATION_KEY
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,17 @@ class Forwarder:
         *,
         message_bytes_max: int,
         metadata_bytes_max: int,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_token: str | None = None,
     ) -> None:
+        """`credentials`: call the owners over TLS. With authentication on, a forwarded call
+        carries its caller's `authorization` metadata (the owner verifies it again), and this
+        server's own calls `server_token`."""
         self._owner_of = owner_of
+        self._credentials = credentials
+        self._own_identity: tuple[tuple[str, str], ...] = (
+            ((AUTHORIZATION_KEY, f"Bearer {server_token}"),) if server_token else ()
+        )
         self._self = self_endpoint
         self.draining: Callable[[], bool] = lambda: False
         """True while this server shuts down: answer "not served here" (clients find the new
@@ -101,7 +111,11 @@ class Forwarder:
     def _channel(self, endpoint: str) -> grpc.aio.Channel:
         channel = self._channels.get(endpoint)
         if channel is None:
-            channel = grpc.aio.insecure_channel(endpoint, options=self._options)
+            channel = (
+                grpc.aio.secure_channel(endpoint, self._credentials, options=self._options)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(endpoint, options=self._options)
+            )
             self._channels[endpoint] = channel
         return channel
 
@@ -133,7 +147,12 @@ class Forwarder:
             request_serializer=lambda message: message.SerializeToString(),
             response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
         )
-        call = method(request, metadata=(*metadata, (FORWARDED_METADATA_KEY, "1")), timeout=timeout)
+        identity = self._identity(context)
+        call = method(
+            request,
+            metadata=(*metadata, *identity, (FORWARDED_METADATA_KEY, "1")),
+            timeout=timeout,
+        )
         self.on_forward(path.rpartition("/")[2])
         try:
             response: R = await call
@@ -164,7 +183,7 @@ class Forwarder:
             request_serializer=lambda message: message.SerializeToString(),
             response_deserializer=response_type.FromString,
         )
-        call = method(request, metadata=((FORWARDED_METADATA_KEY, "1"),))
+        call = method(request, metadata=(*self._identity(context), (FORWARDED_METADATA_KEY, "1")))
         self.on_forward(path.rpartition("/")[2])
         try:
             async for message in call:
@@ -183,6 +202,15 @@ class Forwarder:
             await context.abort(code, f"{error.details() or ''} (via {endpoint})")
         finally:
             call.cancel()
+
+    def _identity(self, context: Any) -> tuple[tuple[str, str], ...]:
+        """Who the forwarded call is from: the caller's token if it sent one, else this server
+        (which has authenticated the caller itself)."""
+        if context is not None:
+            for key, value in context.invocation_metadata() or ():
+                if key == AUTHORIZATION_KEY:
+                    return ((key, value),)
+        return self._own_identity
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

@@ -29,6 +29,8 @@ from tablekeeper_server.rpc.servicers import (
 )
 from tablekeeper_server.rpc.sessions import SessionsServicer
 from tablekeeper_server.rpc.watch import WatchServicer
+from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
+from tablekeeper_server.security.tls import ServerTls
 
 SERVICE_NAMES = (
     "bookkeeper.proto.storage.RootRangeService",
@@ -53,15 +55,27 @@ class GrpcServer:
         metrics: ServerMetrics | None,
         admin: admin_pb2_grpc.AdminServicer | None = None,
         owner_of: Callable[[int], str | None] | None = None,
+        tls: ServerTls | None = None,
+        authenticator: Authenticator | None = None,
+        server_token: str | None = None,
     ) -> None:
         """`owner_of(container)` is the cluster's assignment ("host:port", None: unassigned);
         without it (standalone) every container is served here. Requests for containers owned
-        elsewhere are forwarded to their owner."""
+        elsewhere are forwarded to their owner.
+
+        `tls`: serve TLS (and call other servers over TLS). `authenticator`: authenticate every
+        call; forwarded calls carry the caller's token, the server's own calls `server_token`.
+        """
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
         # metadata limits (8 KiB soft, 16 KiB hard) would reject keys the server accepts.
         metadata_max = 2 * limits.key_bytes_max + 16 * 1024
+        interceptors = []
+        if authenticator is not None:
+            on_failure = metrics.auth_failed if metrics is not None else lambda reason: None
+            interceptors.append(AuthInterceptor(authenticator, on_failure))
         self._server = grpc.aio.server(
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_metadata_size", metadata_max),
@@ -71,7 +85,12 @@ class GrpcServer:
             ]
         )
         try:
-            self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
+            address = f"{bind_host}:{port}"
+            self.port = (
+                self._server.add_secure_port(address, tls.credentials())
+                if tls is not None
+                else self._server.add_insecure_port(address)
+            )
         except RuntimeError:  # grpc's way of saying the bind failed
             self.port = 0
         if self.port == 0:
@@ -87,6 +106,8 @@ class GrpcServer:
                 self.endpoint,
                 message_bytes_max=message_max,
                 metadata_bytes_max=metadata_max,
+                credentials=tls.channel_credentials() if tls is not None else None,
+                server_token=server_token,
             )
             if metrics is not None:
                 self.forwarder.on_forward = metrics.observe_forward

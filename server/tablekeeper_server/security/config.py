@@ -1,0 +1,130 @@
+"""Security settings of a server: TLS, authentication, and who is a superuser."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from tablekeeper_server.security.auth import Authenticator
+from tablekeeper_server.security.tls import ServerTls, TlsFiles
+from tablekeeper_server.security.tokens import SERVER_ROLE, TokenVerifier
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    """Require client certificates signed by this CA (mTLS); their common name is a role."""
+    tls_ca: Path | None = None
+    """CA this server trusts when calling other servers (default: the client CA)."""
+    metrics_tls: bool = False
+    """Serve /metrics over TLS with the same certificate."""
+    auth_secret_key: Path | None = None
+    auth_public_key: Path | None = None
+    anonymous_role: str | None = None
+    superuser_roles: tuple[str, ...] = ()
+
+    @property
+    def tls_on(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def auth_on(self) -> bool:
+        """Calls are authenticated: tokens are verified, or client certificates are required."""
+        return (
+            self.auth_secret_key is not None
+            or self.auth_public_key is not None
+            or self.tls_client_ca is not None
+        )
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if not self.tls_on and (self.tls_client_ca or self.tls_ca or self.metrics_tls):
+            raise ValueError(
+                "--tls-client-ca, --tls-ca and --metrics-tls need --tls-cert and --tls-key"
+            )
+        if self.auth_secret_key is not None and self.auth_public_key is not None:
+            raise ValueError("give --auth-secret-key or --auth-public-key, not both")
+        if self.anonymous_role is not None and not self.auth_on:
+            raise ValueError("--anonymous-role needs authentication on (a token key or mTLS)")
+        for path in (self.tls_cert, self.tls_key, self.tls_client_ca, self.tls_ca):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path}: no such file")
+
+    def is_superuser(self, role: str | None) -> bool:
+        return role == SERVER_ROLE or role in self.superuser_roles
+
+    def server_tls(self) -> ServerTls | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        return ServerTls(TlsFiles(self.tls_cert, self.tls_key, self.tls_client_ca, self.tls_ca))
+
+    def authenticator(self) -> Authenticator | None:
+        if not self.auth_on:
+            return None
+        verifier = TokenVerifier.from_files(
+            secret_key=self.auth_secret_key, public_key=self.auth_public_key
+        )
+        return Authenticator(
+            verifier,
+            certificate_roles=self.tls_client_ca is not None,
+            anonymous_role=self.anonymous_role,
+        )
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("security (TLS and authentication; off by default)")
+    group.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
+    group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    group.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        help="PEM CA: require client certificates it signed (mTLS); a certificate's common "
+        "name is the caller's role",
+    )
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        help="PEM CA trusted when this server calls other servers (default --tls-client-ca)",
+    )
+    group.add_argument(
+        "--metrics-tls", action="store_true", help="serve /metrics over TLS too (same cert)"
+    )
+    group.add_argument(
+        "--auth-secret-key",
+        type=Path,
+        help="file with the HMAC secret (>= 32 bytes) that verifies HS256 bearer tokens",
+    )
+    group.add_argument(
+        "--auth-public-key",
+        type=Path,
+        help="PEM public key that verifies RS256/ES256 bearer tokens",
+    )
+    group.add_argument(
+        "--anonymous-role",
+        help="role of calls without credentials (BookKeeper clients send none); without it "
+        "they are refused when authentication is on",
+    )
+    group.add_argument(
+        "--superuser-roles",
+        default="",
+        metavar="ROLE[,ROLE...]",
+        help="roles allowed everything: namespaces, permissions, admin calls",
+    )
+
+
+def security_config_from_args(args: argparse.Namespace) -> SecurityConfig:
+    return SecurityConfig(
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        tls_ca=args.tls_ca,
+        metrics_tls=args.metrics_tls,
+        auth_secret_key=args.auth_secret_key,
+        auth_public_key=args.auth_public_key,
+        anonymous_role=args.anonymous_role,
+        superuser_roles=tuple(r.strip() for r in args.superuser_roles.split(",") if r.strip()),
+    )

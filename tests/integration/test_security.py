@@ -1,0 +1,291 @@
+"""TLS, mutual TLS and bearer tokens on a real server process.
+
+Certificates come from a throw-away CA made per module (`tablekeeper_server.security.certs`).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import ssl
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tablekeeper import Client, RetryPolicy, TlsConfig, UnavailableError
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
+from tablekeeper_proto.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    session_pb2,
+    session_pb2_grpc,
+    watch_pb2,
+    watch_pb2_grpc,
+)
+from tablekeeper_server.security.certs import issue, new_authority, write_authority
+from tablekeeper_server.security.tokens import create_token
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.integration
+FAST_FAIL = RetryPolicy(deadline_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("certs")
+    write_authority(directory, hosts=["127.0.0.1", "localhost"], clients=["alice", "admin"])
+    # A client certificate from another CA, which the server must not trust.
+    stranger = new_authority("some other CA")
+    cert, key = issue(stranger, "mallory", client=True)
+    (directory / "mallory.pem").write_bytes(cert)
+    (directory / "mallory-key.pem").write_bytes(key)
+    return directory
+
+
+def secret(certs: Path) -> bytes:
+    return (certs / "secret.key").read_bytes().strip()
+
+
+def tls_args(certs: Path) -> list[str]:
+    return ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")]
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory, certs: Path) -> Iterator[ServerProcess]:
+    """TLS, tokens verified with the HMAC secret, `admin` a superuser."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("token-server") / "data",
+        extra_args=[
+            *tls_args(certs),
+            "--auth-secret-key",
+            str(certs / "secret.key"),
+            "--superuser-roles",
+            "admin",
+        ],
+        tls_files=(certs / "ca.pem", None, None),
+    )
+    server.start()
+    with Client(server.service, tls=TlsConfig(ca=certs / "ca.pem"), token=admin(certs)) as c:
+        c.create_namespace("sec")
+        c.create_table("sec", "t", ranges=2)
+    yield server
+    server.stop()
+
+
+def admin(certs: Path) -> str:
+    return create_token(secret(certs), "admin")
+
+
+def test_tls_and_a_valid_token_serve_every_kind_of_call(
+    token_server: ServerProcess, certs: Path
+) -> None:
+    tls = TlsConfig(ca=certs / "ca.pem")
+    with Client(token_server.service, tls=tls, token=lambda: admin(certs)) as client:
+        table = client.table("sec", "t")
+        table.put("p", "k", "v")
+        kv_ = table.get("p", "k")
+        assert kv_ is not None and kv_.value == b"v"
+        with table.watch("p", start=b"") as watch:  # a server stream
+            table.put("p", "w", "x")
+            assert next(iter(watch)).lkey == b"w"
+        session = table.session("p", 5).start()  # a bidirectional keep-alive stream
+        table.put("p", "eph", "1", session=session)
+        session.close()
+        assert table.get("p", "eph") is None
+        assert client.status().ranges is not None  # the Admin service
+
+
+def test_calls_without_a_valid_token_are_refused_and_counted(
+    token_server: ServerProcess, certs: Path
+) -> None:
+    tls = TlsConfig(ca=certs / "ca.pem")
+    wrong_secret = create_token(b"s" * 40, "admin")
+    valid = admin(certs)
+    tampered = valid[:-4] + ("AAAA" if not valid.endswith("AAAA") else "BBBB")
+    expired = create_token(secret(certs), "admin", expiry_s=-60)
+    cases = {
+        "no credentials": None,
+        "token has expired": expired,
+        "signature does not verify": wrong_secret,
+        "invalid": tampered,
+    }
+    for message, token in cases.items():
+        with Client(token_server.service, tls=tls, token=token, retry=FAST_FAIL) as client:
+            with pytest.raises(UnavailableError, match="UNAUTHENTICATED") as refused:
+                client.table("sec", "t").get("p", "k")
+            assert message in str(refused.value) or message == "invalid", refused.value
+    metrics = scrape(token_server)
+    for reason in ("anonymous", "expired", "invalid_token"):
+        assert counter(metrics, "tablekeeper_auth_failures_total", reason=reason) >= 1, reason
+    log = token_server.log_path.read_text(errors="replace")
+    assert "refused" in log
+    for token in (wrong_secret, tampered, expired):
+        assert token not in log and token.split(".")[2] not in log  # never log a token
+
+
+def test_every_rpc_family_refuses_anonymous_calls(token_server: ServerProcess, certs: Path) -> None:
+    credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+    header = kv_rpc_pb2.RoutingHeader(stream_id=1024, r_key=b"p")
+    with grpc.secure_channel(token_server.target, credentials) as channel:
+        calls: list[Any] = [
+            lambda: storage_pb2_grpc.RootRangeServiceStub(channel).CreateNamespace(
+                storage_pb2.CreateNamespaceRequest(name="x"), timeout=10
+            ),
+            lambda: kv_rpc_pb2_grpc.TableServiceStub(channel).Put(
+                kv_rpc_pb2.PutRequest(key=b"k", value=b"v", header=header), timeout=10
+            ),
+            lambda: admin_pb2_grpc.AdminStub(channel).Status(admin_pb2.StatusRequest(), timeout=10),
+            lambda: list(
+                watch_pb2_grpc.WatchStub(channel).Watch(
+                    watch_pb2.WatchRequest(stream_id=1024, pkey=b"p", key=b"k"), timeout=10
+                )
+            ),
+            lambda: list(
+                session_pb2_grpc.SessionsStub(channel).KeepAlive(
+                    iter([session_pb2.KeepAliveRequest(stream_id=1024, pkey=b"p")]), timeout=10
+                )
+            ),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call()
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+        # Health checks need no credentials.
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_plaintext_client_cannot_talk_to_a_tls_port(token_server: ServerProcess) -> None:
+    started = time.monotonic()
+    client = Client(token_server.service, token="x", retry=FAST_FAIL)
+    with client, pytest.raises(UnavailableError, match="UNAVAILABLE"):
+        client.get_namespace("sec")
+    assert time.monotonic() - started < 60  # refused, not hung
+
+
+def test_mutual_tls_roles_and_untrusted_certificates(tmp_path: Path, certs: Path) -> None:
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[*tls_args(certs), "--tls-client-ca", str(certs / "ca.pem")],
+        tls_files=(certs / "ca.pem", certs / "alice.pem", certs / "alice-key.pem"),
+    ).start()
+    try:
+        alice = TlsConfig(
+            ca=certs / "ca.pem", cert=certs / "alice.pem", key=certs / "alice-key.pem"
+        )
+        with Client(server.service, tls=alice) as client:
+            client.create_namespace("m")
+            client.create_table("m", "t", ranges=2)
+            client.table("m", "t").put("p", "k", "v")
+        # No certificate, or one the server's CA did not sign: the handshake fails.
+        strangers = [
+            TlsConfig(ca=certs / "ca.pem"),
+            TlsConfig(
+                ca=certs / "ca.pem", cert=certs / "mallory.pem", key=certs / "mallory-key.pem"
+            ),
+        ]
+        for tls in strangers:
+            client = Client(server.service, tls=tls, retry=FAST_FAIL)
+            with client, pytest.raises(UnavailableError):
+                client.get_namespace("m")
+    finally:
+        server.stop()
+
+
+def test_calls_without_credentials_need_the_anonymous_role(tmp_path: Path, certs: Path) -> None:
+    """Clients that cannot send tokens (the BookKeeper clients: see tests/compat) get in only
+    through --anonymous-role."""
+    common = ["--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"]
+    server = ServerProcess(
+        tmp_path / "data", extra_args=[*common, "--anonymous-role", "functions"]
+    ).start()
+    try:
+        with Client(server.service) as client:
+            client.create_namespace("public")
+            client.create_table("public", "state", ranges=2)
+            client.table("public", "state").put("k", "k", "v")
+    finally:
+        server.stop()
+    refusing = ServerProcess(tmp_path / "refusing", extra_args=common).start()
+    try:
+        client = Client(refusing.service, retry=FAST_FAIL)
+        with client, pytest.raises(UnavailableError, match="UNAUTHENTICATED"):
+            client.create_namespace("public")
+    finally:
+        refusing.stop()
+
+
+def test_sighup_reloads_the_certificate_without_dropping_the_server(
+    tmp_path: Path, certs: Path
+) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("server.pem", "server-key.pem"):
+        (live / name).write_bytes((certs / name).read_bytes())
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            "--tls-cert",
+            str(live / "server.pem"),
+            "--tls-key",
+            str(live / "server-key.pem"),
+        ],
+        tls_files=(certs / "ca.pem", None, None),
+    ).start()
+    try:
+        tls = TlsConfig(ca=certs / "ca.pem")
+        with Client(server.service, tls=tls) as client:
+            client.create_namespace("r")
+            before = served_certificate(server.port)
+            # A new certificate from a new CA: clients that trust only the old CA must fail.
+            write_authority(tmp_path / "next", hosts=["127.0.0.1"], clients=[])
+            for name in ("server.pem", "server-key.pem"):
+                (live / name).write_bytes((tmp_path / "next" / name).read_bytes())
+            assert server.process is not None
+            server.process.send_signal(signal.SIGHUP)
+            server.wait_for(lambda: served_certificate(server.port) != before, "new certificate")
+            assert client.get_namespace("r") >= 0  # the open connection goes on
+        with Client(server.service, tls=TlsConfig(ca=tmp_path / "next" / "ca.pem")) as client:
+            assert client.get_namespace("r") >= 0
+        assert server.process.poll() is None
+    finally:
+        server.tls_files = (tmp_path / "next" / "ca.pem", None, None)
+        server.stop()
+
+
+def served_certificate(port: int) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def scrape(server: ServerProcess) -> str:
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def counter(metrics: str, name: str, **labels: str) -> float:
+    for line in metrics.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
