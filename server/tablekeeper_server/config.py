@@ -89,6 +89,8 @@ class ServerConfig:
             raise ValueError("--port must be in 1..65535")
         if not 0 <= self.metrics_port < 65536:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
+        if not 0 <= self.etcd_port < 65536:
+            raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
         if not 0 <= self.etcd_port < 65536:
