@@ -212,21 +212,28 @@ def test_txn_value_compares_and_missing_keys() -> None:
     assert r.header.code == Code.KEY_NOT_FOUND and not r.succeeded  # type: ignore[union-attr]
 
 
-def test_txn_per_op_errors_do_not_fail_the_txn() -> None:
+def test_a_failing_op_fails_the_whole_txn_and_applies_nothing() -> None:
+    """Issue 17, defect 2 (this test asserted the non-atomic behaviour before): a txn applies
+    all of its chosen branch or nothing, and names the op that failed."""
     m = Machine()
     m.one(incr(b"n", 1))
     r = m.one(
         txn(
             [],
             [
-                kv.RequestOp(request_put=kv.PutRequest(key=b"n", value=b"x")),
                 kv.RequestOp(request_put=kv.PutRequest(key=b"ok", value=b"y")),
+                kv.RequestOp(request_put=kv.PutRequest(key=b"n", value=b"x")),
+                kv.RequestOp(request_put=kv.PutRequest(key=b"later", value=b"z")),
             ],
         )
     )
-    assert r.header.code == Code.SUCCESS
-    assert r.responses[0].response_put.header.code == Code.BAD_REQUEST  # type: ignore[union-attr]
-    assert m.get(b"ok").count == 1
+    assert isinstance(r, kv.TxnResponse)
+    assert r.header.code == Code.BAD_REQUEST and r.succeeded
+    assert len(r.responses) == 2  # ends with the failing op, at its position
+    assert r.responses[1].response_put.header.code == Code.BAD_REQUEST
+    assert r.responses[0].HasField("response_put")
+    assert m.get(b"ok").count == 0 and m.get(b"later").count == 0
+    assert m.get(b"n").kvs[0].number_value == 1
 
 
 def test_ttl_hides_expired_keys_and_recreates_them_fresh() -> None:

@@ -218,6 +218,7 @@ class StorageContainer:
             ttl_seconds=ttl_seconds,
             metrics=env.metrics,
             checkpointer=checkpointer,
+            response_bytes_max=env.limits.response_bytes_max,
         )
 
     async def start(self) -> None:

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 _HEADER = struct.Struct(">qqqBq")
 _NUMBER = struct.Struct(">q")
 HEADER_SIZE = _HEADER.size
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+"""Revisions, versions, expiry times and numbers are stored as signed 64-bit integers."""
 
 
 @dataclass(slots=True)

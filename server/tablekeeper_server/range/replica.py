@@ -50,7 +50,12 @@ from tablekeeper_server.log.api import LogBackend, LogWriter
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.sessions import SessionManager
-from tablekeeper_server.range.state_machine import RangeStateMachine, Response
+from tablekeeper_server.range.state_machine import (
+    RESPONSE_BYTES_MAX_DEFAULT,
+    RangeStateMachine,
+    ReadBudget,
+    Response,
+)
 from tablekeeper_server.range.watch import WatchHub
 from tablekeeper_server.storage.api import KvStore
 
@@ -108,8 +113,10 @@ class Range:
         metrics: RangeMetrics | None = None,
         checkpointer: RangeCheckpointer | None = None,
         queue_depth_max: int = QUEUE_DEPTH_MAX,
+        response_bytes_max: int = RESPONSE_BYTES_MAX_DEFAULT,
     ) -> None:
         self.name = name
+        self._response_bytes_max = response_bytes_max
         self._checkpointer = checkpointer
         self._checkpoint_lock = asyncio.Lock()
         self._log_backend = log_backend
@@ -194,7 +201,12 @@ class Range:
         return RangeStateMachine(store).applied_sequence
 
     def _replay(self, store: KvStore, writer: LogWriter) -> RangeStateMachine:
-        sm = RangeStateMachine(store, ttl_seconds=self._ttl_seconds, history=EventHistory(store))
+        sm = RangeStateMachine(
+            store,
+            ttl_seconds=self._ttl_seconds,
+            history=EventHistory(store),
+            response_bytes_max=self._response_bytes_max,
+        )
         if sm.applied_sequence > writer.last_sequence:
             raise CorruptionError(
                 f"log {self.name.log_name} ends at {writer.last_sequence} but the store has "
@@ -311,10 +323,13 @@ class Range:
             self._refuse_queued()
         return await future
 
-    def read(self, request: kv_rpc_pb2.RangeRequest) -> kv_rpc_pb2.RangeResponse:
+    def read(
+        self, request: kv_rpc_pb2.RangeRequest, budget: ReadBudget | None = None
+    ) -> kv_rpc_pb2.RangeResponse:
+        """Serve a Range request from the applied state; `budget`: see `ReadBudget`."""
         if self._sm is None or not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
-        return self._sm.read(request, self._clock.now_ms())
+        return self._sm.read(request, self._clock.now_ms(), budget)
 
     def applied_state(self) -> RangeStateMachine:
         """The applied state, for front-ends that read it their own way (the etcd API). Read it
@@ -399,8 +414,13 @@ class Range:
                 self._fail(group, f"apply failed: {exc}", indeterminate=True)
                 return
             self.watch.publish(sm.last_events, sm.applied_sequence)
-            for pending, response in zip(group, responses, strict=True):
-                if not pending.future.done():
+            rejected = sm.last_rejections  # commands that changed nothing, answered with an error
+            for index, (pending, response) in enumerate(zip(group, responses, strict=True)):
+                if pending.future.done():
+                    continue
+                if index in rejected:
+                    pending.future.set_exception(rejected[index])
+                else:
                     pending.future.set_result(response)
 
     def _fail(self, group: list[_Pending], reason: str, *, indeterminate: bool) -> None:

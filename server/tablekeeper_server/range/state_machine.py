@@ -24,6 +24,7 @@ and written to the range's event history (`range.events`) in the same store batc
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable, Iterator, Sequence
 
@@ -38,15 +39,18 @@ from tablekeeper_server.core.keys import (
     store_key,
     system_key,
 )
-from tablekeeper_server.errors import Code
+from tablekeeper_server.errors import Code, ResourceLimitError, TableKeeperError
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import (
+    INT64_MAX,
     StoredRecord,
     decode_record,
     encode_number,
     wrap_int64,
 )
 from tablekeeper_server.storage.api import KvStore, WriteBatch
+
+log = logging.getLogger(__name__)
 
 APPLIED_KEY = system_key(b"applied-sequence")
 _SEQ = struct.Struct(">q")
@@ -83,6 +87,11 @@ def _number_record(revision: int, value: int) -> StoredRecord:
 # A scan response stops at whichever limit comes first; `more` tells the caller to continue.
 SCAN_ROWS_MAX = 10_000
 SCAN_BYTES_MAX = 3 * 1024 * 1024
+RESPONSE_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+"""What one response may carry unless the server says otherwise (`Limits.response_bytes_max`)."""
+ROW_OVERHEAD_BYTES = 48
+"""What a returned key costs besides its key and value bytes (revisions, version, framing): so
+that a page of many tiny keys is counted too."""
 
 Compare = kv_rpc_pb2.Compare
 _Getter = Callable[[bytes], StoredRecord | None]
@@ -132,7 +141,13 @@ def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
 
 
 class _ApplyView:
-    """Store state during one apply batch: the store plus this batch's not-yet-written changes."""
+    """Store state during one apply batch: the store plus this batch's not-yet-written changes.
+
+    Each command's changes are *staged* (`put`, `delete`, `record_event`) and join the batch only
+    when the command `settle`s; `rollback` forgets them, so a command that fails half-way
+    changes nothing. `store_failure` is set when the store itself failed (a read or the write):
+    that is no property of the command, so it must not be answered as one.
+    """
 
     def __init__(self, store: KvStore, history: EventHistory | None, sessions: int) -> None:
         self.store = store
@@ -144,17 +159,30 @@ class _ApplyView:
         self.read_cache: dict[bytes, StoredRecord | None] = {}
         self.batch: WriteBatch = store.new_batch()
         self.dirty = False
+        """Changes not yet written to the store (staged or settled)."""
         self.events: list[ChangeEvent] = []
         self.event_revision = 0
         self.event_index = 0
+        self.store_failure: BaseException | None = None
+        # The current command's staged writes, and how to undo them in `pending`.
+        self._staged: list[tuple[bytes, bytes | None]] = []
+        self._undo: dict[bytes, tuple[bool, StoredRecord | None]] = {}
+        self._settled_dirty = False
+        self._settled_events = 0
+        self._settled_sessions = sessions
+        self._settled_event_position = (0, 0)
 
     def get(self, key: bytes) -> StoredRecord | None:
         if key in self.pending:
             return self.pending[key]
         if key in self.read_cache:
             return self.read_cache[key]
-        raw = self.store.get(key)
-        record = None if raw is None else decode_record(raw)
+        try:
+            raw = self.store.get(key)
+            record = None if raw is None else decode_record(raw)
+        except BaseException as exc:
+            self.store_failure = exc
+            raise
         self.read_cache[key] = record
         return record
 
@@ -165,9 +193,7 @@ class _ApplyView:
             self.event_revision, self.event_index = revision, 0
         event = ChangeEvent(revision, self.event_index, key, record, prev)
         self.event_index += 1
-        self.events.append(event)
-        if self.history is not None:
-            self.history.append(self.batch, event)
+        self.events.append(event)  # written to the history when the command settles
 
     def get_live(self, key: bytes, now_ms: int) -> StoredRecord | None:
         record = self.get(key)
@@ -176,31 +202,84 @@ class _ApplyView:
         return record
 
     def put(self, key: bytes, record: StoredRecord) -> None:
+        raw = record.encode()  # a record that cannot be stored fails here, before any change
+        self._remember(key)
         self.pending[key] = record
-        self.batch.put(key, record.encode())
+        self._staged.append((key, raw))
         self.dirty = True
 
     def delete(self, key: bytes) -> None:
+        self._remember(key)
         self.pending[key] = None
-        self.batch.delete(key)
+        self._staged.append((key, None))
         self.dirty = True
+
+    def _remember(self, key: bytes) -> None:
+        if key not in self._undo:
+            self._undo[key] = (key in self.pending, self.pending.get(key))
+
+    def settle(self) -> None:
+        """The current command is applied: move its staged changes and events into the batch."""
+        for key, raw in self._staged:
+            if raw is None:
+                self.batch.delete(key)
+            else:
+                self.batch.put(key, raw)
+        if self.history is not None:
+            for event in self.events[self._settled_events :]:
+                self.history.append(self.batch, event)
+        self._settled_dirty = self._settled_dirty or bool(self._staged)
+        self._staged.clear()
+        self._undo.clear()
+        self.leases.clear()
+        self._settled_events = len(self.events)
+        self._settled_sessions = self.sessions
+        self._settled_event_position = (self.event_revision, self.event_index)
+
+    def rollback(self) -> None:
+        """Forget everything the current command staged, as if it had never run."""
+        for key, (was_pending, record) in self._undo.items():
+            if was_pending:
+                self.pending[key] = record
+            else:
+                self.pending.pop(key, None)
+        self._staged.clear()
+        self._undo.clear()
+        self.leases.clear()
+        del self.events[self._settled_events :]
+        self.sessions = self._settled_sessions
+        self.event_revision, self.event_index = self._settled_event_position
+        self.dirty = self._settled_dirty
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
         """Scan the store. Only valid when nothing is pending (callers `commit` first)."""
         assert not self.dirty, "scan with uncommitted changes"
-        for key, raw in self.store.scan(start, end):
-            yield key, decode_record(raw)
+        try:
+            for key, raw in self.store.scan(start, end):
+                yield key, decode_record(raw)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            self.store_failure = exc
+            raise
 
     def commit(self, applied_sequence: int) -> None:
-        """Write pending changes together with the applied position, atomically."""
+        """Write the settled changes together with the applied position, atomically. Called
+        between commands, or by a command before it has staged anything."""
+        assert not self._staged, "commit with a command's changes staged"
         self.batch.put(APPLIED_KEY, _SEQ.pack(applied_sequence))
-        if self.history is not None:
-            self.history.seal(self.batch)
-        self.store.write(self.batch)
+        try:
+            if self.history is not None:
+                self.history.seal(self.batch)
+            self.store.write(self.batch)
+        except BaseException as exc:
+            self.store_failure = exc
+            raise
         self.pending.clear()
         self.read_cache.clear()
         self.batch = self.store.new_batch()
         self.dirty = False
+        self._settled_dirty = False
 
 
 class RangeStateMachine:
@@ -212,15 +291,22 @@ class RangeStateMachine:
         *,
         ttl_seconds: int = 0,
         history: EventHistory | None = None,
+        response_bytes_max: int = RESPONSE_BYTES_MAX_DEFAULT,
     ) -> None:
         self.store = store
         self.ttl_ms = max(0, ttl_seconds) * 1000
+        self.response_bytes_max = max(1, response_bytes_max)
+        """Bytes of keys and values one Range response, or the reads of one Txn, may carry."""
         raw = store.get(APPLIED_KEY)
         self.applied_sequence: int = 0 if raw is None else int(_SEQ.unpack(raw)[0])
         self.history = history
         self.sessions = sum(1 for _ in store.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)))
         self.last_events: list[ChangeEvent] = []
         """The changes of the last `apply_batch`, in order (for live watchers)."""
+        self.last_rejections: dict[int, TableKeeperError] = {}
+        """Commands of the last `apply_batch` (by index) whose caller is to get this error
+        instead of the response (which is then a bare response with the error's code). Only a
+        command that changed nothing is rejected this way."""
 
     # ------------------------------------------------------------------ writes
 
@@ -229,15 +315,41 @@ class RangeStateMachine:
 
         Commands at or below the applied position are skipped (their response is a bare
         SUCCESS header); this is what makes replay idempotent.
+
+        Apply is total: a command whose apply raises (a defect, or a record no validation
+        stopped) changes nothing and is answered INTERNAL_SERVER_ERROR, and the batch goes on;
+        the same record gets the same answer on every replay, so it can never wedge a range.
+        Only a failure of the store itself (or of memory) propagates: it says nothing about the
+        command, and the range must stop instead of answering for it.
         """
         view = _ApplyView(self.store, self.history, self.sessions)
         responses: list[Response] = []
+        self.last_rejections = {}
         last = self.applied_sequence
-        for sequence, command in commands:
+        for index, (sequence, command) in enumerate(commands):
             if sequence <= self.applied_sequence:
                 responses.append(kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS)))
                 continue
-            responses.append(self._apply_one(view, last, sequence, command))
+            try:
+                response = self._apply_one(view, last, sequence, command)
+            except Exception as exc:
+                if view.store_failure is not None or isinstance(exc, (MemoryError, RecursionError)):
+                    raise
+                view.rollback()
+                log.exception(
+                    "command %d could not be applied; it changes nothing and is answered "
+                    "INTERNAL_SERVER_ERROR",
+                    sequence,
+                )
+                response = error_response(command, Code.INTERNAL_SERVER_ERROR)
+            else:
+                if isinstance(response, _Rejected):
+                    view.rollback()
+                    self.last_rejections[index] = response.error
+                    response = error_response(command, response.error.code)
+                else:
+                    view.settle()
+            responses.append(response)
             last = sequence
         if last > self.applied_sequence:
             view.commit(last)
@@ -248,13 +360,14 @@ class RangeStateMachine:
 
     def _apply_one(
         self, view: _ApplyView, previous: int, revision: int, command: wal_pb2.WalCommand
-    ) -> Response:
+    ) -> Response | _Rejected:
         now = command.timestamp_ms
         op = command.WhichOneof("op")
         if op == "put":
             writes: dict[bytes, StoredRecord | None] = {}
             put_response = self._put(view, revision, now, command.put, writes)
-            _flush_writes(view, writes, revision, now)
+            if put_response.header.code == Code.SUCCESS:  # a refused put changes nothing
+                _flush_writes(view, writes, revision, now)
             return put_response
         if op == "increment":
             writes = {}
@@ -278,10 +391,18 @@ class RangeStateMachine:
             return apply_etcd_txn(view, previous, revision, now, command.etcd_txn)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
 
-    def _expire_at(self, now_ms: int, ttl_ms: int = 0) -> int:
-        if ttl_ms > 0:
-            return now_ms + ttl_ms
-        return now_ms + self.ttl_ms if self.ttl_ms else 0
+    @staticmethod
+    def _expire_at(now_ms: int, ttl_ms: int) -> int | None:
+        """The expiry of a key written at `now_ms` with a per-key TTL; None when it lies beyond
+        what a record can hold (validation refuses such TTLs; this keeps apply total for a
+        record it never saw)."""
+        expire = now_ms + ttl_ms
+        return expire if expire <= INT64_MAX else None
+
+    def _table_expiry(self, now_ms: int) -> int:
+        """The expiry the table's TTL gives a key written at `now_ms` (0: never). A TTL that
+        reaches past what a record can hold is held at the largest expiry ("never", in effect)."""
+        return min(now_ms + self.ttl_ms, INT64_MAX) if self.ttl_ms else 0
 
     def _put(
         self,
@@ -312,7 +433,9 @@ class RangeStateMachine:
                 return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_VERSION))
         if prev is not None and prev.is_number:
             return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
-        expire = self._expire_at(now, req.ttl_ms)
+        expire = self._expire_at(now, req.ttl_ms) if req.ttl_ms > 0 else self._table_expiry(now)
+        if expire is None:
+            return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
         if prev is None:
             record = StoredRecord(revision, revision, 0, False, expire, req.value)
         else:
@@ -346,7 +469,7 @@ class RangeStateMachine:
         if prev is None:
             total = wrap_int64(req.amount)
             record = StoredRecord(
-                revision, revision, 0, True, self._expire_at(now), encode_number(total)
+                revision, revision, 0, True, self._table_expiry(now), encode_number(total)
             )
         else:
             total = wrap_int64(prev.number + req.amount)
@@ -355,7 +478,7 @@ class RangeStateMachine:
                 revision,
                 prev.version + 1,
                 True,
-                self._expire_at(now),
+                self._table_expiry(now),
                 encode_number(total),
             )
         writes[key] = record
@@ -407,7 +530,20 @@ class RangeStateMachine:
         revision: int,
         now: int,
         req: kv_rpc_pb2.TxnRequest,
-    ) -> kv_rpc_pb2.TxnResponse:
+    ) -> kv_rpc_pb2.TxnResponse | _Rejected:
+        """Compare, then run the chosen branch: all of it or nothing.
+
+        Ops see the state before the txn (BookKeeper's semantics); their writes are collected
+        and applied together at the txn's revision (a later write to the same key wins). If an
+        op fails, nothing is applied: the txn answers that op's code, and its `responses` end
+        with that op's response, at its position in the branch (the ones before it are bare).
+
+        The branch's range reads share `response_bytes_max`. A branch that only reads is refused
+        (`ResourceLimitError`) when they would carry more; a branch that also writes is never
+        refused for it, because that decision would depend on the server's flag, and replay,
+        perhaps under another flag, must reach the same state: its reads stop early instead
+        (`more = true`), like a Range that pages.
+        """
         prefix = pkey_prefix(req.header.r_key)
         succeeded = True
         for compare in req.compare:
@@ -420,28 +556,39 @@ class RangeStateMachine:
         ops = req.success if succeeded else req.failure
         if view.dirty and any(_op_scans(op) for op in ops):
             view.commit(previous)
-        # Ops see the state before the txn (BookKeeper's semantics); their writes are collected
-        # and applied together at the txn's revision. A later write to the same key wins.
         writes: dict[bytes, StoredRecord | None] = {}
+        reads = ReadBudget(self.response_bytes_max)
+        writing = any(op.WhichOneof("request") != "request_range" for op in ops)
         response = kv_rpc_pb2.TxnResponse(header=_header(Code.SUCCESS), succeeded=succeeded)
-        for op in ops:
+        for index, op in enumerate(ops):
             kind = op.WhichOneof("request")
             result = response.responses.add()
+            code = Code.SUCCESS
             if kind == "request_put":
                 put = kv_rpc_pb2.PutRequest()
                 put.CopyFrom(op.request_put)
                 put.header.r_key = req.header.r_key
                 result.response_put.CopyFrom(self._put(view, revision, now, put, writes))
+                code = result.response_put.header.code
             elif kind == "request_delete_range":
                 delete = kv_rpc_pb2.DeleteRangeRequest()
                 delete.CopyFrom(op.request_delete_range)
                 delete.header.r_key = req.header.r_key
                 result.response_delete_range.CopyFrom(self._delete_range(view, now, delete, writes))
+                code = result.response_delete_range.header.code
             elif kind == "request_range":
                 read = kv_rpc_pb2.RangeRequest()
                 read.CopyFrom(op.request_range)
                 read.header.r_key = req.header.r_key
-                result.response_range.CopyFrom(self._read(view.get, view.scan, read, now))
+                result.response_range.CopyFrom(self._read(view.get, view.scan, read, now, reads))
+                if reads.exceeded and not writing:
+                    return _Rejected(
+                        ResourceLimitError(
+                            f"the txn's range reads would return more than "
+                            f"{self.response_bytes_max} bytes (--max-response-bytes); "
+                            "read less per txn, or page with Range requests"
+                        )
+                    )
             elif kind == "request_increment":
                 increment = kv_rpc_pb2.IncrementRequest()
                 increment.CopyFrom(op.request_increment)
@@ -449,6 +596,14 @@ class RangeStateMachine:
                 result.response_increment.CopyFrom(
                     self._increment(view, revision, now, increment, writes)
                 )
+                code = result.response_increment.header.code
+            if code != Code.SUCCESS:
+                view.leases.clear()
+                failed = kv_rpc_pb2.TxnResponse(header=_header(code), succeeded=succeeded)
+                for earlier in ops[:index]:
+                    failed.responses.append(_bare_response_op(earlier))
+                failed.responses.append(result)
+                return failed
         _flush_writes(view, writes, revision, now)
         return response
 
@@ -496,8 +651,12 @@ class RangeStateMachine:
 
     # ------------------------------------------------------------------ reads
 
-    def read(self, req: kv_rpc_pb2.RangeRequest, now_ms: int) -> kv_rpc_pb2.RangeResponse:
-        """Serve a Range request from the store (applied state only)."""
+    def read(
+        self, req: kv_rpc_pb2.RangeRequest, now_ms: int, budget: ReadBudget | None = None
+    ) -> kv_rpc_pb2.RangeResponse:
+        """Serve a Range request from the store (applied state only). A scan pages within
+        `page_bytes`; with a `budget` (shared by a group of reads) it also stops where the
+        budget runs out, and marks it exceeded."""
 
         def get(key: bytes) -> StoredRecord | None:
             raw = self.store.get(key)
@@ -507,17 +666,20 @@ class RangeStateMachine:
             for key, raw in self.store.scan(start, end):
                 yield key, decode_record(raw)
 
-        return self._read(get, scan, req, now_ms)
+        return self._read(get, scan, req, now_ms, budget)
 
     def scan_range(
         self, req: tablekeeper_pb2.ScanRangeRequest, now_ms: int
     ) -> tablekeeper_pb2.ScanRangeResponse:
         """One page of every live key of the range, every pkey, in store order, resuming after
-        `req.start_after`. The range's own bookkeeping keys (`SYSTEM_PREFIX`) are never seen."""
+        `req.start_after`. The range's own bookkeeping keys (`SYSTEM_PREFIX`) are never seen.
+        A page holds at most `SCAN_ROWS_MAX` keys and `page_bytes` bytes (one larger key goes
+        alone)."""
         start = b""
         if req.HasField("start_after"):
             start = store_key(req.start_after.pkey, req.start_after.lkey) + b"\x00"
         limit = min(req.limit, SCAN_ROWS_MAX) if req.limit > 0 else SCAN_ROWS_MAX
+        page = self.page_bytes
         response = tablekeeper_pb2.ScanRangeResponse(header=_header(Code.SUCCESS))
         rows = response.rows
         size = 0
@@ -525,15 +687,21 @@ class RangeStateMachine:
             record = decode_record(raw)
             if not record.is_live(now_ms):
                 continue
-            if len(rows) >= limit or size >= SCAN_BYTES_MAX:
+            row_bytes = _row_bytes(key, record, req.keys_only)
+            if len(rows) >= limit or (rows and size + row_bytes > page):
                 response.more = True
                 break
             pkey, lkey = split_store_key(key)
             row = rows.add()
             row.pkey = pkey
             row.kv.CopyFrom(to_key_value(lkey, record, keys_only=req.keys_only))
-            size += len(key) + (0 if req.keys_only else len(record.value))
+            size += row_bytes
         return response
+
+    @property
+    def page_bytes(self) -> int:
+        """The bytes one scan page (Range or ScanRange) carries at most."""
+        return min(SCAN_BYTES_MAX, self.response_bytes_max)
 
     def _read(
         self,
@@ -541,18 +709,32 @@ class RangeStateMachine:
         scan: _Scanner,
         req: kv_rpc_pb2.RangeRequest,
         now: int,
+        budget: ReadBudget | None = None,
     ) -> kv_rpc_pb2.RangeResponse:
+        """A Range request. A scan stops early (`more = true`) at `limit`, `SCAN_ROWS_MAX` keys
+        or `page_bytes`; a single key larger than a page is returned alone. Inside a txn,
+        `budget` is what the txn's reads may still carry: a key that does not fit ends the read
+        with `more = true` and marks the budget exceeded."""
         prefix = pkey_prefix(req.header.r_key)
         response = kv_rpc_pb2.RangeResponse(header=_header(Code.SUCCESS))
+        bound = self.response_bytes_max if budget is None else budget.remaining
         if not req.range_end:
             record = get(prefix + req.key)
             if record is not None and record.is_live(now) and _matches(req, record):
+                row_bytes = 0 if req.count_only else _row_bytes(req.key, record, req.keys_only)
+                if budget is not None and row_bytes > bound:
+                    budget.exceeded = True
+                    response.more = True
+                    return response
                 response.count = 1
                 if not req.count_only:
                     response.kvs.append(to_key_value(req.key, record, keys_only=req.keys_only))
+                if budget is not None:
+                    budget.remaining -= row_bytes
             return response
         start, end = key_span(prefix, req.key, req.range_end)
         limit = req.limit if req.limit > 0 else 0
+        page = min(SCAN_BYTES_MAX, bound)
         count = 0
         size = 0
         for key, record in scan(start, end):
@@ -561,14 +743,80 @@ class RangeStateMachine:
             if req.count_only:
                 count += 1
                 continue
-            if (limit and count >= limit) or count >= SCAN_ROWS_MAX or size >= SCAN_BYTES_MAX:
+            if (limit and count >= limit) or count >= SCAN_ROWS_MAX:
                 response.more = True
                 break
-            response.kvs.append(to_key_value(key[len(prefix) :], record, keys_only=req.keys_only))
+            lkey = key[len(prefix) :]
+            row_bytes = _row_bytes(lkey, record, req.keys_only)
+            if size + row_bytes > page and not (count == 0 and budget is None):
+                # A page is full. In a txn, a key that even an empty page could not take
+                # alone within what the txn may still carry means its reads exceed the bound.
+                if budget is not None and size + row_bytes > bound:
+                    budget.exceeded = True
+                response.more = True
+                break
+            response.kvs.append(to_key_value(lkey, record, keys_only=req.keys_only))
             count += 1
-            size += len(key) + (0 if req.keys_only else len(record.value))
+            size += row_bytes
+        if budget is not None:
+            budget.remaining -= size
         response.count = count
         return response
+
+
+class ReadBudget:
+    """What a group of reads (the range reads of one txn; the Range ops of one Batch RPC) may
+    still carry, in bytes. Each read given it takes what it returns from `remaining`; a key that
+    does not fit ends that read early (`more = true`) and sets `exceeded`, so the work a group
+    does stays bounded however many reads it has."""
+
+    __slots__ = ("exceeded", "remaining")
+
+    def __init__(self, total: int) -> None:
+        self.remaining = total
+        self.exceeded = False
+
+
+class _Rejected:
+    """A command that changed nothing and whose caller is to get `error` (not a response)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TableKeeperError) -> None:
+        self.error = error
+
+
+_ERROR_RESPONSES: dict[str | None, Callable[..., Response]] = {
+    "put": kv_rpc_pb2.PutResponse,
+    "increment": kv_rpc_pb2.IncrementResponse,
+    "delete_range": kv_rpc_pb2.DeleteRangeResponse,
+    "txn": kv_rpc_pb2.TxnResponse,
+    "session": session_pb2.SessionResponse,
+}
+
+
+def error_response(command: wal_pb2.WalCommand, code: int) -> Response:
+    """A bare response of the command's kind with status `code`."""
+    factory = _ERROR_RESPONSES.get(command.WhichOneof("op"), kv_rpc_pb2.PutResponse)
+    return factory(header=_header(code))
+
+
+def _bare_response_op(op: kv_rpc_pb2.RequestOp) -> kv_rpc_pb2.ResponseOp:
+    kind = op.WhichOneof("request")
+    result = kv_rpc_pb2.ResponseOp()
+    if kind == "request_put":
+        result.response_put.SetInParent()
+    elif kind == "request_delete_range":
+        result.response_delete_range.SetInParent()
+    elif kind == "request_range":
+        result.response_range.SetInParent()
+    elif kind == "request_increment":
+        result.response_increment.SetInParent()
+    return result
+
+
+def _row_bytes(key: bytes, record: StoredRecord, keys_only: bool) -> int:
+    return len(key) + (0 if keys_only else len(record.value)) + ROW_OVERHEAD_BYTES
 
 
 def _flush_writes(

@@ -1,7 +1,11 @@
 """Checks a request must pass before it is appended to a range's log.
 
-Only stateless checks live here (sizes, empty keys, unsupported options); anything that depends on
-the stored state is decided when the command is applied, so replay reaches the same answer.
+Only stateless checks live here (sizes, empty keys, unsupported options, numbers out of what a
+stored record can hold, enum values this server does not know); anything that depends on the
+stored state is decided when the command is applied, so replay reaches the same answer. A request
+these checks pass is always encodable into a log record (its size is bounded by the gRPC message
+limit, far below what the log's framing holds) and always applies (the state machine is total:
+see `RangeStateMachine.apply_batch`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,19 @@ from tablekeeper_server.errors import BadRequestError, InvalidKeyError
 from tablekeeper_server.range.state_machine import SEQUENCE_DIGITS
 
 _MIB = 1024 * 1024
+
+TTL_MS_MAX = 2**62
+"""Largest per-key TTL (about 146 million years): expiry = command time + TTL must fit the
+signed 64-bit expiry of a stored record, with room for any clock this side of that."""
+_SORT_ORDERS = frozenset(kv_rpc_pb2.RangeRequest.SortOrder.values())
+_SORT_TARGETS = frozenset(kv_rpc_pb2.RangeRequest.SortTarget.values())
+_COMPARE_RESULTS = frozenset(kv_rpc_pb2.Compare.CompareResult.values())
+_COMPARE_FIELD = {
+    kv_rpc_pb2.Compare.VERSION: "version",
+    kv_rpc_pb2.Compare.CREATE: "create_revision",
+    kv_rpc_pb2.Compare.MOD: "mod_revision",
+    kv_rpc_pb2.Compare.VALUE: "value",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +86,8 @@ def check_put(req: kv_rpc_pb2.PutRequest, limits: Limits) -> None:
         )
     if req.ttl_ms < 0:
         raise BadRequestError("ttl_ms must be >= 0 (0 = the table's TTL)")
+    if req.ttl_ms > TTL_MS_MAX:
+        raise BadRequestError(f"ttl_ms must be at most {TTL_MS_MAX} (0 = the table's TTL)")
     if len(req.value) > limits.value_bytes_max:
         raise BadRequestError(
             f"value is {len(req.value)} bytes; the limit is {limits.value_bytes_max}"
@@ -103,6 +122,10 @@ def check_range(req: kv_rpc_pb2.RangeRequest, limits: Limits) -> None:
         raise BadRequestError("limit must be >= 0")
     if req.revision:
         raise BadRequestError("reads at a past revision are not supported (no history is kept)")
+    if req.sort_order not in _SORT_ORDERS or req.sort_target not in _SORT_TARGETS:
+        raise BadRequestError(
+            f"unknown sort_order {req.sort_order} or sort_target {req.sort_target}"
+        )
     if req.sort_order == kv_rpc_pb2.RangeRequest.DESCEND or (
         req.sort_order == kv_rpc_pb2.RangeRequest.ASCEND
         and req.sort_target != kv_rpc_pb2.RangeRequest.KEY
@@ -117,9 +140,7 @@ def check_txn(req: kv_rpc_pb2.TxnRequest, limits: Limits) -> None:
             f"txn has {n_ops} compares and ops; the limit is {limits.txn_ops_max}"
         )
     for compare in req.compare:
-        _check_key(compare.key, limits)
-        if compare.WhichOneof("target_union") is None and compare.target != compare.VALUE:
-            raise BadRequestError("a compare on version, create or mod needs a value to compare")
+        _check_compare(compare, limits)
     for op in list(req.success) + list(req.failure):
         kind = op.WhichOneof("request")
         if kind == "request_put":
@@ -132,6 +153,24 @@ def check_txn(req: kv_rpc_pb2.TxnRequest, limits: Limits) -> None:
             check_increment(op.request_increment, limits)
         else:
             raise BadRequestError("txn op has no request")
+
+
+def _check_compare(compare: kv_rpc_pb2.Compare, limits: Limits) -> None:
+    _check_key(compare.key, limits)
+    if compare.result not in _COMPARE_RESULTS:
+        raise BadRequestError(f"unknown compare result {compare.result}")
+    field = _COMPARE_FIELD.get(compare.target)
+    if field is None:
+        raise BadRequestError(f"unknown compare target {compare.target}")
+    given = compare.WhichOneof("target_union")
+    if given is None and compare.target != compare.VALUE:
+        raise BadRequestError("a compare on version, create or mod needs a value to compare")
+    if given is not None and given != field:
+        raise BadRequestError(f"a compare on {field} carries {given} instead")
+    if len(compare.value) > limits.value_bytes_max:
+        raise BadRequestError(
+            f"compare value is {len(compare.value)} bytes; the limit is {limits.value_bytes_max}"
+        )
 
 
 def check_routing(header: kv_rpc_pb2.RoutingHeader, limits: Limits) -> None:
