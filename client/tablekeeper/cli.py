@@ -1,33 +1,59 @@
-"""The `tablekeeper` command: run a server, manage namespaces and tables, read and write keys.
+"""The `tablekeeper` command: manage namespaces and tables, read, write, scan and watch keys,
+hold sessions; `server` and `cluster` come from the server package when it is installed.
 
 Keys: BookKeeper's own tools and clients use the key as its own routing key, so by default
 `tablekeeper put ns/t KEY VALUE` stores (pkey=KEY, lkey=KEY), which a BookKeeper client reads
 back with `get(KEY)`. Pass `--pkey P` to address (P, KEY) instead.
+
+Global flags (`--service`, `-o/--output`, `--hex`, `--timeout`) go before or after the command,
+and each has an environment variable (`TABLEKEEPER_SERVICE`, ...) that a flag overrides.
+
+Commands of other packages: every entry point of the `tablekeeper.cli` group is a function
+`register(commands)` that adds its subcommand to `commands` (the CLI's argparse subparsers)
+and sets `run` (a function of the parsed args returning the exit code) as its handler. The
+server package registers `server` and `cluster` this way (`tablekeeper_server.cli`); this
+package never imports it. Without it, those two commands say how to install it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
-import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import grpc
 
+from tablekeeper._cli_completion import SHELLS, script
+from tablekeeper._cli_context import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandContext,
+)
+from tablekeeper._cli_output import OUTPUT_FORMATS, Printer, line
+from tablekeeper._cli_streams import scan_table, session, watch
+from tablekeeper._transport import RetryPolicy
 from tablekeeper.client import DEFAULT_SERVICE, Client
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.table import KeyValue
+from tablekeeper.watch import CompactedError
 
-if TYPE_CHECKING:
-    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+PLUGIN_GROUP = "tablekeeper.cli"
+SERVER_COMMANDS = {
+    "server": "run a server in the foreground",
+    "cluster": "cluster metadata in ZooKeeper: init once, then status",
+}
+"""Commands the server package provides (through `PLUGIN_GROUP`), named here only to say how to
+get them when it is missing."""
 
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
-EXIT_NOT_READY = 1  # `cluster status --wait`: the cluster did not become ready in time
+
+# ---------------------------------------------------------------------------------- arguments
 
 
 def _split_table(value: str) -> tuple[str, str]:
@@ -51,22 +77,86 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _render(kv: KeyValue, as_json: bool) -> str:
-    if as_json:
-        return json.dumps(
-            {
-                "pkey": kv.pkey.decode(errors="backslashreplace"),
-                "lkey": kv.lkey.decode(errors="backslashreplace"),
-                "value": kv.number if kv.is_number else kv.value.decode(errors="backslashreplace"),
-                "is_number": kv.is_number,
-                "version": kv.version,
-                "create_revision": kv.create_revision,
-                "mod_revision": kv.mod_revision,
-            }
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The flags every command takes. On the top parser they carry the defaults (from the
+    environment); on each subcommand they are SUPPRESSed, so they only override when given
+    after the command (`tablekeeper get ns/t k -o json`)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--service",
+        default=default(os.environ.get("TABLEKEEPER_SERVICE", DEFAULT_SERVICE)),
+        metavar="URI",
+        help=f"service URI bk://HOST:PORT[,HOST:PORT...] (env TABLEKEEPER_SERVICE; default "
+        f"{DEFAULT_SERVICE})",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=default(os.environ.get("TABLEKEEPER_OUTPUT", "text")),
+        choices=OUTPUT_FORMATS,
+        help="text (default), json (one object per line) or table (env TABLEKEEPER_OUTPUT)",
+    )
+    parser.add_argument(
+        "--hex",
+        action="store_true",
+        default=default(_env_flag("TABLEKEEPER_HEX")),
+        help="keys and values given and printed as hex, for binary data (env TABLEKEEPER_HEX=1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=default(os.environ.get("TABLEKEEPER_TIMEOUT")),
+        metavar="SECONDS",
+        help="give up a call (retries included) after SECONDS (env TABLEKEEPER_TIMEOUT; "
+        "default 30); a watch or keep-alive runs until stopped",
+    )
+
+
+class _Commands:
+    """Adds subcommands that take the global flags too."""
+
+    def __init__(self, subparsers: Any, common: argparse.ArgumentParser) -> None:
+        self.subparsers = subparsers
+        self.common = common
+
+    def add(self, name: str, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self.subparsers.add_parser(
+            name, help=help_text, parents=[self.common], **kwargs
         )
-    if kv.is_number:
-        return str(kv.number)
-    return kv.value.decode(errors="backslashreplace")
+        return parser
+
+    def group(self, parser: argparse.ArgumentParser, dest: str) -> _Commands:
+        sub = parser.add_subparsers(dest=dest, required=True, metavar="ACTION")
+        return _Commands(sub, self.common)
+
+
+def _table_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "table", type=_split_table, metavar="NAMESPACE/TABLE", help="the table, e.g. app/users"
+    )
+
+
+def _pkey_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pkey", help="partition (routing) key of the key; default: the key itself"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,126 +169,448 @@ def build_parser() -> argparse.ArgumentParser:
         "  tablekeeper ns create app\n"
         "  tablekeeper table create app/users --ranges 4\n"
         "  tablekeeper put app/users --pkey user-1 name Ada\n"
-        "  tablekeeper get app/users --pkey user-1 name\n"
+        "  tablekeeper get app/users --pkey user-1 name -o json\n"
         "  tablekeeper scan app/users user-1\n"
-        "  tablekeeper incr app/users visits 1",
+        "  tablekeeper watch app/users --pkey user-1 '' --prefix\n"
+        "  tablekeeper incr app/users visits 1\n"
+        "  source <(tablekeeper completion bash)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _global_options(parser, suppress=False)
     parser.add_argument(
-        "--service",
-        default=os.environ.get("TABLEKEEPER_SERVICE", DEFAULT_SERVICE),
-        help="service URI bk://HOST:PORT (default $TABLEKEEPER_SERVICE or %(default)s)",
+        "--version", action="version", version=f"%(prog)s {_version()}", help="print the version"
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, suppress=True)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = _Commands(subparsers, common)
+    _add_plugins(subparsers)
+    _add_catalog_commands(commands)
+    _add_key_commands(commands)
+    _add_stream_commands(commands)
+    _add_admin_commands(commands)
+    completion = commands.add(
+        "completion",
+        "print a shell completion script",
+        description="Print a completion script for bash or zsh. Load it in the current shell "
+        "with `source <(tablekeeper completion bash)`, or save it where your shell loads "
+        "completions from (e.g. /etc/bash_completion.d/tablekeeper).",
+    )
+    completion.add_argument("shell", choices=SHELLS, help="the shell: bash or zsh")
+    return parser
 
-    server = commands.add_parser("server", help="run a standalone server in the foreground")
+
+def _version() -> str:
     try:
-        from tablekeeper_server.config import add_server_arguments
-    except ImportError:  # SDK installed without the server extra
-        server.set_defaults(server_missing=True)
-    else:
-        add_server_arguments(server)
+        return importlib.metadata.version("tablekeeper")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
-    ns = commands.add_parser("ns", help="create, get or delete a namespace")
-    ns.add_argument("action", choices=["create", "get", "delete"])
-    ns.add_argument("name")
 
-    table = commands.add_parser("table", help="create, get or delete a table")
-    table.add_argument("action", choices=["create", "get", "delete"])
-    table.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
-    table.add_argument(
+def _add_plugins(subparsers: Any) -> None:
+    """Commands of installed packages (entry-point group `tablekeeper.cli`). A server command
+    whose package is missing gets a stand-in that says how to install it; a command whose
+    package fails to load gets one that says why, so the other commands keep working."""
+    found: set[str] = set()
+    order = list(SERVER_COMMANDS)
+    entry_points = sorted(
+        importlib.metadata.entry_points(group=PLUGIN_GROUP),
+        key=lambda e: (order.index(e.name) if e.name in order else len(order), e.name),
+    )
+    for entry_point in entry_points:
+        if entry_point.name in found:
+            continue  # the same distribution seen twice on sys.path
+        module = entry_point.value.partition(":")[0]
+        try:
+            entry_point.load()(subparsers)
+        except Exception as exc:
+            if isinstance(exc, ModuleNotFoundError) and exc.name in (
+                module,
+                module.partition(".")[0],
+            ):
+                continue  # its package is not installed
+            reason = f"cannot load it from {entry_point.value}: {type(exc).__name__}: {exc}"
+            _stand_in(subparsers, entry_point.name, "(broken, see its error)", reason)
+        found.add(entry_point.name)
+    for name, help_text in SERVER_COMMANDS.items():
+        if name not in found:
+            install = "pip install 'tablekeeper[server]'"
+            reason = f"it comes with the server, which is not installed: {install}"
+            _stand_in(subparsers, name, f"{help_text} (needs the server: {install})", reason)
+
+
+def _stand_in(subparsers: Any, name: str, help_text: str, reason: str) -> None:
+    """A command that only explains why it cannot run (exit 2); it accepts any arguments."""
+
+    def run(args: argparse.Namespace) -> int:
+        print(f"error: `tablekeeper {name}`: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+
+    stand_in = subparsers.add_parser(name, help=help_text, add_help=False)
+    stand_in.set_defaults(run=run, stand_in=True)
+
+
+def _add_catalog_commands(commands: _Commands) -> None:
+    ns = commands.group(commands.add("ns", "create, get, list or delete namespaces"), "action")
+    for action, help_text in (
+        ("create", "create a namespace"),
+        ("get", "print a namespace's id (exit 3 if it does not exist)"),
+    ):
+        ns.add(action, help_text).add_argument("name", help="namespace name")
+    ns_delete = ns.add(
+        "delete",
+        "delete a namespace (with --force, also its tables and their keys)",
+        description="Delete a namespace. One that still has tables is refused unless --force "
+        "is given, which deletes its tables and all their keys too.",
+    )
+    ns_delete.add_argument("name", help="namespace name")
+    ns_delete.add_argument(
+        "--force", action="store_true", help="delete the namespace even if it has tables"
+    )
+    ns.add("list", "list every namespace, by name")
+
+    table = commands.group(commands.add("table", "create, get, list or delete tables"), "action")
+    create = table.add("create", "create a table")
+    _table_arg(create)
+    create.add_argument(
         "--ranges",
         type=_positive_int,
         default=4,
-        help="hash ranges at create, at least 1; odd counts round up (default 4)",
+        help="hash ranges, at least 1; odd counts round up (default 4)",
     )
-    table.add_argument(
+    create.add_argument(
         "--ttl",
         type=_non_negative_int,
         default=0,
         help="seconds a key lives after its last write, 0 = forever (default 0)",
     )
+    _table_arg(table.add("get", "print a table's id, ranges and TTL"))
+    _table_arg(table.add("delete", "delete a table and all its keys"))
+    table.add("list", "list a namespace's tables, by name").add_argument(
+        "namespace", help="namespace name"
+    )
 
-    def key_command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
-        sub.add_argument("--pkey", help="partition (routing) key; default: the key itself")
+
+def _add_key_commands(commands: _Commands) -> None:
+    def key_command(name: str, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        sub = commands.add(name, help_text, **kwargs)
+        _table_arg(sub)
+        _pkey_arg(sub)
+        sub.add_argument("key", help="the key (lkey)")
         return sub
 
     put = key_command("put", "store a value")
-    put.add_argument("key")
-    put.add_argument("value")
-    put.add_argument("--expected-version", type=int, help="-1 = must not exist; N = version N")
+    put.add_argument("value", help="the value; - reads it from stdin (all of it, as bytes)")
+    put.add_argument(
+        "--expected-version",
+        type=int,
+        help="-1 = the key must not exist; N = its version must be N",
+    )
+    put.add_argument(
+        "--ttl",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="the key disappears SECONDS after this write (overrides the table's TTL)",
+    )
+    put.add_argument(
+        "--session",
+        type=_positive_int,
+        metavar="ID",
+        help="make the key ephemeral: deleted when session ID (see `session create`) closes "
+        "or expires; the session must be on the key's range",
+    )
 
     get = key_command("get", "print a value (exit 1 if missing)")
-    get.add_argument("key")
-    get.add_argument("--json", action="store_true", help="print value and metadata as JSON")
+    get.add_argument("--json", action="store_true", help="same as -o json")
 
     incr = key_command("incr", "add to a number key (created if missing); prints the total")
-    incr.add_argument("key")
-    incr.add_argument("amount", type=int, nargs="?", default=1)
+    incr.add_argument("amount", type=int, nargs="?", default=1, help="what to add (default 1)")
 
-    delete = key_command("del", "delete a key (exit 1 if it did not exist)")
-    delete.add_argument("key")
+    delete = key_command("del", "delete a key and say so (exit 1 if it did not exist)")
+    delete.add_argument(
+        "--expected-version",
+        type=int,
+        help="delete only if the key's version is N (else exit 3, BadVersionError)",
+    )
 
-    cluster = commands.add_parser(
-        "cluster", help="cluster metadata in ZooKeeper: init once, then status"
+    scan = commands.add(
+        "scan",
+        "list the keys of one pkey in order, or of the whole table",
+        description="With PKEY: the keys of that pkey, in lkey order (one consistent read per "
+        "page). Without: every key of the table, range by range (pkeys in no particular "
+        "order), printed as pkey, lkey, value.",
     )
-    cluster_commands = cluster.add_subparsers(
-        dest="cluster_command", required=True, metavar="ACTION"
+    _table_arg(scan)
+    scan.add_argument("pkey", nargs="?", help="the pkey to scan; omit to scan the whole table")
+    scan.add_argument("--start", default="", help="first lkey (inclusive; needs PKEY)")
+    scan.add_argument("--end", default=None, help="last lkey (inclusive; needs PKEY)")
+    scan.add_argument("--limit", type=_positive_int, default=None, help="print at most N keys")
+    scan.add_argument("--json", action="store_true", help="same as -o json")
+
+
+def _add_stream_commands(commands: _Commands) -> None:
+    watch = commands.add(
+        "watch",
+        "print the changes of a key, or of the keys under a prefix of a pkey",
+        description="Print each change (PUT or DELETE) of one key, or with --prefix of every "
+        "lkey under --pkey that starts with KEY (KEY '' = the whole pkey), in revision order, "
+        "until Ctrl-C or --count changes. Starts from now, or from --rev (older changes come "
+        "from the range's event history). Once watching, a line 'watching ... from revision "
+        "N' goes to stderr.",
     )
-    cluster_init = cluster_commands.add_parser(
-        "init", help="create the cluster's metadata (once; idempotent)"
-    )
-    cluster_status = cluster_commands.add_parser(
-        "status",
-        help="live servers, the controller, the assignment, what each server serves and each "
-        "container's owner",
-        description="Print the cluster's live servers, controller and container assignment, the "
-        "containers each live server reports serving (its ServerInfo), and per container its "
-        "owner and ownership epoch (containers whose owner is not the assigned server are "
-        "marked 'moving', those their owner let go of 'released'). The cluster is ready when "
-        "every container is assigned to a live server and every live server serves exactly the "
-        "containers assigned to it.",
-    )
-    for sub in (cluster_init, cluster_status):
-        sub.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
-        sub.add_argument("--cluster", required=True, help="cluster name")
-    cluster_init.add_argument(
-        "--containers", type=int, required=True, help="number of storage containers (fixed)"
-    )
-    cluster_status.add_argument(
-        "--wait",
-        type=float,
+    _table_arg(watch)
+    _pkey_arg(watch)
+    watch.add_argument("key", help="the key, or with --prefix the lkey prefix")
+    watch.add_argument("--prefix", action="store_true", help="watch every lkey starting with KEY")
+    watch.add_argument(
+        "--rev",
+        type=_positive_int,
         default=None,
+        metavar="REVISION",
+        help="start with the changes at REVISION (default: changes from now on)",
+    )
+    watch.add_argument(
+        "--count", type=_positive_int, default=None, help="exit after N changes (default: never)"
+    )
+    watch.add_argument("--prev-kv", action="store_true", help="also print each previous value")
+
+    session = commands.group(
+        commands.add(
+            "session",
+            "create, keep alive or close a session (for ephemeral keys: put --session)",
+            description="A session lives on the range of a pkey and has a TTL; keys put with "
+            "it (put --session ID, on the same range) are deleted when it is closed or expires. "
+            "`create` does not keep it alive: run `keep-alive` (until Ctrl-C) beside it.",
+        ),
+        "action",
+    )
+    create = session.add("create", "create a session and print its id")
+    keep_alive = session.add(
+        "keep-alive", "keep a session alive until Ctrl-C (or --count keep-alives)"
+    )
+    close = session.add("close", "close a session (deletes its ephemeral keys)")
+    for sub in (create, keep_alive, close):
+        _table_arg(sub)
+        sub.add_argument("pkey", help="the pkey whose range holds the session")
+    create.add_argument(
+        "--ttl",
+        type=_positive_float,
+        required=True,
         metavar="SECONDS",
-        help="poll until the cluster is ready, at most SECONDS (0 = check once); exit 1 if it "
-        "is not ready by then (without --wait the exit code ignores readiness)",
+        help="the session expires SECONDS after its last keep-alive",
+    )
+    for sub in (keep_alive, close):
+        sub.add_argument("id", type=_positive_int, help="session id (from `session create`)")
+    keep_alive.add_argument(
+        "--count", type=_positive_int, default=None, help="exit after N keep-alives"
     )
 
-    admin = commands.add_parser("admin", help="checkpoints and per-range status")
-    admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
-    admin_checkpoint = admin_commands.add_parser(
-        "checkpoint", help="checkpoint ranges now and truncate their logs"
-    )
-    admin_checkpoint.add_argument(
+
+def _add_admin_commands(commands: _Commands) -> None:
+    admin = commands.group(commands.add("admin", "checkpoints and per-range status"), "action")
+    checkpoint = admin.add("checkpoint", "checkpoint ranges now and truncate their logs")
+    checkpoint.add_argument(
         "--table",
         type=_split_table,
         metavar="NAMESPACE/TABLE",
         help="only this table's ranges (default: every open range)",
     )
-    admin_commands.add_parser(
-        "status", help="per range: applied position, WAL size, keys, last checkpoint"
-    )
+    admin.add("status", "per range: applied position, WAL size, keys, last checkpoint")
 
-    scan = commands.add_parser("scan", help="list the keys of one pkey, in order")
-    scan.add_argument("table", type=_split_table, metavar="NAMESPACE/TABLE")
-    scan.add_argument("pkey")
-    scan.add_argument("--start", default="", help="first lkey (inclusive)")
-    scan.add_argument("--end", default=None, help="last lkey (inclusive)")
-    scan.add_argument("--limit", type=int, default=None)
-    scan.add_argument("--json", action="store_true")
-    return parser
+
+# ---------------------------------------------------------------------------------- commands
+
+
+def _ns(ctx: CommandContext) -> int:
+    client, out, args = ctx.client, ctx.out, ctx.args
+    if args.action == "list":
+        found = client.list_namespaces()
+        out.listing(
+            ["namespace", "id"],
+            [{"namespace": n.name, "id": n.namespace_id} for n in found],
+            [n.name for n in found],
+        )
+        return EXIT_OK
+    name = args.name
+    if args.action == "create":
+        ns_id = client.create_namespace(name)
+        out.doc({"namespace": name, "id": ns_id}, f"created namespace {name} (id {ns_id})")
+    elif args.action == "get":
+        ns_id = client.get_namespace(name)
+        out.doc({"namespace": name, "id": ns_id}, f"namespace {name}: id {ns_id}")
+    else:
+        tables = [t.name for t in client.list_tables(name)]
+        if tables and not args.force:
+            print(
+                f"error: namespace {name} is not empty ({len(tables)} tables: "
+                f"{', '.join(tables)}); --force deletes it with its tables",
+                file=sys.stderr,
+            )
+            return EXIT_ERROR
+        client.delete_namespace(name)
+        also = f" and its {len(tables)} tables ({', '.join(tables)})" if tables else ""
+        out.doc(
+            {"namespace": name, "deleted": True, "tables_deleted": tables},
+            f"deleted namespace {name}{also}",
+        )
+    return EXIT_OK
+
+
+def _table_doc(info: Any) -> dict[str, Any]:
+    return {
+        "namespace": info.namespace,
+        "table": info.name,
+        "id": info.table_id,
+        "ranges": info.ranges,
+        "ttl_seconds": info.ttl_seconds,
+    }
+
+
+def _table(ctx: CommandContext) -> int:
+    client, out, args = ctx.client, ctx.out, ctx.args
+    if args.action == "list":
+        found = client.list_tables(args.namespace)
+        out.listing(
+            ["table", "id", "ranges", "ttl_seconds"],
+            [_table_doc(info) for info in found],
+            [info.name for info in found],
+        )
+        return EXIT_OK
+    namespace, name = args.table
+    if args.action == "create":
+        info = client.create_table(namespace, name, ranges=args.ranges, ttl_seconds=args.ttl)
+        text = f"created table {namespace}/{name} (id {info.table_id}, {info.ranges} ranges)"
+        out.doc(_table_doc(info), text)
+    elif args.action == "get":
+        info = client.get_table(namespace, name)
+        text = (
+            f"table {namespace}/{name}: id {info.table_id}, {info.ranges} ranges, "
+            f"ttl {info.ttl_seconds}s"
+        )
+        out.doc(_table_doc(info), text)
+    else:
+        client.delete_table(namespace, name)
+        out.doc(
+            {"namespace": namespace, "table": name, "deleted": True},
+            f"deleted table {namespace}/{name}",
+        )
+    return EXIT_OK
+
+
+def _put(ctx: CommandContext) -> int:
+    args, out = ctx.args, ctx.out
+    table = ctx.table()
+    pkey, lkey = ctx.pkey_lkey()
+    value = ctx.value(args.value)
+    session = None
+    if args.session is not None:
+        session = table.session(pkey, ttl_s=1.0)
+        session.async_session.id = args.session  # an existing session: only its id is sent
+    prev = table.put(
+        pkey,
+        lkey,
+        value,
+        expected_version=args.expected_version,
+        ttl_s=args.ttl,
+        session=session,
+        prev_kv=out.output != "text",
+    )
+    doc = {
+        "pkey": out.bytes_text(pkey),
+        "lkey": out.bytes_text(lkey),
+        "prev": None if prev is None else out.kv_doc(prev),
+    }
+    out.doc(doc, None)
+    return EXIT_OK
+
+
+def _get(ctx: CommandContext) -> int:
+    out = Printer("json", ctx.args.hex) if ctx.args.json else ctx.out
+    pkey, lkey = ctx.pkey_lkey()
+    found = ctx.table().get(pkey, lkey)
+    if found is None:
+        print(f"key {ctx.args.key!r} not found", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    out.doc(out.kv_doc(found), str(out.value_of(found)))
+    return EXIT_OK
+
+
+def _incr(ctx: CommandContext) -> int:
+    out = ctx.out
+    pkey, lkey = ctx.pkey_lkey()
+    total = ctx.table().increment(pkey, lkey, ctx.args.amount, get_total=True)
+    doc = {"pkey": out.bytes_text(pkey), "lkey": out.bytes_text(lkey), "total": total}
+    out.doc(doc, str(total))
+    return EXIT_OK
+
+
+def _del(ctx: CommandContext) -> int:
+    out = ctx.out
+    pkey, lkey = ctx.pkey_lkey()
+    deleted = ctx.table().delete(pkey, lkey, expected_version=ctx.args.expected_version)
+    where = "" if ctx.args.pkey is None else f" (pkey {ctx.args.pkey})"
+    if not deleted:
+        print(f"key {ctx.args.key!r}{where} not found: nothing deleted", file=sys.stderr)
+        if out.output == "text":
+            return EXIT_NOT_FOUND
+    doc = {"pkey": out.bytes_text(pkey), "lkey": out.bytes_text(lkey), "deleted": deleted}
+    out.doc(doc, f"deleted {ctx.args.key}{where}")
+    return EXIT_OK if deleted else EXIT_NOT_FOUND
+
+
+def _scan(ctx: CommandContext) -> int:
+    args = ctx.args
+    out = Printer("json", args.hex) if args.json else ctx.out
+    if args.pkey is None:
+        if args.start or args.end is not None:
+            print("error: --start and --end need a PKEY", file=sys.stderr)
+            return EXIT_USAGE
+        rows: Iterator[KeyValue] = scan_table(ctx, args.limit)
+    else:
+        end = None if args.end is None else ctx.key(args.end)
+        rows = ctx.table().scan(ctx.key(args.pkey), ctx.key(args.start), end, limit=args.limit)
+    whole = args.pkey is None
+    columns = ["pkey", "lkey", "value"] if whole else ["lkey", "value"]
+    columns += ["version", "mod_revision"]
+    if out.table:
+        out.listing(columns, [out.kv_doc(kv) for kv in rows], [])
+        return EXIT_OK
+    for kv in rows:
+        if out.json:
+            out.doc(out.kv_doc(kv), None)
+        else:
+            prefix = f"{out.bytes_text(kv.pkey)}\t" if whole else ""
+            line(f"{prefix}{out.bytes_text(kv.lkey)}\t{out.value_of(kv)}")
+    return EXIT_OK
+
+
+def _admin(ctx: CommandContext) -> int:
+    client, out = ctx.client, ctx.out
+    if ctx.args.action == "checkpoint":
+        namespace, table = ctx.args.table if ctx.args.table else (None, None)
+        response = client.checkpoint(namespace, table)
+        if out.json:
+            _print_json_message(response)
+        else:
+            line(f"checkpointed {len(response.ranges)} ranges")
+            _print_ranges(response.ranges)
+    else:
+        status = client.status()
+        if out.json:
+            _print_json_message(status)
+        else:
+            line(
+                f"{status.num_storage_containers} storage containers; checkpoints: "
+                f"{status.checkpoint_store}, every {status.checkpoint_interval_s:.0f}s"
+            )
+            _print_ranges(status.ranges)
+    return EXIT_OK
+
+
+def _print_json_message(message: Any) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    line(json.dumps(MessageToDict(message, preserving_proto_field_name=True)))
 
 
 def _print_ranges(ranges: Any) -> None:
@@ -207,10 +619,10 @@ def _print_ranges(ranges: Any) -> None:
         f"{'keys~':>8} {'ckpt at':>9} {'ckpt age':>9} {'ckpt s':>7} {'uploaded':>10} "
         f"{'files up/reused':>15}"
     )
-    print(header)
+    line(header)
     for r in ranges:
         age = "never" if r.checkpoint_age_ms < 0 else f"{r.checkpoint_age_ms / 1000:.0f}s"
-        print(
+        line(
             f"{r.container_id:>9} {r.stream_id:>6} {r.range_id:>6} {r.applied_sequence:>9} "
             f"{r.wal_bytes:>11} {r.estimated_keys:>8} {r.checkpoint_sequence:>9} {age:>9} "
             f"{r.checkpoint_seconds:>7.3f} {r.checkpoint_bytes_uploaded:>10} "
@@ -220,247 +632,54 @@ def _print_ranges(ranges: Any) -> None:
         )
 
 
-def _run(args: argparse.Namespace, client: Client) -> int:
-    if args.command == "admin":
-        if args.admin_command == "checkpoint":
-            namespace, table = args.table if args.table else (None, None)
-            response = client.checkpoint(namespace, table)
-            print(f"checkpointed {len(response.ranges)} ranges")
-            _print_ranges(response.ranges)
-        else:
-            status = client.status()
-            print(
-                f"{status.num_storage_containers} storage containers; checkpoints: "
-                f"{status.checkpoint_store}, every {status.checkpoint_interval_s:.0f}s"
-            )
-            _print_ranges(status.ranges)
-        return EXIT_OK
-    if args.command == "ns":
-        if args.action == "create":
-            print(f"created namespace {args.name} (id {client.create_namespace(args.name)})")
-        elif args.action == "get":
-            print(f"namespace {args.name}: id {client.get_namespace(args.name)}")
-        else:
-            client.delete_namespace(args.name)
-            print(f"deleted namespace {args.name}")
-        return EXIT_OK
-    if args.command == "table":
-        namespace, name = args.table
-        if args.action == "create":
-            info = client.create_table(namespace, name, ranges=args.ranges, ttl_seconds=args.ttl)
-            print(f"created table {namespace}/{name} (id {info.table_id}, {info.ranges} ranges)")
-        elif args.action == "get":
-            info = client.get_table(namespace, name)
-            print(
-                f"table {namespace}/{name}: id {info.table_id}, {info.ranges} ranges, "
-                f"ttl {info.ttl_seconds}s"
-            )
-        else:
-            client.delete_table(namespace, name)
-            print(f"deleted table {namespace}/{name}")
-        return EXIT_OK
-    namespace, name = args.table
-    table = client.table(namespace, name)
-    if args.command == "scan":
-        for kv in table.scan(args.pkey, args.start, args.end, limit=args.limit):
-            if args.json:
-                print(_render(kv, True))
-            else:
-                print(f"{kv.lkey.decode(errors='backslashreplace')}\t{_render(kv, False)}")
-        return EXIT_OK
-    pkey = args.pkey if args.pkey is not None else args.key
-    if args.command == "put":
-        table.put(pkey, args.key, args.value, expected_version=args.expected_version)
-        return EXIT_OK
-    if args.command == "get":
-        found = table.get(pkey, args.key)
-        if found is None:
-            print(f"key {args.key!r} not found", file=sys.stderr)
-            return EXIT_NOT_FOUND
-        print(_render(found, args.json))
-        return EXIT_OK
-    if args.command == "incr":
-        print(table.increment(pkey, args.key, args.amount, get_total=True))
-        return EXIT_OK
-    if args.command == "del":
-        return EXIT_OK if table.delete(pkey, args.key) else EXIT_NOT_FOUND
-    raise AssertionError(args.command)
+_HANDLERS: dict[str, Callable[[CommandContext], int]] = {
+    "ns": _ns,
+    "table": _table,
+    "put": _put,
+    "get": _get,
+    "incr": _incr,
+    "del": _del,
+    "scan": _scan,
+    "watch": watch,
+    "session": session,
+    "admin": _admin,
+}
+_STREAMING = ("watch", "session")
+"""Commands that run until Ctrl-C: an interrupt is how they end, so it exits 0."""
 
 
-@dataclass
-class _ClusterView:
-    """One snapshot of a cluster: ZooKeeper's view plus what each live server says it serves."""
-
-    name: str
-    containers: int
-    servers: list[str]
-    controller: str | None
-    assignment: dict[str, frozenset[int]]
-    revision: int
-    owners: dict[int, tuple[str, int, bool] | None]
-    """Per container: (owner endpoint, ownership epoch, released by that owner) or None."""
-    serving: dict[str, frozenset[int] | str]
-    """Per live server: the containers its ServerInfo lists, or why it could not be asked."""
-
-    def assigned_to(self) -> dict[int, str]:
-        return {c: server for server, cs in self.assignment.items() for c in cs}
-
-    def problems(self) -> list[str]:
-        """Why the cluster is not ready (empty when ready)."""
-        found: list[str] = []
-        assigned = self.assigned_to()
-        unassigned = sorted(set(range(self.containers)) - set(assigned))
-        if unassigned:
-            found.append(f"containers {unassigned} are unassigned")
-        for server, owned in sorted(self.assignment.items()):
-            if owned and server not in self.servers:
-                found.append(f"{server} is assigned {sorted(owned)} but is not live")
-        for server in self.servers:
-            serving = self.serving.get(server, "not asked")
-            wanted = self.assignment.get(server, frozenset())
-            if isinstance(serving, str):
-                found.append(f"{server}: {serving}")
-            elif serving != wanted:
-                found.append(f"{server} serves {sorted(serving)}, assigned {sorted(wanted)}")
-        return found
-
-
-def _server_containers(endpoint: str, timeout_s: float) -> frozenset[int] | str:
-    from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
-
-    try:
-        with grpc.insecure_channel(
-            endpoint, options=[("grpc.use_local_subchannel_pool", 1)]
-        ) as channel:
-            stub = tablekeeper_pb2_grpc.TableKeeperStub(channel)
-            info = stub.ServerInfo(tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s)
-    except grpc.RpcError as exc:
-        code = exc.code().name if hasattr(exc, "code") else "error"
-        return f"ServerInfo failed: {code}"
-    return frozenset(int(c) for c in info.containers)
-
-
-def _cluster_view(
-    coordinator: ZkCoordinator, name: str, rpc_timeout_s: float = 2.0
-) -> _ClusterView:
-    containers = int(coordinator.num_containers())
-    assignment, revision = coordinator.read_assignment()
-    servers = list(coordinator.live_servers())
-    owners: dict[int, tuple[str, int, bool] | None] = {}
-    for container in range(containers):
-        owner = coordinator.owner(container)
-        owners[container] = None if owner is None else (owner.endpoint, owner.epoch, owner.released)
-    serving: dict[str, frozenset[int] | str] = {}
-    if servers:
-        with ThreadPoolExecutor(max_workers=min(len(servers), 16)) as pool:
-            answers = pool.map(lambda s: _server_containers(s, rpc_timeout_s), servers)
-            serving = dict(zip(servers, answers, strict=True))
-    return _ClusterView(
-        name=name,
-        containers=containers,
-        servers=servers,
-        controller=coordinator.controller(),
-        assignment=dict(assignment),
-        revision=revision,
-        owners=owners,
-        serving=serving,
-    )
-
-
-def _print_cluster(view: _ClusterView) -> None:
-    print(f"cluster {view.name}: {view.containers} storage containers")
-    print(f"servers: {', '.join(view.servers) or '(none)'}")
-    print(f"controller: {view.controller or '(none)'}")
-    print(f"assignment (revision {view.revision}):")
-    for server, owned in sorted(view.assignment.items()):
-        print(f"  {server}: {sorted(owned)}")
-    assigned = view.assigned_to()
-    unassigned = sorted(set(range(view.containers)) - set(assigned))
-    if unassigned:
-        print(f"  unassigned: {unassigned}")
-    print("serving (ServerInfo of each live server):")
-    for server in view.servers:
-        serving = view.serving.get(server, "not asked")
-        print(f"  {server}: {serving if isinstance(serving, str) else sorted(serving)}")
-    if not view.servers:
-        print("  (no live servers)")
-    print("containers:")
-    rows: list[tuple[int, str, str, str]] = []
-    for container in range(view.containers):
-        target = assigned.get(container, "-")
-        owner = view.owners.get(container)
-        if owner is None:
-            rows.append((container, target, "-", "unclaimed" if target != "-" else ""))
-        else:
-            notes = ["moving"] if owner[0] != target else []
-            notes += ["released"] if owner[2] else []
-            rows.append((container, target, f"{owner[0]} ({owner[1]})", " ".join(notes)))
-    target_width = max(len("assigned to"), *(len(r[1]) for r in rows))
-    owner_width = max(len("owner (epoch)"), *(len(r[2]) for r in rows))
-    print(f"  {'container':>9}  {'assigned to':<{target_width}}  owner (epoch)")
-    for container, target, shown, note in rows:
-        line = f"  {container:>9}  {target:<{target_width}}  {shown:<{owner_width}}  {note}"
-        print(line.rstrip())
-    problems = view.problems()
-    print("ready: yes" if not problems else f"ready: no ({'; '.join(problems)})")
-
-
-def _cluster(args: argparse.Namespace) -> int:
-    try:
-        from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
-    except ImportError:
-        print("error: cluster commands need the server extra (pip install 'tablekeeper[server]')")
-        return EXIT_USAGE
-    coordinator = ZkCoordinator(args.zk, args.cluster)
-    try:
-        coordinator.start()
-    except Exception as exc:
-        print(f"error: cannot reach ZooKeeper at {args.zk}: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        if args.cluster_command == "init":
-            created = coordinator.init_cluster(args.containers)
-            state = "initialised" if created else "already initialised"
-            print(f"cluster {args.cluster} {state} with {args.containers} storage containers")
-            return EXIT_OK
-        deadline = time.monotonic() + (args.wait or 0.0)
-        while True:
-            view = _cluster_view(coordinator, args.cluster)
-            if args.wait is None or not view.problems() or time.monotonic() >= deadline:
-                break
-            time.sleep(0.5)
-        _print_cluster(view)
-        if args.wait is not None and view.problems():
-            return EXIT_NOT_READY
-        return EXIT_OK
-    except (ClusterError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    finally:
-        coordinator.stop()
+def _retry_policy(timeout_s: float | None) -> RetryPolicy:
+    if timeout_s is None:
+        return RetryPolicy()
+    return RetryPolicy(deadline_s=timeout_s, call_timeout_s=timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "cluster":
-        return _cluster(args)
-    if args.command == "server":
-        if getattr(args, "server_missing", False):
-            print("error: the server is not installed (pip install 'tablekeeper[server]')")
-            return EXIT_USAGE
-        from tablekeeper_server.config import config_from_args
-        from tablekeeper_server.main import run
-
-        try:
-            config = config_from_args(args)
-        except ValueError as exc:
-            parser.error(str(exc))
-        return run(config)
-    client: Any = None
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "stand_in", False):  # stand-ins take any arguments
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.output not in OUTPUT_FORMATS:  # a bad TABLEKEEPER_OUTPUT (argparse checks flags)
+        parser.error(
+            f"TABLEKEEPER_OUTPUT: invalid choice {args.output!r} (choose from text, json, table)"
+        )
+    if getattr(args, "run", None) is not None:  # a command of another package
+        return int(args.run(args))
+    if args.command == "completion":
+        sys.stdout.write(script(parser, args.shell))
+        return EXIT_OK
+    client: Client | None = None
     try:
-        client = Client(args.service)
-        return _run(args, client)
+        client = Client(args.service, retry=_retry_policy(args.timeout))
+        return _HANDLERS[args.command](CommandContext(args, client))
+    except KeyboardInterrupt:
+        return EXIT_OK if args.command in _STREAMING else EXIT_INTERRUPTED
+    except CompactedError as exc:
+        print(
+            f"error: CompactedError: {exc} (oldest revision held: {exc.oldest_revision})",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     except TableKeeperError as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -472,6 +691,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `tablekeeper scan ... | head`: the reader is gone, so stop
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     finally:
         if client is not None:
             client.close()

@@ -6,15 +6,19 @@ test starts its own server with `tablekeeper server ...`, as an operator would.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,35 +27,76 @@ from tests.support.server import REPO, TABLEKEEPER, ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
-SUBCOMMANDS = ["server", "ns", "table", "put", "get", "incr", "del", "scan"]
+SUBCOMMANDS = [
+    "server",
+    "cluster",
+    "ns",
+    "table",
+    "put",
+    "get",
+    "incr",
+    "del",
+    "scan",
+    "watch",
+    "session",
+    "admin",
+    "completion",
+]
+CLI_ENVIRONMENT = (
+    "TABLEKEEPER_SERVICE",
+    "TABLEKEEPER_OUTPUT",
+    "TABLEKEEPER_HEX",
+    "TABLEKEEPER_TIMEOUT",
+)
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without the CLI's variables (a developer's own must not leak in)."""
+    env = {k: v for k, v in os.environ.items() if k not in CLI_ENVIRONMENT}
+    return env | (extra or {})
 
 
 def tk(
-    *args: str, service: str | None = None, timeout: float = 60
+    *args: str,
+    service: str | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    stdin: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `tablekeeper [--service S] ARGS...`; never raises on a non-zero exit."""
+    """Run `tablekeeper [--service S] ARGS...`; never raises on a non-zero exit. `env`: extra
+    environment variables; `stdin`: bytes for its standard input (else none)."""
     argv = [str(TABLEKEEPER)]
     if service is not None:
         argv += ["--service", service]
-    env = {k: v for k, v in os.environ.items() if k != "TABLEKEEPER_SERVICE"}
-    return subprocess.run(
-        [*argv, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+    result = subprocess.run(
+        [*argv, *args],
+        capture_output=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=_env(env),
+        input=stdin if stdin is not None else b"",
+    )
+    return subprocess.CompletedProcess(
+        result.args,
+        result.returncode,
+        result.stdout.decode(errors="backslashreplace"),
+        result.stderr.decode(errors="backslashreplace"),
     )
 
 
 def tk_all(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
     """Run several independent `tablekeeper` commands at once (they are startup-bound)."""
-    env = {k: v for k, v in os.environ.items() if k != "TABLEKEEPER_SERVICE"}
     processes = [
         (
             argv,
             subprocess.Popen(
                 [str(TABLEKEEPER), *argv],
+                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
                 cwd=REPO,
-                env=env,
+                env=_env(),
             ),
         )
         for argv in commands
@@ -109,6 +154,79 @@ def test_help_of_every_command() -> None:
     assert "NAMESPACE/TABLE" in ok(subs[SUBCOMMANDS.index("put")])
 
 
+def test_every_argument_has_help_text() -> None:
+    """Every option and positional of every command (server and cluster included) explains
+    itself in --help."""
+    from tablekeeper.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.Action]]:
+        for action in parser._actions:
+            yield path, action
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, f"{path} {name}")
+
+    missing = [
+        f"{path}: {action.option_strings or action.dest}"
+        for path, action in walk(build_parser(), "tablekeeper")
+        if not action.help and not isinstance(action, argparse._SubParsersAction)
+    ]
+    assert missing == []
+    actions = [a for _, a in walk(build_parser(), "tablekeeper")]
+    assert len(actions) > 100  # the walk saw every command
+
+
+def test_version_and_completion() -> None:
+    version, bash_script, zsh_script = tk_all(
+        ["--version"], ["completion", "bash"], ["completion", "zsh"]
+    )
+    assert re.fullmatch(r"tablekeeper \d+\.\d+\.\d+\S*\n", ok(version)), version.stdout
+    script = ok(bash_script)
+    assert "complete -o default -F _tablekeeper tablekeeper" in script
+    assert "bashcompinit" in ok(zsh_script) and script in zsh_script.stdout
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash to run the completion script")
+    # Ask the completion function what it offers after each command line (last word = cursor).
+    probe = script + textwrap.dedent(
+        """
+        complete_line() {
+            read -ra COMP_WORDS <<< "$1"
+            [[ $1 == *" " ]] && COMP_WORDS+=("")
+            COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+            COMPREPLY=()
+            _tablekeeper
+            echo "${COMPREPLY[*]}"
+        }
+        complete_line "tablekeeper "
+        complete_line "tablekeeper ns "
+        complete_line "tablekeeper --service bk://h:1 ta"
+        complete_line "tablekeeper -o "
+        complete_line "tablekeeper ns delete --f"
+        complete_line "tablekeeper get app/t key --o"
+        complete_line "tablekeeper session "
+        complete_line "tablekeeper completion "
+        complete_line "tablekeeper cluster status --w"
+        """
+    )
+    result = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=60)
+    lines = ok(result).splitlines()
+    assert lines[0].split() == [
+        "server", "cluster", "ns", "table", "put", "get", "incr", "del", "scan", "watch",
+        "session", "admin", "completion",
+    ]  # fmt: skip
+    assert lines[1:] == [
+        "create get delete list",
+        "table",
+        "text json table",
+        "--force",
+        "--output",
+        "create keep-alive close",
+        "bash zsh",
+        "--wait",
+    ]
+
+
 def test_usage_errors_exit_2() -> None:
     results = tk_all(
         [],
@@ -116,6 +234,12 @@ def test_usage_errors_exit_2() -> None:
         ["get", "no-slash", "k"],
         ["incr", "ns/t", "k", "not-a-number"],
         ["ns", "rename", "x"],
+        ["scan", "ns/t", "--start", "a"],
+        ["watch", "ns/t", "k", "--prefix"],
+        ["-o", "xml", "ns", "list"],
+        ["ns", "list", "--timeout", "0"],
+        ["session", "create", "ns/t", "p"],
+        ["put", "ns/t", "k", "v", "--bogus"],
         ["put", "ns/t", "k"],
         ["server", "--containers", "0", "--data-dir", "/nonexistent/never"],
         ["--service", "http://127.0.0.1:1", "ns", "get", "x"],
@@ -130,6 +254,12 @@ def test_usage_errors_exit_2() -> None:
         "expected NAMESPACE/TABLE",
         "invalid int value",
         "invalid choice",
+        "error: --start and --end need a PKEY",
+        "error: --prefix needs --pkey",
+        "argument -o/--output: invalid choice: 'xml'",
+        "argument --timeout: must be > 0 (got 0)",
+        "the following arguments are required: --ttl",
+        "unrecognized arguments: --bogus",
         "the following arguments are required: value",
         "--containers must be at least 1",
         "error: service URI must start with bk://",
@@ -251,8 +381,10 @@ def test_put_get_json_del(svc: str) -> None:
     result = tk("get", t, "nothing-here", service=svc)
     assert result.returncode == 1 and result.stdout == ""
     assert "'nothing-here' not found" in result.stderr
-    assert ok(tk("del", t, "greeting", service=svc)) == ""
-    assert tk("del", t, "greeting", service=svc).returncode == 1
+    assert ok(tk("del", t, "greeting", service=svc)) == "deleted greeting\n"
+    gone = tk("del", t, "greeting", service=svc)
+    assert (gone.returncode, gone.stdout) == (1, "")
+    assert "key 'greeting' not found: nothing deleted" in gone.stderr
     assert tk("get", t, "greeting", service=svc).returncode == 1
 
     # what the CLI wrote is (key, key) for the SDK, and vice versa
@@ -283,7 +415,7 @@ def test_incr(svc: str) -> None:
     ok(tk("put", t, "word", "text", service=svc))
     failed(tk("incr", t, "word", service=svc), 3, "error: BadRequestError")
     assert ok(tk("incr", t, "c", "3", "--pkey", "P", service=svc)) == "3\n"
-    assert ok(tk("del", t, "visits", service=svc)) == ""
+    assert ok(tk("del", t, "visits", service=svc)) == "deleted visits\n"
     assert ok(tk("incr", t, "visits", "2", service=svc)) == "2\n"
 
 
@@ -312,7 +444,7 @@ def test_scan(svc: str) -> None:
         ("user", "k2", "v2"),
     ]
     assert ok(tk("scan", t, "nobody", service=svc)) == ""
-    assert ok(tk("del", t, "k5", "--pkey", "user", service=svc)) == ""
+    assert ok(tk("del", t, "k5", "--pkey", "user", service=svc)) == "deleted k5 (pkey user)\n"
     assert "k5" not in ok(tk("scan", t, "user", service=svc))
 
 
@@ -328,6 +460,403 @@ def test_service_from_environment(svc: str) -> None:
     assert result.returncode == 0, result.stderr
     with Client(svc) as client:
         assert client.get_namespace("cli_env") > 0
+
+
+def _lines(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(text) for text in ok(result).splitlines()]
+
+
+def test_ns_and_table_list_and_guarded_ns_delete(svc: str) -> None:
+    ok(tk("ns", "create", "cli_list_b", service=svc))
+    ok(tk("ns", "create", "cli_list_a", service=svc))
+    ok(tk("table", "create", "cli_list_a/zeta", "--ranges", "2", service=svc))
+    ok(tk("table", "create", "cli_list_a/alpha", "--ttl", "9", service=svc))
+    names = ok(tk("ns", "list", service=svc)).splitlines()
+    assert names == sorted(names) and {"cli_list_a", "cli_list_b"} <= set(names)
+    docs = _lines(tk("ns", "list", "-o", "json", service=svc))
+    with Client(svc) as client:
+        assert {"namespace": "cli_list_a", "id": client.get_namespace("cli_list_a")} in docs
+        assert [n.name for n in client.list_namespaces()] == names
+        tables = client.list_tables("cli_list_a")
+        assert [t.name for t in tables] == ["alpha", "zeta"]
+    assert ok(tk("table", "list", "cli_list_a", service=svc)) == "alpha\nzeta\n"
+    assert _lines(tk("table", "list", "cli_list_a", "-o", "json", service=svc)) == [
+        {
+            "namespace": "cli_list_a",
+            "table": t.name,
+            "id": t.table_id,
+            "ranges": t.ranges,
+            "ttl_seconds": t.ttl_seconds,
+        }
+        for t in tables
+    ]
+    table_view = ok(tk("table", "list", "cli_list_a", "-o", "table", service=svc)).splitlines()
+    assert table_view[0].split() == ["TABLE", "ID", "RANGES", "TTL_SECONDS"]
+    assert [row.split()[0::2] for row in table_view[1:]] == [["alpha", "4"], ["zeta", "2"]]
+    assert ok(tk("table", "list", "cli_list_b", service=svc)) == ""
+    failed(tk("table", "list", "cli_nope", service=svc), 3, "error: NamespaceNotFoundError")
+
+    # a namespace with tables is deleted only with --force, which says what went with it
+    err = failed(tk("ns", "delete", "cli_list_a", service=svc), 3, "error: namespace cli_list_a")
+    assert "not empty (2 tables: alpha, zeta); --force deletes it" in err
+    ok(tk("ns", "get", "cli_list_a", service=svc))  # still there
+    out = ok(tk("ns", "delete", "cli_list_a", "--force", service=svc))
+    assert out == "deleted namespace cli_list_a and its 2 tables (alpha, zeta)\n"
+    assert ok(tk("ns", "delete", "cli_list_b", service=svc)) == "deleted namespace cli_list_b\n"
+    assert not {"cli_list_a", "cli_list_b"} & set(ok(tk("ns", "list", service=svc)).split())
+
+
+def test_output_formats_on_every_command(svc: str) -> None:
+    """-o json / -o table on each command, given before or after it."""
+    created = json.loads(ok(tk("-o", "json", "ns", "create", "cli_fmt", service=svc)))
+    assert set(created) == {"namespace", "id"} and created["namespace"] == "cli_fmt"
+    assert json.loads(ok(tk("ns", "get", "cli_fmt", "-o", "json", service=svc))) == created
+    ns_table = ok(tk("ns", "get", "cli_fmt", "-o", "table", service=svc)).splitlines()
+    assert ns_table == ["NAMESPACE  ID", f"cli_fmt    {created['id']}"]
+    info = json.loads(ok(tk("table", "create", "cli_fmt/t", "-o", "json", service=svc)))
+    assert info["table"] == "t" and info["ranges"] == 4 and info["ttl_seconds"] == 0
+    assert json.loads(ok(tk("table", "get", "cli_fmt/t", "-o", "json", service=svc))) == info
+    t = "cli_fmt/t"
+    put = json.loads(ok(tk("put", t, "k", "v1", "-o", "json", service=svc)))
+    assert put == {"pkey": "k", "lkey": "k", "prev": None}
+    put = json.loads(ok(tk("put", t, "k", "v2", "-o", "json", service=svc)))
+    assert put["prev"]["value"] == "v1" and put["prev"]["version"] == 0
+    got = json.loads(ok(tk("get", t, "k", "-o", "json", service=svc)))
+    assert (got["value"], got["version"]) == ("v2", 1)
+    got_table = ok(tk("-o", "table", "get", t, "k", service=svc)).splitlines()
+    assert got_table[0].split() == [
+        "PKEY", "LKEY", "VALUE", "IS_NUMBER", "VERSION", "CREATE_REVISION", "MOD_REVISION",
+    ]  # fmt: skip
+    assert got_table[1].split()[:5] == ["k", "k", "v2", "False", "1"]
+    assert json.loads(ok(tk("incr", t, "n", "5", "-o", "json", service=svc))) == {
+        "pkey": "n",
+        "lkey": "n",
+        "total": 5,
+    }
+    assert json.loads(ok(tk("del", t, "k", "-o", "json", service=svc))) == {
+        "pkey": "k",
+        "lkey": "k",
+        "deleted": 1,
+    }
+    gone = tk("del", t, "k", "-o", "json", service=svc)
+    assert gone.returncode == 1 and json.loads(gone.stdout)["deleted"] == 0
+    assert json.loads(ok(tk("table", "delete", t, "-o", "json", service=svc)))["deleted"]
+    doc = json.loads(ok(tk("ns", "delete", "cli_fmt", "-o", "json", service=svc)))
+    assert doc == {"namespace": "cli_fmt", "deleted": True, "tables_deleted": []}
+    status = json.loads(ok(tk("admin", "status", "-o", "json", service=svc)))
+    assert status["num_storage_containers"] > 0 and status["ranges"]
+
+
+def test_whole_table_scan(svc: str) -> None:
+    ok(tk("ns", "create", "cli_wscan", service=svc))
+    ok(tk("table", "create", "cli_wscan/t", "--ranges", "4", service=svc))
+    expected = {(f"p{i}", f"k{j}", f"v{i}.{j}") for i in range(12) for j in range(3)}
+    with Client(svc) as client:
+        table = client.table("cli_wscan", "t")
+        for pkey, lkey, value in expected:
+            table.put(pkey, lkey, value)
+        table.increment("p0", "n", 7)
+    expected.add(("p0", "n", "7"))
+    rows = [
+        tuple(row.split("\t")) for row in ok(tk("scan", "cli_wscan/t", service=svc)).splitlines()
+    ]
+    assert len(rows) == len(expected) and set(rows) == expected
+    by_pkey = [r for r in rows if r[0] == "p3"]
+    assert [r[1] for r in by_pkey] == ["k0", "k1", "k2"]  # in order within a pkey
+    docs = _lines(tk("scan", "cli_wscan/t", "-o", "json", "--limit", "5", service=svc))
+    assert len(docs) == 5 and all((d["pkey"], d["lkey"], str(d["value"])) in expected for d in docs)
+    view = ok(tk("scan", "cli_wscan/t", "-o", "table", "--limit", "2", service=svc)).splitlines()
+    assert view[0].split() == ["PKEY", "LKEY", "VALUE", "VERSION", "MOD_REVISION"]
+    assert len(view) == 3
+    ok(tk("table", "create", "cli_wscan/empty", service=svc))
+    assert ok(tk("scan", "cli_wscan/empty", service=svc)) == ""
+    failed(tk("scan", "cli_wscan/none", service=svc), 3, "error: TableNotFoundError")
+
+
+def test_values_from_stdin_and_hex(svc: str) -> None:
+    ok(tk("ns", "create", "cli_bytes", service=svc))
+    ok(tk("table", "create", "cli_bytes/t", service=svc))
+    t = "cli_bytes/t"
+    blob = bytes(range(256)) + b"\n"
+    ok(tk("put", t, "blob", "-", service=svc, stdin=blob))
+    ok(tk("put", t, "text", "-", service=svc, stdin=b"line one\nline two\n"))
+    assert ok(tk("get", t, "text", service=svc)) == "line one\nline two\n\n"
+    assert ok(tk("get", t, b"blob".hex(), "--hex", service=svc)) == blob.hex() + "\n"
+    # --hex: keys and values given as hex, also for the pkey and from stdin
+    ok(tk("--hex", "put", t, "--pkey", "00ff", "0102", "ff00ff", service=svc))
+    ok(tk("put", t, "--pkey", "00ff", "0103", "-", "--hex", service=svc, stdin=b"cafe\n"))
+    with Client(svc) as client:
+        table = client.table("cli_bytes", "t")
+        blob_kv, kv = table.get("blob", "blob"), table.get(b"\x00\xff", b"\x01\x02")
+        assert blob_kv is not None and blob_kv.value == blob
+        assert kv is not None and kv.value == b"\xff\x00\xff"
+        other = table.get(b"\x00\xff", b"\x01\x03")
+        assert other is not None and other.value == b"\xca\xfe"
+    out = ok(tk("scan", t, "00ff", "--hex", service=svc))
+    assert out == "0102\tff00ff\n0103\tcafe\n"
+    doc = json.loads(ok(tk("get", t, "--pkey", "00ff", "0102", "--hex", "-o", "json", service=svc)))
+    assert (doc["pkey"], doc["lkey"], doc["value"]) == ("00ff", "0102", "ff00ff")
+    failed(tk("get", t, "zz", "--hex", service=svc), 2, "error: non-hexadecimal number")
+
+
+def test_put_ttl(svc: str) -> None:
+    ok(tk("ns", "create", "cli_ttl", service=svc))
+    ok(tk("table", "create", "cli_ttl/t", service=svc))
+    ok(tk("put", "cli_ttl/t", "short", "v", "--ttl", "0.5", service=svc))
+    ok(tk("put", "cli_ttl/t", "long", "v", "--ttl", "3600", service=svc))
+    with Client(svc) as client:
+        table = client.table("cli_ttl", "t")
+        deadline = time.monotonic() + 30
+        while table.get("short", "short") is not None:  # until its TTL has passed
+            assert time.monotonic() < deadline, "the key never expired"
+            time.sleep(0.1)
+        assert table.get("long", "long") is not None
+    assert tk("get", "cli_ttl/t", "short", service=svc).returncode == 1
+    failed(tk("put", "cli_ttl/t", "k", "v", "--ttl", "-1", service=svc), 2, "must be > 0")
+
+
+def test_watch_from_a_revision(svc: str) -> None:
+    """Replays from --rev are deterministic: the changes exist before the watch starts."""
+    ok(tk("ns", "create", "cli_watch", service=svc))
+    ok(tk("table", "create", "cli_watch/t", service=svc))
+    t = "cli_watch/t"
+    with Client(svc) as client:
+        table = client.table("cli_watch", "t")
+        table.put("users", "user-1", "a")
+        first = table.get("users", "user-1")
+        assert first is not None
+        table.put("users", "user-2", "b")
+        table.put("users", "user.", "next to the prefix")  # the prefix's range end: not shown
+        table.put("users", "other", "not under the prefix")
+        table.put("people", "user-3", "another pkey")
+        table.delete("users", "user-1")
+        table.put("users", "user-2", "b2")
+        table.put("k", "k", "own pkey")
+        table.put("k", "k", "own pkey 2")
+    rev = str(first.mod_revision)
+    out = tk(
+        "watch",
+        t,
+        "user-",
+        "--pkey",
+        "users",
+        "--prefix",
+        "--rev",
+        rev,
+        "--count",
+        "4",
+        service=svc,
+    )
+    assert ok(out).splitlines() == [
+        "PUT\tuser-1\ta",
+        "PUT\tuser-2\tb",
+        "DELETE\tuser-1",
+        "PUT\tuser-2\tb2",
+    ]
+    assert f"watching prefix 'user-' of pkey 'users' of {t}, from revision {rev}" in out.stderr
+    docs = _lines(
+        tk(
+            "watch",
+            t,
+            "user-2",
+            "--pkey",
+            "users",
+            "--rev",
+            rev,
+            "--count",
+            "2",
+            "--prev-kv",
+            "-o",
+            "json",
+            service=svc,
+        )
+    )
+    assert [(d["type"], d["lkey"], d["kv"]["value"]) for d in docs] == [
+        ("put", "user-2", "b"),
+        ("put", "user-2", "b2"),
+    ]
+    assert docs[0]["prev"] is None and docs[1]["prev"]["value"] == "b"
+    assert docs[0]["revision"] < docs[1]["revision"]
+    # a key is its own pkey, as for get; the whole pkey with an empty prefix
+    assert ok(tk("watch", t, "k", "--rev", "1", "--count", "2", service=svc)).splitlines() == [
+        "PUT\tk\town pkey",
+        "PUT\tk\town pkey 2",
+    ]
+    whole = tk(
+        "watch",
+        t,
+        "",
+        "--pkey",
+        "users",
+        "--prefix",
+        "--rev",
+        rev,
+        "--count",
+        "4",
+        "-o",
+        "table",
+        service=svc,
+    )
+    rows = [row.split("\t") for row in ok(whole).splitlines()]
+    assert rows[0] == ["TYPE", "REVISION", "LKEY", "VALUE"]
+    assert [(r[0], r[2], r[3]) for r in rows[1:]] == [
+        ("PUT", "user-1", "a"),
+        ("PUT", "user-2", "b"),
+        ("PUT", "user.", "next to the prefix"),
+        ("PUT", "other", "not under the prefix"),
+    ]
+
+
+def test_watch_streams_until_interrupted(svc: str) -> None:
+    ok(tk("ns", "create", "cli_live", service=svc))
+    ok(tk("table", "create", "cli_live/t", service=svc))
+    process = subprocess.Popen(
+        [str(TABLEKEEPER), "--service", svc, "watch", "cli_live/t", "", "--pkey", "P", "--prefix"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+    )
+    try:
+        assert process.stderr is not None and process.stdout is not None
+        ready = process.stderr.readline()  # printed once the server has registered the watch
+        assert ready.startswith("watching prefix '' of pkey 'P' of cli_live/t, after revision"), (
+            ready
+        )
+        with Client(svc) as client:
+            table = client.table("cli_live", "t")
+            table.put("P", "a", "1")
+            assert process.stdout.readline() == "PUT\ta\t1\n"
+            table.put("Q", "a", "other pkey")
+            table.delete("P", "a")
+            assert process.stdout.readline() == "DELETE\ta\n"
+        process.send_signal(signal.SIGINT)  # Ctrl-C is how a watch ends: exit 0, no traceback
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in process.stderr.read()
+        assert process.stdout.read() == ""
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_sessions_and_ephemeral_keys(svc: str) -> None:
+    ok(tk("ns", "create", "cli_sess", service=svc))
+    ok(tk("table", "create", "cli_sess/t", service=svc))
+    t = "cli_sess/t"
+    session = ok(tk("session", "create", t, "members", "--ttl", "30", service=svc)).strip()
+    assert session.isdigit(), session
+    ok(tk("put", t, "--pkey", "members", "node-1", "host:1", "--session", session, service=svc))
+    ok(tk("put", t, "--pkey", "members", "durable", "stays", service=svc))
+    alive = _lines(
+        tk(
+            "session",
+            "keep-alive",
+            t,
+            "members",
+            session,
+            "--count",
+            "2",
+            "-o",
+            "json",
+            service=svc,
+        )
+    )
+    assert alive == [{"id": int(session), "ttl_seconds": 30.0}] * 2
+    assert ok(tk("get", t, "--pkey", "members", "node-1", service=svc)) == "host:1\n"
+    assert (
+        ok(tk("session", "close", t, "members", session, service=svc))
+        == f"closed session {session}\n"
+    )
+    assert (
+        tk("get", t, "--pkey", "members", "node-1", service=svc).returncode == 1
+    )  # deleted with it
+    assert ok(tk("get", t, "--pkey", "members", "durable", service=svc)) == "stays\n"
+    again = tk("session", "close", t, "members", session, service=svc)
+    assert again.returncode == 1 and "not found" in again.stderr
+    gone = tk("session", "keep-alive", t, "members", session, service=svc)
+    assert gone.returncode == 1 and f"session {session} is gone" in gone.stderr
+    failed(
+        tk("put", t, "--pkey", "members", "x", "y", "--session", session, service=svc),
+        3,
+        "error: IllegalOpError",
+    )
+    doc = json.loads(
+        ok(tk("session", "create", t, "members", "--ttl", "0.5", "-o", "json", service=svc))
+    )
+    assert doc["ttl_seconds"] == 0.5 and doc["id"] > int(session)
+
+
+def test_session_keep_alive_until_interrupted(svc: str) -> None:
+    ok(tk("ns", "create", "cli_ka", service=svc))
+    ok(tk("table", "create", "cli_ka/t", service=svc))
+    session = ok(tk("session", "create", "cli_ka/t", "p", "--ttl", "1", service=svc)).strip()
+    process = subprocess.Popen(
+        [str(TABLEKEEPER), "--service", svc, "session", "keep-alive", "cli_ka/t", "p", session],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        for _ in range(5):  # five keep-alives: past the 1 s TTL, so it really kept it alive
+            assert process.stdout.readline() == f"session {session} kept alive, ttl 1s\n"
+        ok(tk("put", "cli_ka/t", "--pkey", "p", "e", "v", "--session", session, service=svc))
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_global_flags_from_the_environment(svc: str, shared_server: ServerProcess) -> None:
+    ok(tk("ns", "create", "cli_genv", service=svc))
+    ok(tk("table", "create", "cli_genv/t", service=svc))
+    env = {"TABLEKEEPER_SERVICE": svc, "TABLEKEEPER_OUTPUT": "json", "TABLEKEEPER_HEX": "1"}
+    ok(tk("put", "cli_genv/t", "6b", "7631", env=env))
+    doc = json.loads(ok(tk("get", "cli_genv/t", "6b", env=env)))
+    assert (doc["lkey"], doc["value"]) == ("6b", "7631")
+    # flags win over the environment
+    assert (
+        ok(tk("get", "cli_genv/t", "k", "-o", "text", env={"TABLEKEEPER_SERVICE": svc})) == "v1\n"
+    )
+    assert ok(
+        tk(
+            "--service",
+            svc,
+            "ns",
+            "get",
+            "cli_genv",
+            env={"TABLEKEEPER_SERVICE": "bk://127.0.0.1:1"},
+        )
+    ).startswith("namespace cli_genv")
+    bad = tk("ns", "list", env={"TABLEKEEPER_OUTPUT": "xml"})
+    assert bad.returncode == 2 and "TABLEKEEPER_OUTPUT: invalid choice 'xml'" in bad.stderr
+    bad = tk("ns", "list", env={"TABLEKEEPER_TIMEOUT": "soon"})
+    assert bad.returncode == 2 and "--timeout: not a number: 'soon'" in bad.stderr
+
+
+def test_timeout_bounds_a_call() -> None:
+    """Nothing listens on the port: without --timeout the CLI retries for 30 s; with it, it
+    gives up after about that long (flag or TABLEKEEPER_TIMEOUT)."""
+    dead = f"bk://127.0.0.1:{free_port()}"
+    for result in (
+        tk("--timeout", "0.5", "ns", "get", "x", service=dead, timeout=20),
+        tk(
+            "ns",
+            "list",
+            env={"TABLEKEEPER_SERVICE": dead, "TABLEKEEPER_TIMEOUT": "0.5"},
+            timeout=20,
+        ),
+    ):
+        failed(result, 3, "error: UnavailableError")
 
 
 # --------------------------------------------------------------------------- server command

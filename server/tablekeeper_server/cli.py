@@ -1,0 +1,240 @@
+"""The server's commands of the `tablekeeper` CLI: `server` (run a server) and `cluster
+init|status` (cluster metadata in ZooKeeper).
+
+The client's CLI (`tablekeeper.cli`) never imports this package: it finds these commands through
+the `tablekeeper.cli` entry-point group (see pyproject.toml), so an SDK-only install has no
+server code to import. Each entry point is a `register(commands)` function that adds its
+subcommand to the CLI's subparsers and sets `run` (args -> exit code) as its handler. The heavy
+imports (RocksDB, kazoo, Pulsar) happen only when a command runs, so every `tablekeeper`
+invocation stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from tablekeeper_server.config import add_server_arguments, config_from_args
+
+if TYPE_CHECKING:
+    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+
+EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
+EXIT_NOT_READY = 1  # `cluster status --wait`: the cluster did not become ready in time
+
+
+def register_server(commands: Any) -> None:
+    """Add `server` to the CLI's subparsers (`commands`)."""
+    server = commands.add_parser(
+        "server",
+        help="run a server in the foreground (standalone, or a member of a cluster with --zk)",
+        description="Run a TableKeeper server in the foreground. Ctrl-C or SIGTERM drains "
+        "in-flight requests, closes every range and exits 0.",
+    )
+    add_server_arguments(server)
+
+    def run(args: argparse.Namespace) -> int:
+        from tablekeeper_server.main import run as run_server
+
+        try:
+            config = config_from_args(args)
+        except ValueError as exc:
+            server.error(str(exc))
+        return run_server(config)
+
+    server.set_defaults(run=run)
+
+
+def register_cluster(commands: Any) -> None:
+    """Add `cluster init|status` to the CLI's subparsers (`commands`)."""
+    cluster = commands.add_parser(
+        "cluster", help="cluster metadata in ZooKeeper: init once, then status"
+    )
+    cluster_commands = cluster.add_subparsers(
+        dest="cluster_command", required=True, metavar="ACTION"
+    )
+    cluster_init = cluster_commands.add_parser(
+        "init", help="create the cluster's metadata (once; idempotent)"
+    )
+    cluster_status = cluster_commands.add_parser(
+        "status",
+        help="live servers, the controller, the assignment, what each server serves and each "
+        "container's owner",
+        description="Print the cluster's live servers, controller and container assignment, the "
+        "containers each live server reports serving (its ServerInfo), and per container its "
+        "owner and ownership epoch (containers whose owner is not the assigned server are "
+        "marked 'moving', those their owner let go of 'released'). The cluster is ready when "
+        "every container is assigned to a live server and every live server serves exactly the "
+        "containers assigned to it.",
+    )
+    for sub in (cluster_init, cluster_status):
+        sub.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
+        sub.add_argument("--cluster", required=True, help="cluster name")
+    cluster_init.add_argument(
+        "--containers", type=int, required=True, help="number of storage containers (fixed)"
+    )
+    cluster_status.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="poll until the cluster is ready, at most SECONDS (0 = check once); exit 1 if it "
+        "is not ready by then (without --wait the exit code ignores readiness)",
+    )
+    cluster.set_defaults(run=_cluster)
+
+
+@dataclass
+class _ClusterView:
+    """One snapshot of a cluster: ZooKeeper's view plus what each live server says it serves."""
+
+    name: str
+    containers: int
+    servers: list[str]
+    controller: str | None
+    assignment: dict[str, frozenset[int]]
+    revision: int
+    owners: dict[int, tuple[str, int, bool] | None]
+    """Per container: (owner endpoint, ownership epoch, released by that owner) or None."""
+    serving: dict[str, frozenset[int] | str]
+    """Per live server: the containers its ServerInfo lists, or why it could not be asked."""
+
+    def assigned_to(self) -> dict[int, str]:
+        return {c: server for server, cs in self.assignment.items() for c in cs}
+
+    def problems(self) -> list[str]:
+        """Why the cluster is not ready (empty when ready)."""
+        found: list[str] = []
+        assigned = self.assigned_to()
+        unassigned = sorted(set(range(self.containers)) - set(assigned))
+        if unassigned:
+            found.append(f"containers {unassigned} are unassigned")
+        for server, owned in sorted(self.assignment.items()):
+            if owned and server not in self.servers:
+                found.append(f"{server} is assigned {sorted(owned)} but is not live")
+        for server in self.servers:
+            serving = self.serving.get(server, "not asked")
+            wanted = self.assignment.get(server, frozenset())
+            if isinstance(serving, str):
+                found.append(f"{server}: {serving}")
+            elif serving != wanted:
+                found.append(f"{server} serves {sorted(serving)}, assigned {sorted(wanted)}")
+        return found
+
+
+def _server_containers(endpoint: str, timeout_s: float) -> frozenset[int] | str:
+    from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(
+            endpoint, options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as channel:
+            stub = tablekeeper_pb2_grpc.TableKeeperStub(channel)
+            info = stub.ServerInfo(tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code().name if hasattr(exc, "code") else "error"
+        return f"ServerInfo failed: {code}"
+    return frozenset(int(c) for c in info.containers)
+
+
+def _cluster_view(
+    coordinator: ZkCoordinator, name: str, rpc_timeout_s: float = 2.0
+) -> _ClusterView:
+    containers = int(coordinator.num_containers())
+    assignment, revision = coordinator.read_assignment()
+    servers = list(coordinator.live_servers())
+    owners: dict[int, tuple[str, int, bool] | None] = {}
+    for container in range(containers):
+        owner = coordinator.owner(container)
+        owners[container] = None if owner is None else (owner.endpoint, owner.epoch, owner.released)
+    serving: dict[str, frozenset[int] | str] = {}
+    if servers:
+        with ThreadPoolExecutor(max_workers=min(len(servers), 16)) as pool:
+            answers = pool.map(lambda s: _server_containers(s, rpc_timeout_s), servers)
+            serving = dict(zip(servers, answers, strict=True))
+    return _ClusterView(
+        name=name,
+        containers=containers,
+        servers=servers,
+        controller=coordinator.controller(),
+        assignment=dict(assignment),
+        revision=revision,
+        owners=owners,
+        serving=serving,
+    )
+
+
+def _print_cluster(view: _ClusterView) -> None:
+    print(f"cluster {view.name}: {view.containers} storage containers")
+    print(f"servers: {', '.join(view.servers) or '(none)'}")
+    print(f"controller: {view.controller or '(none)'}")
+    print(f"assignment (revision {view.revision}):")
+    for server, owned in sorted(view.assignment.items()):
+        print(f"  {server}: {sorted(owned)}")
+    assigned = view.assigned_to()
+    unassigned = sorted(set(range(view.containers)) - set(assigned))
+    if unassigned:
+        print(f"  unassigned: {unassigned}")
+    print("serving (ServerInfo of each live server):")
+    for server in view.servers:
+        serving = view.serving.get(server, "not asked")
+        print(f"  {server}: {serving if isinstance(serving, str) else sorted(serving)}")
+    if not view.servers:
+        print("  (no live servers)")
+    print("containers:")
+    rows: list[tuple[int, str, str, str]] = []
+    for container in range(view.containers):
+        target = assigned.get(container, "-")
+        owner = view.owners.get(container)
+        if owner is None:
+            rows.append((container, target, "-", "unclaimed" if target != "-" else ""))
+        else:
+            notes = ["moving"] if owner[0] != target else []
+            notes += ["released"] if owner[2] else []
+            rows.append((container, target, f"{owner[0]} ({owner[1]})", " ".join(notes)))
+    target_width = max(len("assigned to"), *(len(r[1]) for r in rows))
+    owner_width = max(len("owner (epoch)"), *(len(r[2]) for r in rows))
+    print(f"  {'container':>9}  {'assigned to':<{target_width}}  owner (epoch)")
+    for container, target, shown, note in rows:
+        line = f"  {container:>9}  {target:<{target_width}}  {shown:<{owner_width}}  {note}"
+        print(line.rstrip())
+    problems = view.problems()
+    print("ready: yes" if not problems else f"ready: no ({'; '.join(problems)})")
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
+
+    coordinator = ZkCoordinator(args.zk, args.cluster)
+    try:
+        coordinator.start()
+    except Exception as exc:
+        print(f"error: cannot reach ZooKeeper at {args.zk}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        if args.cluster_command == "init":
+            created = coordinator.init_cluster(args.containers)
+            state = "initialised" if created else "already initialised"
+            print(f"cluster {args.cluster} {state} with {args.containers} storage containers")
+            return EXIT_OK
+        deadline = time.monotonic() + (args.wait or 0.0)
+        while True:
+            view = _cluster_view(coordinator, args.cluster)
+            if args.wait is None or not view.problems() or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        _print_cluster(view)
+        if args.wait is not None and view.problems():
+            return EXIT_NOT_READY
+        return EXIT_OK
+    except (ClusterError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        coordinator.stop()

@@ -1,0 +1,114 @@
+"""The client package never imports the server: an SDK-only install has no server code, and the
+`tablekeeper` CLI finds `server` / `cluster` only through the `tablekeeper.cli` entry points."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+CLIENT = Path(__file__).resolve().parents[2] / "client" / "tablekeeper"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an import statement of `path` names (anywhere: top level, functions,
+    TYPE_CHECKING blocks), plus string arguments of `importlib.import_module` / `__import__`."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Call) and node.args:
+            name = ast.unparse(node.func)
+            first = node.args[0]
+            if name in ("importlib.import_module", "import_module", "__import__") and (
+                isinstance(first, ast.Constant) and isinstance(first.value, str)
+            ):
+                found.add(first.value)
+    return found
+
+
+def test_no_client_module_imports_the_server() -> None:
+    files = sorted(CLIENT.rglob("*.py"))
+    assert len(files) > 10, files  # the scan really looked at the package
+    offenders = {
+        str(path.relative_to(CLIENT)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] == "tablekeeper_server"
+        )
+        for path in files
+    }
+    assert {path: mods for path, mods in offenders.items() if mods} == {}
+
+
+_WITHOUT_SERVER = textwrap.dedent(
+    """
+    import sys
+
+    BLOCKED = sys.argv.pop(1)
+
+    class NoServer:
+        # Makes BLOCKED (and anything under it) unimportable: tablekeeper_server as in an
+        # SDK-only install, or one of its modules as in a broken install.
+        def find_spec(self, name, path=None, target=None):
+            if name == BLOCKED or name.startswith(BLOCKED + "."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoServer())
+    from tablekeeper import cli
+
+    parser = cli.build_parser()
+    assert "completion" in parser.format_help()
+    code = cli.main(sys.argv[1:])
+    loaded = sorted(m for m in sys.modules if m.startswith(BLOCKED))
+    assert not loaded, loaded
+    sys.exit(code)
+    """
+)
+
+
+def _cli_without_server(
+    *argv: str, blocked: str = "tablekeeper_server"
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_SERVER, blocked, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", ["server", "cluster"])
+def test_server_commands_say_how_to_get_them_without_the_server(command: str) -> None:
+    result = _cli_without_server(command, "--data-dir", "/tmp/x")
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'tablekeeper[server]'" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_client_commands_work_without_the_server() -> None:
+    result = _cli_without_server("completion", "bash")
+    assert result.returncode == 0, result.stderr
+    assert "complete -o default -F _tablekeeper tablekeeper" in result.stdout
+    help_text = _cli_without_server("--help")
+    assert help_text.returncode == 0, help_text.stderr
+    assert "needs the server: pip install 'tablekeeper[server]'" in help_text.stdout
+
+
+def test_a_broken_server_package_breaks_only_its_commands() -> None:
+    """A server install missing one of its modules: `server` says why it cannot load, and
+    every client command still works."""
+    broken = _cli_without_server("server", "--help", blocked="tablekeeper_server.config")
+    assert broken.returncode == 2, broken.stderr
+    assert "cannot load it from tablekeeper_server.cli:register_server" in broken.stderr
+    assert "tablekeeper_server.config" in broken.stderr
+    result = _cli_without_server("completion", "zsh", blocked="tablekeeper_server.config")
+    assert result.returncode == 0, result.stderr
+    assert "bashcompinit" in result.stdout
