@@ -656,16 +656,13 @@ def test_txn_compare_on_missing_key_version(table: Table) -> None:
 
 
 def test_txn_per_op_errors(table: Table) -> None:
+    """A failing op fails the whole txn: nothing of its branch is applied (issue 17)."""
     table.increment("p", "num", 1)
-    result = table.txn("p").then_put("num", "not a number").then_put("ok", "yes").commit()
-    assert result.succeeded
-    err, ok = result.results
-    assert isinstance(err, BadRequestError)
-    assert ok is None
-    ok_kv = table.get("p", "ok")
-    assert ok_kv is not None and ok_kv.value == b"yes"
+    with pytest.raises(BadRequestError):
+        table.txn("p").then_put("num", "not a number").then_put("ok", "yes").commit()
+    assert table.get("p", "ok") is None
     num = table.get("p", "num")
-    assert num is not None and num.number == 1
+    assert num is not None and num.number == 1 and num.version == 0
 
 
 def test_txn_rejects_bad_input(table: Table) -> None:
