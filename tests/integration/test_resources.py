@@ -110,6 +110,19 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
             table.get(b"p", "before-000")
         assert _unusable_stores(small_disk) == []
 
+        # The root range (namespaces, tables) too, once its segment's last page is used up.
+        namespaces: list[str] = []
+        for i in range(100_000):
+            try:
+                client.create_namespace(f"full_{i:06d}")
+            except TableKeeperError as exc:
+                assert isinstance(exc, UnavailableError) and exc.code != 600, repr(exc)
+                assert "No space left on device" in str(exc), exc
+                break
+            namespaces.append(f"full_{i:06d}")
+        else:
+            raise AssertionError("the root range never ran out of space")
+
     ballast.unlink()
     with Client(server.service) as client:  # retries NOT_FOUND: the range reopens by itself
         table = client.table(NS, TABLE)
@@ -122,6 +135,9 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
                 missing.append(key)
         assert not missing, f"{len(missing)} acknowledged writes lost: {missing[:10]}"
         assert table.get(b"p", refused_key) is None  # refused, and cut back out of the log
+        client.create_namespace("after")  # the root range reopened by itself too
+        for name in [*namespaces, "after"]:
+            assert client.get_namespace(name) is not None, name
     assert server.process.poll() is None and server.process.pid == pid  # never restarted
     assert _unusable_stores(small_disk) == []
     assert "Traceback" not in server.log_tail(400), server.log_tail(400)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.container.container import (
@@ -18,9 +19,11 @@ from tablekeeper_server.container.container import (
     OpenRangeLimit,
     StorageContainer,
 )
+from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import (
     IndeterminateError,
+    NamespaceNotFoundError,
     StorageUnavailableError,
     UnavailableError,
 )
@@ -222,3 +225,39 @@ async def test_open_table_ranges_are_bounded_and_only_idle_ones_are_closed(
         await first.stop()
         await second.stop()
     assert limit.open_count == 0
+
+
+async def test_a_failed_root_range_reopens_by_itself(tmp_path: Path) -> None:
+    """Standalone: the root range (namespaces, tables) runs out of disk space during a create;
+    the next request starts reopening it and, once it is back, creates work again."""
+    sync = DiskFullSync()
+    env = ContainerEnv(
+        num_containers=1,
+        log_backend=LocalLogBackend(tmp_path / "wal", sync=sync),
+        store_factory=RocksKvStore,
+        db_dir=tmp_path / "db",
+        clock=ManualClock(),
+    )
+    registry = ContainerRegistry(env, [0])
+    await registry.start()
+    try:
+        conf = stream_pb2.NamespaceConfiguration()
+        await registry.root.create_namespace("before", conf)
+        sync.full = True
+        with pytest.raises(UnavailableError, match="No space left on device") as refused:
+            await registry.root.create_namespace("refused", conf)
+        assert not isinstance(refused.value, IndeterminateError)
+        failed = registry.root  # this request starts the reopening
+        assert failed.range.failed
+        healing = registry.container(0).heal_catalogs()
+        assert healing is not None
+        await healing
+        root = registry.root
+        assert root is not failed and not root.range.failed
+        await root.create_namespace("after", conf)
+        assert root.get_namespace("before").namespace_name == "before"
+        assert root.get_namespace("after").namespace_name == "after"
+        with pytest.raises(NamespaceNotFoundError):
+            root.get_namespace("refused")
+    finally:
+        await registry.stop()

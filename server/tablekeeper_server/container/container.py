@@ -169,6 +169,7 @@ class StorageContainer:
         self._opening: dict[tuple[int, int], asyncio.Task[Range]] = {}
         self._closing: dict[tuple[int, int], asyncio.Task[None]] = {}
         """Idle table ranges being closed for the open-range bound (reopened after)."""
+        self._healing: asyncio.Task[None] | None = None
 
     @property
     def local_dir(self) -> Path:
@@ -234,6 +235,48 @@ class StorageContainer:
         if self.env.open_hosted_ranges_on_start:
             for stream_id, range_id, ttl_seconds in self.meta.hosted_ranges():
                 self._start_opening(stream_id, range_id, ttl_seconds, None)
+
+    def heal_catalogs(self) -> asyncio.Task[None] | None:
+        """Start reopening a failed meta or root range in place (standalone: e.g. it ran out of
+        disk space; cluster mode reopens the whole container instead, see `needs_reopen`).
+        Once at a time; requests meanwhile get a retryable error from the failed range.
+        Returns the reopening under way, if any."""
+        if self._healing is not None or self.state is not ContainerState.SERVING:
+            return self._healing
+        if not any(
+            c is not None and c.range.failed and not c.range.fenced for c in (self.meta, self.root)
+        ):
+            return None
+        task = asyncio.create_task(self._reopen_catalogs())
+        self._healing = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._healing = None
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.warning("container %d: cannot reopen its catalog range yet: %s", self.id, exc)
+
+        task.add_done_callback(done)
+        return task
+
+    async def _reopen_catalogs(self) -> None:
+        if self.meta is not None and self.meta.range.failed and not self.meta.range.fenced:
+            range_ = await self._reopen_catalog_range(self.meta.range)
+            self.meta = MetaCatalog(range_, self.env.num_containers, self.env.clock.now_ms)
+        if self.root is not None and self.root.range.failed and not self.root.range.fenced:
+            range_ = await self._reopen_catalog_range(self.root.range)
+            self.root = RootCatalog(range_, self.env.num_containers)
+
+    async def _reopen_catalog_range(self, failed: Range) -> Range:
+        try:
+            await failed.close()
+        except Exception as exc:  # e.g. its final flush on a full disk; the log has it all
+            log.warning("range %s: closing the failed range: %s", failed.name.log_name, exc)
+        key = (failed.name.stream_id, failed.name.range_id)
+        if self._ranges.get(key) is failed:
+            del self._ranges[key]
+        range_ = await self._open_range(*key, 0)
+        log.info("range %s reopened after: %s", range_.name.log_name, failed.failure)
+        return range_
 
     async def _open_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
         range_ = self._new_range(stream_id, range_id, ttl_seconds)
@@ -348,6 +391,8 @@ class StorageContainer:
         self.state = ContainerState.CLOSING
         for task in list(self._opening.values()):
             task.cancel()
+        if self._healing is not None:
+            self._healing.cancel()
         ranges = list(self._ranges.values())
         for stream_id, range_id in self._ranges:
             self.env.range_limit.forget((self.id, stream_id, range_id))

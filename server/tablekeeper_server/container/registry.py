@@ -123,10 +123,19 @@ class ContainerRegistry:
 
     @property
     def root(self) -> RootCatalog:
-        root = self.container(ROOT_CONTAINER_ID).root
+        container = self.container(ROOT_CONTAINER_ID)
+        root = container.root
         if root is None:
             raise RouteNotFoundError("the root range is not open yet")
+        self._heal(container)
         return root
+
+    def _heal(self, container: StorageContainer) -> None:
+        """Standalone: a failed catalog range of `container` (out of disk space, say) starts
+        reopening; until it is back its requests get a retryable error. Cluster mode leaves
+        that to the cluster member, which reopens the whole container."""
+        if self.remote is None and self.still_owns is None:
+            container.heal_catalogs()
 
     async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties:
         """A table's properties, from the root range here or on its owner."""
@@ -142,9 +151,11 @@ class ContainerRegistry:
         """A table's ranges from its meta range, which must be hosted here (`NotServedHereError`
         names the container otherwise)."""
         props = await self.stream_props(stream_id)  # raises StreamNotFoundError
-        meta = self.container(props.storage_container_id).meta
+        container = self.container(props.storage_container_id)
+        meta = container.meta
         if meta is None:
             raise RouteNotFoundError(f"container {props.storage_container_id} is not open yet")
+        self._heal(container)
         return await meta.active_ranges(stream_id, self.stream_props)
 
     async def _route(self, stream_id: int) -> _TableRoute:
