@@ -93,8 +93,6 @@ class ServerConfig:
             raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
-        if not 0 <= self.etcd_port < 65536:
-            raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         self.limits.check()
         self.security.validate()
         if self.checkpoint_interval_s < 0:

@@ -287,6 +287,7 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
     ) -> None:
         self._keyspace = keyspace
         self._progress_interval_s = progress_interval_s
+        self._events = _EventCache()
         self.streams = _Streams()
 
     async def Watch(  # noqa: N802
@@ -296,7 +297,7 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
             self.streams.enter()
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = _WatchStream(self._keyspace, self._progress_interval_s)
+        stream = _WatchStream(self._keyspace, self._progress_interval_s, self._events)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
             while True:
@@ -324,8 +325,9 @@ class _Watch:
 class _WatchStream:
     QUEUE_MAX = 1024
 
-    def __init__(self, keyspace: Keyspace, progress_interval_s: float) -> None:
+    def __init__(self, keyspace: Keyspace, progress_interval_s: float, events: _EventCache) -> None:
         self.keyspace = keyspace
+        self.events = events
         self.progress_interval_s = progress_interval_s
         self.queue: asyncio.Queue[rpc_pb2.WatchResponse] = asyncio.Queue(self.QUEUE_MAX)
         self.watches: dict[int, _Watch] = {}
@@ -334,6 +336,8 @@ class _WatchStream:
 
     async def next(self, reader: asyncio.Task[None]) -> rpc_pb2.WatchResponse | None:
         """The next response to send; None once the client closed its side (or it failed)."""
+        with contextlib.suppress(asyncio.QueueEmpty):
+            return self.queue.get_nowait()
         getter = asyncio.ensure_future(self.queue.get())
         await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
         if getter.done():
@@ -429,7 +433,7 @@ class _WatchStream:
         try:
             async for batch in range_.watch.events(watch.watcher):
                 events = [
-                    _event(range_, event, create.prev_kv)
+                    self.events.get(range_, event, create.prev_kv)
                     for event in batch
                     if not (no_put if event.record is not None else no_delete)
                 ]
@@ -480,7 +484,27 @@ class _WatchStream:
         self.watches.clear()
 
 
-def _event(range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
+class _EventCache:
+    """The etcd form of recent changes: a change is converted once however many watchers
+    receive it (bounded; emptied when full)."""
+
+    ENTRIES_MAX = 4096
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, int, int, bool], kv_pb2.Event] = {}
+
+    def get(self, range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
+        key = (range_.name.log_name, event.revision, event.index, prev_kv)
+        converted = self._events.get(key)
+        if converted is None:
+            converted = _convert_event(range_, event, prev_kv)
+            if len(self._events) >= self.ENTRIES_MAX:
+                self._events.clear()
+            self._events[key] = converted
+        return converted
+
+
+def _convert_event(range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
     out = kv_pb2.Event()
     if event.record is None:
         out.type = kv_pb2.Event.DELETE
