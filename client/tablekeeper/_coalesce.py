@@ -29,7 +29,12 @@ from typing import Any
 import grpc
 
 from tablekeeper._routes import RouteCache
-from tablekeeper._transport import RetryPolicy, retryable_rpc_error, trailer_message
+from tablekeeper._transport import (
+    RetryPolicy,
+    error_for_status,
+    retryable_rpc_error,
+    trailer_message,
+)
 from tablekeeper.errors import UnavailableError, error_for_code
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
@@ -110,9 +115,7 @@ class Coalescer:
             if outcome.transport is not None:
                 if expired or not retryable_rpc_error(outcome.transport, idempotent):
                     error = outcome.transport
-                    raise UnavailableError(
-                        f"{error.code().name}: {error.details() or ''}".strip()
-                    ) from error
+                    raise error_for_status(error) from error
             else:
                 code = outcome.response.header.code
                 if code == 0:

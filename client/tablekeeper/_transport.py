@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_code
+from tablekeeper.errors import (
+    PermissionDeniedError,
+    TableKeeperError,
+    UnauthenticatedError,
+    UnavailableError,
+    error_for_code,
+)
 
 T = TypeVar("T")
 DEFAULT_PORT = 4181
@@ -160,9 +166,7 @@ async def call(
             response = await rpc
         except grpc.aio.AioRpcError as error:
             if not retryable_rpc_error(error, idempotent) or time.monotonic() >= deadline:
-                raise UnavailableError(
-                    f"{error.code().name}: {error.details() or ''}".strip()
-                ) from error
+                raise error_for_status(error) from error
         else:
             code = status_of(response)
             if code == 0:
@@ -172,6 +176,18 @@ async def call(
                 raise exc
         await asyncio.sleep(random.uniform(0, backoff))
         backoff = min(policy.max_backoff_s, backoff * 2)
+
+
+_BY_GRPC_STATUS: dict[grpc.StatusCode, type[TableKeeperError]] = {
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+}
+
+
+def error_for_status(error: grpc.aio.AioRpcError) -> TableKeeperError:
+    """The SDK error for a failed call that is not retried (any other status: unavailable)."""
+    cls = _BY_GRPC_STATUS.get(error.code(), UnavailableError)
+    return cls(f"{error.code().name}: {error.details() or ''}".strip())
 
 
 async def trailer_message(rpc: Any) -> str:

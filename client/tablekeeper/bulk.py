@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import grpc
 
 from tablekeeper._routes import Target
-from tablekeeper._transport import call, retryable_rpc_error
+from tablekeeper._transport import call, error_for_status, retryable_rpc_error
 from tablekeeper.errors import (
     TableKeeperError,
     TableNotFoundError,
@@ -251,9 +251,7 @@ async def send_batch(
                 for _, target in group:
                     client._routes.failed(target, answer)
                 if expired or not retryable_rpc_error(answer, idempotent):
-                    raise UnavailableError(
-                        f"{answer.code().name}: {answer.details() or ''}".strip()
-                    ) from answer
+                    raise error_for_status(answer) from answer
                 pending += [index for index, _ in group]
             elif isinstance(answer, BaseException):
                 raise answer

@@ -226,6 +226,41 @@ class AsyncClient:
             status_of=lambda r: r.code,
         )
 
+    # ------------------------------------------------------------------ permissions
+
+    async def grant(self, namespace: str, role: str, permissions: Sequence[str]) -> list[str]:
+        """Give `role` permissions ("read", "write", "admin") on `namespace`; returns all it has
+        there now. Needs admin on the namespace (or a superuser)."""
+        request = admin_pb2.GrantRequest(
+            namespace=namespace, role=role, permissions=list(permissions)
+        )
+        return list((await self._admin_change("Grant", request)).permissions)
+
+    async def revoke(self, namespace: str, role: str, permissions: Sequence[str] = ()) -> list[str]:
+        """Take permissions (all, if none are named) of `role` on `namespace`; returns what it
+        keeps there."""
+        request = admin_pb2.RevokeRequest(
+            namespace=namespace, role=role, permissions=list(permissions)
+        )
+        return list((await self._admin_change("Revoke", request)).permissions)
+
+    async def list_permissions(self, namespace: str) -> dict[str, list[str]]:
+        """role -> permissions on `namespace`."""
+        response = await self._admin_list(
+            "ListPermissions", admin_pb2.ListPermissionsRequest(namespace=namespace)
+        )
+        return {grant.role: list(grant.permissions) for grant in response.grants}
+
+    async def _admin_change(self, method: str, request: Any) -> Any:
+        return await call(
+            getattr(self._stub("admin", admin_pb2_grpc.AdminStub), method),
+            request,
+            metadata=None,
+            idempotent=True,  # setting permissions again gives the same result
+            policy=self.retry,
+            status_of=lambda r: r.code,
+        )
+
     # ------------------------------------------------------------------ tables
 
     async def list_tables(self, namespace: str) -> list[TableInfo]:
@@ -385,6 +420,15 @@ class Client:
 
     def list_tables(self, namespace: str) -> list[TableInfo]:
         return self._runner.run(self._async.list_tables(namespace))
+
+    def grant(self, namespace: str, role: str, permissions: Sequence[str]) -> list[str]:
+        return self._runner.run(self._async.grant(namespace, role, permissions))
+
+    def revoke(self, namespace: str, role: str, permissions: Sequence[str] = ()) -> list[str]:
+        return self._runner.run(self._async.revoke(namespace, role, permissions))
+
+    def list_permissions(self, namespace: str) -> dict[str, list[str]]:
+        return self._runner.run(self._async.list_permissions(namespace))
 
     def create_table(
         self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0

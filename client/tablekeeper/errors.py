@@ -99,6 +99,15 @@ class UnavailableError(TableKeeperError):
     retryable = True
 
 
+class UnauthenticatedError(TableKeeperError):
+    """The server wants credentials this client did not send, or refused them (expired,
+    tampered, signed by another key). The message says which; never retried."""
+
+
+class PermissionDeniedError(TableKeeperError):
+    """The caller's role lacks a permission; the message names it and the namespace."""
+
+
 _BY_CODE: dict[int, type[TableKeeperError]] = {
     cls.code: cls
     for cls in (

@@ -40,6 +40,7 @@ from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient
 from tablekeeper_server.rpc.server import GrpcServer
+from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
 log = logging.getLogger("tablekeeper.server")
@@ -210,6 +211,18 @@ async def serve(config: ServerConfig) -> None:
     )
     tls = config.security.server_tls()
     authenticator = config.security.authenticator()
+    admin = AdminServicer(
+        registry,
+        checkpoint_store=checkpoint_store.describe(),
+        interval_s=config.checkpoint_interval_s,
+    )
+    access = (
+        AccessControl(admin.access, config.security.is_superuser)
+        if authenticator is not None
+        else None
+    )
+    if access is not None:
+        admin.on_permissions_changed = access.forget
     # The port is fixed by configuration (never 0), so the endpoint we register is known now.
     member = (
         ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
@@ -223,14 +236,11 @@ async def serve(config: ServerConfig) -> None:
         advertised_host=config.advertised_host,
         limits=config.limits,
         metrics=metrics,
-        admin=AdminServicer(
-            registry,
-            checkpoint_store=checkpoint_store.describe(),
-            interval_s=config.checkpoint_interval_s,
-        ),
+        admin=admin,
         owner_of=member.owner_of if member is not None else None,
         tls=tls,
         authenticator=authenticator,
+        access=access,
         server_token=authenticator.verifier.server_token()
         if authenticator is not None and authenticator.verifier is not None
         else None,

@@ -675,25 +675,46 @@ def test_request_during_restart_is_retried_until_served(
 # authentication
 
 
-@pytest.mark.standalone_only(reason="starts a server of its own with authentication on")
+_AS_ADMIN = """
+import sys
+from tablekeeper import Client
+service, token = sys.argv[1], sys.argv[2]
+with Client(service, token=token) as client:
+    for namespace in ("public", "private"):
+        client.create_namespace(namespace)
+        client.create_table(namespace, "state", ranges=2)
+    client.grant("public", "fn", ["read", "write"])
+"""
+
+
+@pytest.mark.standalone_only(reason="starts servers of its own with authentication on")
 def test_bookkeeper_client_through_the_anonymous_role(
     tmp_path: Path, server_factory: list[ServerProcess]
 ) -> None:
     """The BookKeeper client sends no token: with authentication on it works through
-    --anonymous-role, and is refused (UNAUTHENTICATED, not retried) without one."""
-    from tablekeeper_server.security.tokens import SERVER_ROLE  # no protos: safe in compat
+    --anonymous-role on what was granted to that role (PERMISSION_DENIED elsewhere), and is
+    refused (UNAUTHENTICATED, not retried) by a server without one."""
+    import subprocess
+    import sys
+
+    from tablekeeper_server.security.tokens import create_token  # no protos: safe in compat
 
     secret = tmp_path / "secret.key"
     secret.write_text("s" * 48)
-    auth = ["--auth-secret-key", str(secret), "--superuser-roles", SERVER_ROLE]
+    auth = ["--auth-secret-key", str(secret), "--superuser-roles", "admin"]
     open_server = ServerProcess(tmp_path / "open", extra_args=[*auth, "--anonymous-role", "fn"])
     server_factory.append(open_server)
     open_server.start()
-    admin_client(open_server).namespaces().create("public")
-    admin_client(open_server).namespace("public").create("state")
+    token = create_token(secret.read_bytes().strip(), "admin")
+    subprocess.run(
+        [sys.executable, "-c", _AS_ADMIN, open_server.service, token], check=True, timeout=60
+    )
     table = kv.Client(settings(open_server), namespace="public").table("state")
     table.put_str("k", "v")
     assert table.get_str("k").value == b"v"
+    with pytest.raises(bk_errors.BKGrpcCallError) as denied:
+        kv.Client(settings(open_server), namespace="private").table("state").put_str("k", "v")
+    assert denied.value.grpc_status_code == grpc.StatusCode.PERMISSION_DENIED
 
     closed_server = ServerProcess(tmp_path / "closed", extra_args=auth)
     server_factory.append(closed_server)

@@ -18,7 +18,14 @@ from typing import Any
 import grpc
 import pytest
 
-from tablekeeper import Client, RetryPolicy, TlsConfig, UnavailableError
+from tablekeeper import (
+    Client,
+    PermissionDeniedError,
+    RetryPolicy,
+    TlsConfig,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
 from tablekeeper_proto.v1 import (
     admin_pb2,
@@ -117,7 +124,7 @@ def test_calls_without_a_valid_token_are_refused_and_counted(
     }
     for message, token in cases.items():
         with Client(token_server.service, tls=tls, token=token, retry=FAST_FAIL) as client:
-            with pytest.raises(UnavailableError, match="UNAUTHENTICATED") as refused:
+            with pytest.raises(UnauthenticatedError) as refused:
                 client.table("sec", "t").get("p", "k")
             assert message in str(refused.value) or message == "invalid", refused.value
     metrics = scrape(token_server)
@@ -174,17 +181,29 @@ def test_a_plaintext_client_cannot_talk_to_a_tls_port(token_server: ServerProces
 def test_mutual_tls_roles_and_untrusted_certificates(tmp_path: Path, certs: Path) -> None:
     server = ServerProcess(
         tmp_path / "data",
-        extra_args=[*tls_args(certs), "--tls-client-ca", str(certs / "ca.pem")],
+        extra_args=[
+            *tls_args(certs),
+            *("--tls-client-ca", str(certs / "ca.pem")),
+            *("--superuser-roles", "admin"),
+        ],
         tls_files=(certs / "ca.pem", certs / "alice.pem", certs / "alice-key.pem"),
     ).start()
     try:
-        alice = TlsConfig(
-            ca=certs / "ca.pem", cert=certs / "alice.pem", key=certs / "alice-key.pem"
-        )
-        with Client(server.service, tls=alice) as client:
+
+        def as_(role: str) -> TlsConfig:
+            return TlsConfig(
+                ca=certs / "ca.pem", cert=certs / f"{role}.pem", key=certs / f"{role}-key.pem"
+            )
+
+        # The certificate's common name is the role.
+        with Client(server.service, tls=as_("admin")) as client:
             client.create_namespace("m")
             client.create_table("m", "t", ranges=2)
+            client.grant("m", "alice", ["read", "write"])
+        with Client(server.service, tls=as_("alice")) as client:
             client.table("m", "t").put("p", "k", "v")
+            with pytest.raises(PermissionDeniedError, match="role 'alice'"):
+                client.create_namespace("n")
         # No certificate, or one the server's CA did not sign: the handshake fails.
         strangers = [
             TlsConfig(ca=certs / "ca.pem"),
@@ -202,25 +221,98 @@ def test_mutual_tls_roles_and_untrusted_certificates(tmp_path: Path, certs: Path
 
 def test_calls_without_credentials_need_the_anonymous_role(tmp_path: Path, certs: Path) -> None:
     """Clients that cannot send tokens (the BookKeeper clients: see tests/compat) get in only
-    through --anonymous-role."""
+    through --anonymous-role, with what was granted to it."""
     common = ["--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"]
     server = ServerProcess(
         tmp_path / "data", extra_args=[*common, "--anonymous-role", "functions"]
     ).start()
     try:
-        with Client(server.service) as client:
-            client.create_namespace("public")
-            client.create_table("public", "state", ranges=2)
-            client.table("public", "state").put("k", "k", "v")
+        with Client(server.service, token=admin(certs)) as client:
+            for namespace in ("public", "private"):
+                client.create_namespace(namespace)
+                client.create_table(namespace, "state", ranges=2)
+            assert client.grant("public", "functions", ["read", "write"]) == ["read", "write"]
+        with Client(server.service) as anonymous:
+            anonymous.table("public", "state").put("k", "k", "v")
+            with pytest.raises(PermissionDeniedError, match="'functions' lacks read on namespace 'private'"):
+                anonymous.table("private", "state").put("k", "k", "v")
     finally:
         server.stop()
     refusing = ServerProcess(tmp_path / "refusing", extra_args=common).start()
     try:
         client = Client(refusing.service, retry=FAST_FAIL)
-        with client, pytest.raises(UnavailableError, match="UNAUTHENTICATED"):
+        with client, pytest.raises(UnauthenticatedError):
             client.create_namespace("public")
     finally:
         refusing.stop()
+
+
+def test_permissions_per_namespace_and_role(tmp_path: Path, certs: Path) -> None:
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=["--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"],
+    ).start()
+    alice_token = create_token(secret(certs), "alice")
+    try:
+        with Client(server.service, token=admin(certs)) as root:
+            root.create_namespace("team")
+            root.create_table("team", "t", ranges=2)
+            root.create_namespace("other")
+            root.table("team", "t").put("p", "k", "v")
+        alice = Client(server.service, token=alice_token)
+        with alice:
+            with pytest.raises(PermissionDeniedError, match="lacks read on namespace 'team'"):
+                alice.table("team", "t")
+            with Client(server.service, token=admin(certs)) as root:
+                root.grant("team", "alice", ["read"])
+            t = alice.table("team", "t")
+            assert t.get("p", "k") is not None
+            with pytest.raises(PermissionDeniedError, match="lacks write"):
+                t.put("p", "k", "mine")
+            with pytest.raises(PermissionDeniedError, match="lacks write"):
+                t.session("p", 5).start()
+            with Client(server.service, token=admin(certs)) as root:
+                root.grant("team", "alice", ["write"])
+            t.put("p", "k", "mine")
+            with t.watch("p", start=b"") as watch:
+                t.put("p", "w", "x")
+                assert next(iter(watch)).lkey in (b"k", b"w")
+            # Not an admin of the namespace, nor a superuser.
+            for call in (
+                lambda: alice.create_table("team", "t2"),
+                lambda: alice.grant("team", "alice", ["admin"]),
+                lambda: alice.create_namespace("mine"),
+                lambda: alice.list_tables("other"),
+            ):
+                with pytest.raises(PermissionDeniedError):
+                    call()
+            with pytest.raises(grpc.RpcError) as admin_only:  # Admin.Status: raw gRPC status
+                alice.status()
+            assert admin_only.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            with Client(server.service, token=admin(certs)) as root:
+                root.grant("team", "alice", ["admin"])
+                assert root.list_permissions("team") == {"alice": ["read", "write", "admin"]}
+            alice.create_table("team", "t2", ranges=2)
+            alice.grant("team", "bob", ["read"])
+            alice.revoke("team", "alice", ["write"])
+            with pytest.raises(PermissionDeniedError, match="lacks write"):
+                t.put("p", "k", "again")
+        # Permissions are kept in the root range: they survive a restart.
+        assert server.stop() == 0
+        server.start()
+        with Client(server.service, token=admin(certs)) as root:
+            assert root.list_permissions("team") == {
+                "alice": ["read", "admin"],
+                "bob": ["read"],
+            }
+            # A namespace deleted and created again starts with no permissions.
+            root.delete_namespace("other")
+            root.create_namespace("other")
+            assert root.list_permissions("other") == {}
+        with Client(server.service, token=alice_token) as alice_again:
+            assert alice_again.table("team", "t").get("p", "k") is not None
+    finally:
+        server.stop()
 
 
 def test_sighup_reloads_the_certificate_without_dropping_the_server(

@@ -9,6 +9,7 @@ Key layout (BookKeeper's, longs as 8 bytes big-endian):
     0x02 ns_id 0x03 stream_name     stream id
     0x02 ns_id 0x04 stream_id       StreamProperties
     0x05 stream_id                  namespace id (reverse index)
+    0x02 ns_id 0x06 role            permission bits of the role on the namespace
 
 Writes are serialized by a lock and committed as one txn each, so a create is all-or-nothing.
 """
@@ -220,6 +221,48 @@ class RootCatalog:
 
     def streams(self, ns_name: str) -> list[stream_pb2.StreamProperties]:
         return self._streams_of(self._namespace_id(ns_name))
+
+    # ------------------------------------------------------------------ permissions
+    # A role's permissions on a namespace live under the namespace's own keys, so deleting the
+    # namespace deletes them too (a namespace created again under that name starts with none).
+
+    def namespace_of_stream(self, stream_id: int) -> stream_pb2.NamespaceProperties:
+        raw = self._kv.get(_stream_ns_key(stream_id))
+        if raw is None:
+            raise StreamNotFoundError(f"table {stream_id} does not exist")
+        metadata = self._kv.get(_ns_key(_unlong(raw)))
+        if metadata is None:
+            raise StreamNotFoundError(f"table {stream_id} does not exist")
+        return stream_pb2.NamespaceMetadata.FromString(metadata).props
+
+    def permissions(self, ns_name: str) -> dict[str, int]:
+        """role -> permission bits on the namespace."""
+        prefix = _permission_key(self._namespace_id(ns_name), "")
+        return {
+            key[len(prefix) :].decode(): value[0]
+            for key, value in self._kv.scan(prefix, prefix + b"\xff" * 8)
+            if value
+        }
+
+    def role_permissions(self, ns_id: int, role: str) -> int:
+        raw = self._kv.get(_permission_key(ns_id, role))
+        return raw[0] if raw else 0
+
+    async def change_permissions(self, ns_name: str, role: str, add: int, remove: int) -> int:
+        """Add then remove permission bits of `role` on the namespace; returns the new bits."""
+        async with self._lock:
+            ns_id = self._namespace_id(ns_name)
+            key = _permission_key(ns_id, role)
+            bits = (self.role_permissions(ns_id, role) | add) & ~remove
+            if bits:
+                await self._kv.commit(puts=[(key, bytes([bits]))])
+            else:
+                await self._kv.commit(deletes=[key])
+            return bits
+
+
+def _permission_key(ns_id: int, role: str) -> bytes:
+    return _ns_key(ns_id) + b"\x06" + role.encode()
 
 
 __all__ = ["RootCatalog", "TableKeeperError"]

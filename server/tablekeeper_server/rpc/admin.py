@@ -1,21 +1,36 @@
-"""The Admin service: checkpoints on demand and per-range status (for `tablekeeper admin`), and
-listings of namespaces and tables (for `tablekeeper ns list` / `table list`)."""
+"""The Admin service: checkpoints on demand and per-range status (for `tablekeeper admin`),
+listings of namespaces and tables (for `tablekeeper ns list` / `table list`), and permissions
+(for `tablekeeper auth`, and the access checks of other servers)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
-from tablekeeper_server.errors import InvalidNamespaceNameError
+from tablekeeper_server.errors import BadRequestError, InvalidNamespaceNameError
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient, local_or_forward
 from tablekeeper_server.rpc.status import serve, serve_admin
+from tablekeeper_server.security.access import Permission, parse_permissions, permission_names
 
 _ADMIN_SERVICE = "/tablekeeper.v1.Admin/"
 M = TypeVar("M")
+
+
+def _bits(names: Iterable[str]) -> Permission:
+    try:
+        return parse_permissions(names)
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
+def _role(role: str) -> str:
+    if not role or len(role) > 255 or any(c in role for c in "\x00\n"):
+        raise BadRequestError("a role is 1..255 characters without NUL or newline")
+    return role
 
 
 def _code(response: Any) -> int:
@@ -54,6 +69,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._registry = registry
         self._checkpoint_store = checkpoint_store
         self._interval_s = interval_s
+        self.on_permissions_changed: Callable[[], None] = lambda: None
+        """Called after a grant or revoke made here (drops cached access decisions)."""
 
     async def Checkpoint(  # noqa: N802
         self, request: admin_pb2.CheckpointRequest, context: Any
@@ -105,6 +122,96 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             "ListTables", context, request, local, admin_pb2.ListTablesResponse
         )
 
+    # ------------------------------------------------------------------ permissions
+
+    async def Grant(  # noqa: N802
+        self, request: admin_pb2.GrantRequest, context: Any
+    ) -> admin_pb2.GrantResponse:
+        async def local() -> admin_pb2.GrantResponse:
+            bits = await self._registry.root.change_permissions(
+                request.namespace, _role(request.role), int(_bits(request.permissions)), 0
+            )
+            self.on_permissions_changed()
+            return admin_pb2.GrantResponse(permissions=permission_names(bits))
+
+        return await self._from_root(
+            "Grant", context, request, local, admin_pb2.GrantResponse, idempotent=False
+        )
+
+    async def Revoke(  # noqa: N802
+        self, request: admin_pb2.RevokeRequest, context: Any
+    ) -> admin_pb2.GrantResponse:
+        async def local() -> admin_pb2.GrantResponse:
+            remove = _bits(request.permissions) if request.permissions else Permission(7)
+            bits = await self._registry.root.change_permissions(
+                request.namespace, _role(request.role), 0, int(remove)
+            )
+            self.on_permissions_changed()
+            return admin_pb2.GrantResponse(permissions=permission_names(bits))
+
+        return await self._from_root(
+            "Revoke", context, request, local, admin_pb2.GrantResponse, idempotent=False
+        )
+
+    async def ListPermissions(  # noqa: N802
+        self, request: admin_pb2.ListPermissionsRequest, context: Any
+    ) -> admin_pb2.ListPermissionsResponse:
+        async def local() -> admin_pb2.ListPermissionsResponse:
+            grants = sorted(self._registry.root.permissions(request.namespace).items())
+            return admin_pb2.ListPermissionsResponse(
+                grants=[
+                    admin_pb2.NamespaceGrant(role=role, permissions=permission_names(bits))
+                    for role, bits in grants
+                ]
+            )
+
+        return await self._from_root(
+            "ListPermissions", context, request, local, admin_pb2.ListPermissionsResponse
+        )
+
+    async def CheckAccess(  # noqa: N802
+        self, request: admin_pb2.CheckAccessRequest, context: Any
+    ) -> admin_pb2.CheckAccessResponse:
+        return await self._from_root(
+            "CheckAccess",
+            context,
+            request,
+            lambda: self._check_access_here(request),
+            admin_pb2.CheckAccessResponse,
+        )
+
+    async def _check_access_here(
+        self, request: admin_pb2.CheckAccessRequest
+    ) -> admin_pb2.CheckAccessResponse:
+        root = self._registry.root
+        props = (
+            root.get_namespace(request.namespace)
+            if request.namespace
+            else root.namespace_of_stream(request.stream_id)
+        )
+        bits = root.role_permissions(props.namespace_id, request.role)
+        return admin_pb2.CheckAccessResponse(
+            namespace=props.namespace_name, permissions=permission_names(bits)
+        )
+
+    async def access(self, role: str, namespace: str, stream_id: int) -> tuple[str, int]:
+        """What `role` may do on a namespace (or a table's): for the access checks of every
+        call. Asks the root range here, or its owner (cluster mode)."""
+        request = admin_pb2.CheckAccessRequest(role=role, namespace=namespace, stream_id=stream_id)
+        remote = self._registry.remote
+        forwarder = remote.forwarder if isinstance(remote, RemoteCatalogClient) else None
+        response = await local_or_forward(
+            forwarder,
+            None,
+            lambda: self._check_access_here(request),
+            _ADMIN_SERVICE + "CheckAccess",
+            request,
+            admin_pb2.CheckAccessResponse,
+            _code,
+            idempotent=True,
+        )
+        return response.namespace, int(_bits(response.permissions))
+
     async def _from_root(
         self,
         method: str,
@@ -112,6 +219,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         request: Any,
         local: Callable[[], Awaitable[M]],
         response_type: Callable[..., M],
+        *,
+        idempotent: bool = True,
     ) -> M:
         """Answer from the root range here, or forward to its owner (cluster mode), with
         BookKeeper's error convention (see `rpc/status.serve`). Listings only read, so sending
@@ -128,7 +237,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 request,
                 response_type,
                 _code,
-                idempotent=True,
+                idempotent=idempotent,
             )
 
         return await serve(

@@ -29,6 +29,7 @@ from tablekeeper_server.rpc.servicers import (
 )
 from tablekeeper_server.rpc.sessions import SessionsServicer
 from tablekeeper_server.rpc.watch import WatchServicer
+from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 
@@ -58,6 +59,7 @@ class GrpcServer:
         tls: ServerTls | None = None,
         authenticator: Authenticator | None = None,
         server_token: str | None = None,
+        access: AccessControl | None = None,
     ) -> None:
         """`owner_of(container)` is the cluster's assignment ("host:port", None: unassigned);
         without it (standalone) every container is served here. Requests for containers owned
@@ -65,6 +67,7 @@ class GrpcServer:
 
         `tls`: serve TLS (and call other servers over TLS). `authenticator`: authenticate every
         call; forwarded calls carry the caller's token, the server's own calls `server_token`.
+        `access`: check every authenticated call's permissions.
         """
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
@@ -73,7 +76,7 @@ class GrpcServer:
         interceptors = []
         if authenticator is not None:
             on_failure = metrics.auth_failed if metrics is not None else lambda reason: None
-            interceptors.append(AuthInterceptor(authenticator, on_failure))
+            interceptors.append(AuthInterceptor(authenticator, on_failure, access))
         self._server = grpc.aio.server(
             interceptors=interceptors,
             options=[
@@ -82,7 +85,7 @@ class GrpcServer:
                 ("grpc.absolute_max_metadata_size", metadata_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         try:
             address = f"{bind_host}:{port}"

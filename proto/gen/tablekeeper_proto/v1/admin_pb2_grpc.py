@@ -54,6 +54,26 @@ class AdminStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
+        self.Grant = channel.unary_unary(
+                '/tablekeeper.v1.Admin/Grant',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.FromString,
+                _registered_method=True)
+        self.Revoke = channel.unary_unary(
+                '/tablekeeper.v1.Admin/Revoke',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.FromString,
+                _registered_method=True)
+        self.ListPermissions = channel.unary_unary(
+                '/tablekeeper.v1.Admin/ListPermissions',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsResponse.FromString,
+                _registered_method=True)
+        self.CheckAccess = channel.unary_unary(
+                '/tablekeeper.v1.Admin/CheckAccess',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -85,6 +105,31 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Grant(self, request, context):
+        """Permissions, kept in the root range (forwarded to its owner like the listings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revoke(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPermissions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckAccess(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -107,6 +152,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListTables,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.SerializeToString,
+            ),
+            'Grant': grpc.unary_unary_rpc_method_handler(
+                    servicer.Grant,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.SerializeToString,
+            ),
+            'Revoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revoke,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.RevokeRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.SerializeToString,
+            ),
+            'ListPermissions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPermissions,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsResponse.SerializeToString,
+            ),
+            'CheckAccess': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckAccess,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -217,6 +282,114 @@ class Admin:
             '/tablekeeper.v1.Admin/ListTables',
             tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_admin__pb2.ListTablesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Grant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/Grant',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.GrantRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/Revoke',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.RevokeRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.GrantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPermissions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/ListPermissions',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ListPermissionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckAccess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/CheckAccess',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,11 @@ class AdminStub:
     BookKeeper's root range service: a status code in the body, "not served here" as NOT_FOUND.
     """
     ListTables: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTablesRequest, _admin_pb2.ListTablesResponse]
+    Grant: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GrantRequest, _admin_pb2.GrantResponse]
+    """Permissions, kept in the root range (forwarded to its owner like the listings)."""
+    Revoke: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeRequest, _admin_pb2.GrantResponse]
+    ListPermissions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPermissionsRequest, _admin_pb2.ListPermissionsResponse]
+    CheckAccess: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CheckAccessRequest, _admin_pb2.CheckAccessResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -51,6 +56,11 @@ class AdminAsyncStub(AdminStub):
     BookKeeper's root range service: a status code in the body, "not served here" as NOT_FOUND.
     """
     ListTables: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTablesRequest, _admin_pb2.ListTablesResponse]  # type: ignore[assignment]
+    Grant: _aio.UnaryUnaryMultiCallable[_admin_pb2.GrantRequest, _admin_pb2.GrantResponse]  # type: ignore[assignment]
+    """Permissions, kept in the root range (forwarded to its owner like the listings)."""
+    Revoke: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeRequest, _admin_pb2.GrantResponse]  # type: ignore[assignment]
+    ListPermissions: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPermissionsRequest, _admin_pb2.ListPermissionsResponse]  # type: ignore[assignment]
+    CheckAccess: _aio.UnaryUnaryMultiCallable[_admin_pb2.CheckAccessRequest, _admin_pb2.CheckAccessResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -83,5 +93,34 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.ListTablesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListTablesResponse, _abc.Awaitable[_admin_pb2.ListTablesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Grant(
+        self,
+        request: _admin_pb2.GrantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GrantResponse, _abc.Awaitable[_admin_pb2.GrantResponse]]:
+        """Permissions, kept in the root range (forwarded to its owner like the listings)."""
+
+    @_abc_1.abstractmethod
+    def Revoke(
+        self,
+        request: _admin_pb2.RevokeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.GrantResponse, _abc.Awaitable[_admin_pb2.GrantResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPermissions(
+        self,
+        request: _admin_pb2.ListPermissionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListPermissionsResponse, _abc.Awaitable[_admin_pb2.ListPermissionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckAccess(
+        self,
+        request: _admin_pb2.CheckAccessRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CheckAccessResponse, _abc.Awaitable[_admin_pb2.CheckAccessResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,186 @@
+"""What a role may do: per-namespace permissions, and the one table that says what each RPC needs.
+
+Permissions are bits per (namespace, role), kept in the root range (`RootCatalog`):
+- `read`: get, scan, watch, the table's ranges, the namespace and its tables;
+- `write`: put, delete, increment, txn (txns also need `read`), sessions;
+- `admin`: create and delete tables, grant and revoke permissions on the namespace.
+Superusers (`--superuser-roles`, and servers calling each other) may do everything, and only they
+create or delete namespaces and call the server-wide admin RPCs (status, checkpoint).
+
+`RULES` maps every method to what it needs; a method missing from it is refused, so a new RPC
+cannot slip through unchecked. Decisions are cached for `cache_s` per (role, namespace or
+table): a grant or revoke made on this server applies at once (the cache is cleared), one made
+through another server within `cache_s`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+class Permission(enum.IntFlag):
+    READ = 1
+    WRITE = 2
+    ADMIN = 4
+
+
+NAMES = {"read": Permission.READ, "write": Permission.WRITE, "admin": Permission.ADMIN}
+
+
+def parse_permissions(names: Iterable[str]) -> Permission:
+    bits = Permission(0)
+    for name in names:
+        for part in filter(None, (p.strip().lower() for p in name.split(","))):
+            if part not in NAMES:
+                raise ValueError(f"unknown permission {part!r} (read, write, admin)")
+            bits |= NAMES[part]
+    return bits
+
+
+def permission_names(bits: int) -> list[str]:
+    return [name for name, bit in NAMES.items() if bits & bit]
+
+
+class PermissionDeniedError(Exception):
+    """The role lacks a permission; the message says which, on what."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request touches: a namespace by name, or a table by id (its namespace is looked
+    up), needing `needed`."""
+
+    needed: Permission
+    namespace: str = ""
+    stream_id: int = 0
+
+
+ANY = "any"
+"""Any authenticated caller."""
+SUPERUSER = "superuser"
+Rule = Callable[[Any], list[Target]] | str
+
+
+def _stream(needed: Permission) -> Rule:
+    return lambda r: [Target(needed, stream_id=r.header.stream_id)]
+
+
+def _batch(request: Any) -> list[Target]:
+    needs: dict[int, Permission] = {}
+    for op in request.ops:
+        kind = op.WhichOneof("op")
+        if kind is None:
+            continue
+        inner = getattr(op, kind)
+        needed = {
+            "range": Permission.READ,
+            "txn": Permission.READ | Permission.WRITE,
+        }.get(kind, Permission.WRITE)
+        stream_id = inner.header.stream_id
+        needs[stream_id] = needs.get(stream_id, Permission(0)) | needed
+    return [Target(needed, stream_id=stream_id) for stream_id, needed in needs.items()]
+
+
+def _get_stream(request: Any) -> list[Target]:
+    if request.HasField("stream_name"):
+        return [Target(Permission.READ, namespace=request.stream_name.namespace_name)]
+    return [Target(Permission.READ, stream_id=request.stream_id)]
+
+
+_ROOT = "/bookkeeper.proto.storage.RootRangeService/"
+_TABLE = "/bookkeeper.proto.kv.rpc.TableService/"
+_TK = "/tablekeeper.v1.TableKeeper/"
+_ADMIN = "/tablekeeper.v1.Admin/"
+RULES: dict[str, Rule] = {
+    _ROOT + "CreateNamespace": SUPERUSER,
+    _ROOT + "DeleteNamespace": SUPERUSER,
+    _ROOT + "GetNamespace": lambda r: [Target(Permission.READ, namespace=r.name)],
+    _ROOT + "CreateStream": lambda r: [Target(Permission.ADMIN, namespace=r.ns_name)],
+    _ROOT + "DeleteStream": lambda r: [Target(Permission.ADMIN, namespace=r.ns_name)],
+    _ROOT + "GetStream": _get_stream,
+    "/bookkeeper.proto.storage.MetaRangeService/GetActiveRanges": lambda r: [
+        Target(Permission.READ, stream_id=r.stream_id)
+    ],
+    "/bookkeeper.proto.storage.StorageContainerService/GetStorageContainerEndpoint": ANY,
+    _TABLE + "Range": _stream(Permission.READ),
+    _TABLE + "Put": _stream(Permission.WRITE),
+    _TABLE + "Delete": _stream(Permission.WRITE),
+    _TABLE + "Increment": _stream(Permission.WRITE),
+    _TABLE + "Txn": _stream(Permission.READ | Permission.WRITE),
+    _TK + "ServerInfo": ANY,
+    _TK + "Batch": _batch,
+    _TK + "ScanRange": lambda r: [Target(Permission.READ, stream_id=r.stream_id)],
+    "/tablekeeper.v1.Watch/Watch": lambda r: [Target(Permission.READ, stream_id=r.stream_id)],
+    "/tablekeeper.v1.Sessions/Create": lambda r: [Target(Permission.WRITE, stream_id=r.stream_id)],
+    "/tablekeeper.v1.Sessions/Close": lambda r: [Target(Permission.WRITE, stream_id=r.stream_id)],
+    "/tablekeeper.v1.Sessions/KeepAlive": lambda r: [
+        Target(Permission.WRITE, stream_id=r.stream_id)
+    ],
+    _ADMIN + "Checkpoint": SUPERUSER,
+    _ADMIN + "Status": SUPERUSER,
+    _ADMIN + "ListNamespaces": ANY,
+    _ADMIN + "ListTables": lambda r: [Target(Permission.READ, namespace=r.namespace)],
+    _ADMIN + "Grant": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
+    _ADMIN + "Revoke": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
+    _ADMIN + "ListPermissions": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
+    _ADMIN + "CheckAccess": SUPERUSER,  # servers asking the root's owner
+}
+
+AccessLookup = Callable[[str, str, int], Awaitable[tuple[str, int]]]
+"""(role, namespace name, stream id) -> (namespace name, the role's permission bits); raises
+the catalog's not-found errors."""
+
+
+class AccessControl:
+    def __init__(
+        self,
+        lookup: AccessLookup,
+        is_superuser: Callable[[str | None], bool],
+        *,
+        cache_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._lookup = lookup
+        self._is_superuser = is_superuser
+        self._cache_s = cache_s
+        self._clock = clock
+        self._cache: dict[tuple[str, str, int], tuple[float, str, int]] = {}
+
+    def forget(self) -> None:
+        """Drop cached decisions (a grant or revoke went through this server)."""
+        self._cache.clear()
+
+    async def check(self, role: str, method: str, request: Any) -> None:
+        """Raise `PermissionDeniedError` unless `role` may make this call."""
+        if self._is_superuser(role):
+            return
+        rule = RULES.get(method)
+        if rule is None or rule == SUPERUSER:
+            raise PermissionDeniedError(f"role {role!r} may not call {method} (superusers only)")
+        if rule == ANY:
+            return
+        assert callable(rule)
+        for target in rule(request):
+            await self._check_target(role, target)
+
+    async def _check_target(self, role: str, target: Target) -> None:
+        key = (role, target.namespace, target.stream_id)
+        now = self._clock()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self._cache_s:
+            namespace, bits = cached[1], cached[2]
+        else:
+            namespace, bits = await self._lookup(role, target.namespace, target.stream_id)
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            self._cache[key] = (now, namespace, bits)
+        missing = target.needed & ~Permission(bits)
+        if missing:
+            raise PermissionDeniedError(
+                f"role {role!r} lacks {'+'.join(permission_names(missing))} on namespace "
+                f"{namespace!r}"
+            )
