@@ -234,7 +234,8 @@ def test_calls_without_credentials_need_the_anonymous_role(tmp_path: Path, certs
             assert client.grant("public", "functions", ["read", "write"]) == ["read", "write"]
         with Client(server.service) as anonymous:
             anonymous.table("public", "state").put("k", "k", "v")
-            with pytest.raises(PermissionDeniedError, match="'functions' lacks read on namespace 'private'"):
+            denied = "'functions' lacks read on namespace 'private'"
+            with pytest.raises(PermissionDeniedError, match=denied):
                 anonymous.table("private", "state").put("k", "k", "v")
     finally:
         server.stop()

@@ -29,7 +29,12 @@ def test_wait_blocks_the_thread_until_the_file_exists(tmp_path: Path) -> None:
     release = tmp_path / "go"
     points = Failpoints.from_env(f"p=wait:{release}")
     passed = threading.Event()
-    thread = threading.Thread(target=lambda: (points.hit("p"), passed.set()))
+
+    def held() -> None:
+        points.hit("p")
+        passed.set()
+
+    thread = threading.Thread(target=held)
     thread.start()
     assert not passed.wait(0.1)  # still held: the file does not exist
     release.touch()
