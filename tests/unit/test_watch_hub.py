@@ -12,7 +12,14 @@ from tablekeeper_server.core.keys import pkey_prefix, prefix_end
 from tablekeeper_server.errors import CompactedError, UnavailableError, WatcherTooSlowError
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.state_machine import RangeStateMachine
-from tablekeeper_server.range.watch import KeySpan, WatchHub
+from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.watch import (
+    SEND_BYTES_MAX,
+    HistoryBudget,
+    KeySpan,
+    WatchHub,
+    event_bytes,
+)
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.unit.test_state_machine import NOW, delete, put
 
@@ -22,10 +29,19 @@ ALL = KeySpan(pkey_prefix(b"p"), prefix_end(pkey_prefix(b"p")))
 
 
 class Feed:
-    def __init__(self, limit: int = 10_000, ring: int = 4096, queue_max: int = 10_000) -> None:
+    def __init__(
+        self,
+        limit: int = 10_000,
+        ring: int = 4096,
+        queue_max: int = 10_000,
+        limits: Limits | None = None,
+        budget: HistoryBudget | None = None,
+    ) -> None:
         store = MemoryKvStore()
         self.sm = RangeStateMachine(store, history=EventHistory(store, limit=limit))
-        self.hub = WatchHub("r", ring_events=ring, queue_max=queue_max)
+        self.hub = WatchHub(
+            "r", ring_events=ring, queue_max=queue_max, limits=limits, budget=budget
+        )
         self.hub.attach(self.sm.history, 0)
         self.seq = 0
 
@@ -118,3 +134,79 @@ async def test_close_during_catch_up_stops_reading_the_history() -> None:
     feed.hub.close("range r closed")
     with pytest.raises(UnavailableError):
         await events.__anext__()
+
+
+KIB = 1024
+BIG = b"v" * (100 * KIB)
+
+
+async def test_ring_is_bounded_in_bytes_and_older_events_come_from_the_store() -> None:
+    feed = Feed(limits=Limits(history_bytes_max=350 * KIB))
+    for i in range(20):
+        feed.apply(put(b"k", BIG + b"%d" % i))  # each event: value and previous value
+    assert feed.hub.ring_bytes <= 350 * KIB
+    assert feed.hub.ring_events == 1  # ~200 KiB each
+    # Older revisions than the ring holds are still served exactly once, from the store.
+    got = await asyncio.wait_for(collect(feed.hub, ALL, 1, 20), 5)
+    assert got == [(r, 0) for r in range(1, 21)]
+
+
+async def test_shared_budget_drops_the_oldest_events_of_the_largest_ring() -> None:
+    budget = HistoryBudget(1000 * KIB)
+    limits = Limits(history_bytes_max=2000 * KIB)  # the shared budget binds first
+    busy, quiet = Feed(limits=limits, budget=budget), Feed(limits=limits, budget=budget)
+    quiet.apply(put(b"q", BIG))
+    quiet_bytes = quiet.hub.ring_bytes
+    for i in range(30):
+        busy.apply(put(b"k%d" % (i % 3), BIG))
+        assert budget.used == busy.hub.ring_bytes + quiet.hub.ring_bytes <= 1000 * KIB
+    assert quiet.hub.ring_bytes == quiet_bytes  # the busy range gave up its own events
+    assert busy.hub.ring_bytes > 600 * KIB and budget.evicted > 0
+    # Every event is still served, from ring or store, in order.
+    got = await asyncio.wait_for(collect(busy.hub, ALL, 1, 30), 5)
+    assert got == [(r, 0) for r in range(1, 31)]
+    busy.hub.close("range closed")
+    assert budget.used == quiet.hub.ring_bytes
+
+
+async def test_a_watcher_over_its_queue_bytes_is_cancelled_one_that_drains_is_not() -> None:
+    feed = Feed(limits=Limits(watcher_queue_bytes_max=250 * KIB))
+    slow, _ = feed.hub.start(ALL, 0)
+    fast, _ = feed.hub.start(ALL, 0)
+    received: list[tuple[int, int]] = []
+
+    async def drain() -> None:
+        async for batch in feed.hub.events(fast):
+            received.extend(e.position for e in batch)
+
+    task = asyncio.create_task(drain())
+    await asyncio.sleep(0)
+    # One group commit larger than the queue bound: nobody is cancelled for it.
+    feed.apply(*(put(b"k%d" % i, BIG) for i in range(4)))
+    assert feed.hub.watchers == 2
+    for i in range(4):
+        for _ in range(5):  # let the draining watcher take its batches
+            await asyncio.sleep(0)
+        feed.apply(put(b"x%d" % i, BIG))
+    assert feed.hub.watchers == 1  # the one that never read
+    with pytest.raises(WatcherTooSlowError, match="max-watcher-queue-bytes"):
+        async for _ in feed.hub.events(slow):
+            pass
+    assert slow.pending_bytes == 0 and not slow.pending
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert received == [(r, 0) for r in range(1, 9)]
+    task.cancel()
+
+
+async def test_events_go_out_in_batches_of_bounded_bytes() -> None:
+    feed = Feed()
+    watcher, _ = feed.hub.start(ALL, 0)
+    feed.apply(*(put(b"k%d" % i, BIG) for i in range(25)))
+    sizes = []
+    async for batch in feed.hub.events(watcher):
+        assert sum(event_bytes(e) for e in batch) <= SEND_BYTES_MAX
+        sizes.append(len(batch))
+        if sum(sizes) == 25:
+            break
+    assert len(sizes) > 1

@@ -33,6 +33,7 @@ from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
 from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.watch import HistoryBudget, WatchHub
 from tablekeeper_server.storage.api import StoreOpener
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class ContainerEnv:
     mode: a container that moved serves its first request sooner); else on first use."""
     range_limit: OpenRangeLimit = field(default_factory=OpenRangeLimit)
     """The server-wide bound on open table ranges (one object shared by every container)."""
+    history_budget: HistoryBudget | None = None
+    """The server-wide bound on the bytes of change events ranges keep in memory for watches
+    (one object shared by every range; `ContainerRegistry` makes it from `limits`)."""
 
 
 class ContainerState(enum.Enum):
@@ -211,7 +215,7 @@ class StorageContainer:
                 keep=env.checkpoints_kept,
                 failpoints=env.failpoints,
             )
-        return Range(
+        range_ = Range(
             name,
             env.log_backend,
             lambda: env.store_factory(path),
@@ -221,6 +225,9 @@ class StorageContainer:
             checkpointer=checkpointer,
             response_bytes_max=env.limits.response_bytes_max,
         )
+        # Its watch hub, bounded by this server's limits and sharing the server's budget.
+        range_.watch = WatchHub(name.log_name, limits=env.limits, budget=env.history_budget)
+        return range_
 
     async def start(self) -> None:
         self.state = ContainerState.RECOVERING

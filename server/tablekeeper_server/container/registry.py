@@ -11,6 +11,7 @@ server owns (the root range, a table's meta range) are read through `RemoteCatal
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import time
@@ -27,6 +28,7 @@ from tablekeeper_server.container.container import (
 from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import NotServedHereError, RouteNotFoundError, UnavailableError
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.range.watch import HistoryBudget
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,9 @@ class ContainerRegistry:
         *,
         remote: RemoteCatalog | None = None,
     ) -> None:
+        if env.history_budget is None:  # one per server: every range's watch ring shares it
+            budget = HistoryBudget(env.limits.history_bytes_total_max)
+            env = dataclasses.replace(env, history_budget=budget)
         self.env = env
         self.containers = {cid: StorageContainer(cid, env) for cid in container_ids}
         self.remote = remote

@@ -129,13 +129,22 @@ class EventHistory:
 
     def read(self, after: tuple[int, int], limit: int) -> list[ChangeEvent]:
         """Up to `limit` committed events strictly after position `after`, in order."""
+        return self.read_page(after, limit, 2**62)[0]
+
+    def read_page(
+        self, after: tuple[int, int], limit: int, bytes_max: int
+    ) -> tuple[list[ChangeEvent], bool]:
+        """Committed events strictly after position `after`, in order: up to `limit` of them
+        and `bytes_max` bytes (stored size; at least one event), and whether that was all."""
         start = history_key(after[0], after[1]) + b"\x00"
         out: list[ChangeEvent] = []
+        size = 0
         for key, raw in self.store.scan(start, HISTORY_END):
+            if out and (len(out) >= limit or size + len(raw) > bytes_max):
+                return out, False
             out.append(decode_event(key, raw))
-            if len(out) >= limit:
-                break
-        return out
+            size += len(raw)
+        return out, True
 
 
 def iter_history(store: KvStore) -> Iterator[ChangeEvent]:

@@ -5,13 +5,28 @@
 hands matching events to every registered watcher. A watcher starting at an older revision
 first catches up from the ring if it still covers that revision, else from the range's durable
 event history (its store); a revision at or below what the history has trimmed raises
-`CompactedError` carrying the oldest available revision.
+`CompactedError` carrying the oldest available revision. So the ring is only a cache: what it
+drops is still served, from the store, until the durable history trims it.
+
+Memory is bounded in bytes, because events carry whole values (and the previous value):
+- the ring of one range holds at most `ring_events` events and `ring_bytes_max` bytes
+  (`--max-history-bytes`), dropping its oldest events first;
+- the rings of all ranges of a server share one `HistoryBudget` (`--max-history-bytes-total`):
+  when a publish takes the total over it, the oldest events of the *largest* ring are dropped
+  (repeatedly, largest first), so one busy range cannot starve the rings of quiet ones and a
+  range never loses its ring to the others while it is the small one;
+- each watcher buffers at most `queue_max` undelivered events and `queue_bytes_max` bytes
+  (`--max-watcher-queue-bytes`) of them, not counting the batch being published: a watcher that
+  had drained its queue is never cancelled by one large group commit, only one that had not
+  drained it is. Beyond that it is cancelled with `WatcherTooSlowError` (gRPC
+  RESOURCE_EXHAUSTED) naming the revision to resume from;
+- events go out in batches of at most `SEND_BYTES_MAX` (at least one event), and catch-up from
+  the store reads pages of at most `CATCH_UP_PAGE` events and `CATCH_UP_BYTES` bytes.
 
 Catch-up never misses or repeats an event: the watcher registers for live events *before* it
 reads the backlog (both on the range's event loop), and delivers live events only after the
-last position (revision, index) it has delivered. Each watcher buffers at most `queue_max`
-undelivered live events; beyond that it is cancelled with `WatcherTooSlowError` naming the
-revision to resume from. Closing the range ends every watcher with `UnavailableError`.
+last position (revision, index) it has delivered. Closing the range ends every watcher with
+`UnavailableError`.
 """
 
 from __future__ import annotations
@@ -28,11 +43,86 @@ from tablekeeper_server.errors import (
     WatcherTooSlowError,
 )
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
+from tablekeeper_server.range.validation import Limits
 
 RING_EVENTS = 4096
 QUEUE_EVENTS_MAX = 10_000
 CATCH_UP_PAGE = 1000
+CATCH_UP_BYTES = 4 * 1024 * 1024
+SEND_BYTES_MAX = 1024 * 1024
 _INDEX_MAX = 2**32 - 1
+_EVENT_OVERHEAD = 200
+"""Bytes an event costs beyond its key and values (the objects around them), estimated."""
+_RECORD_OVERHEAD = 100
+
+
+def event_bytes(event: ChangeEvent) -> int:
+    """What one event holds in memory, estimated: key, new and previous value, objects."""
+    size = _EVENT_OVERHEAD + len(event.key)
+    if event.record is not None:
+        size += _RECORD_OVERHEAD + len(event.record.value)
+    if event.prev is not None:
+        size += _RECORD_OVERHEAD + len(event.prev.value)
+    return size
+
+
+def _chunks(events: list[ChangeEvent], bytes_max: int) -> list[list[ChangeEvent]]:
+    """`events` cut into runs of at most `bytes_max` bytes (at least one event each)."""
+    out: list[list[ChangeEvent]] = []
+    run: list[ChangeEvent] = []
+    size = 0
+    for event in events:
+        cost = event_bytes(event)
+        if run and size + cost > bytes_max:
+            out.append(run)
+            run, size = [], 0
+        run.append(event)
+        size += cost
+    if run:
+        out.append(run)
+    return out
+
+
+class HistoryBudget:
+    """The bytes of change events that the rings of all ranges of one server hold together.
+
+    One object per server (built by the container registry), shared by every `WatchHub` on the
+    server's event loop. When a publish takes `used` over `bytes_max`, the oldest events of the
+    largest ring are dropped until it fits again (see the module docstring)."""
+
+    def __init__(self, bytes_max: int = Limits().history_bytes_total_max) -> None:
+        self.bytes_max = max(1, bytes_max)
+        self.used = 0
+        self.evicted = 0
+        """Events dropped from some ring to keep the total within `bytes_max`."""
+        self._hubs: set[WatchHub] = set()
+
+    def join(self, hub: WatchHub) -> None:
+        self._hubs.add(hub)
+
+    def leave(self, hub: WatchHub) -> None:
+        self._hubs.discard(hub)
+
+    def make_room(self) -> None:
+        while self.used > self.bytes_max:
+            largest: WatchHub | None = None
+            second = 0
+            for hub in self._hubs:
+                size = hub.ring_bytes
+                if largest is None or size > largest.ring_bytes:
+                    if largest is not None:
+                        second = max(second, largest.ring_bytes)
+                    largest = hub
+                else:
+                    second = max(second, size)
+            if largest is None or largest.ring_bytes == 0:
+                return  # nothing left to drop (the accounting is off): give up, never loop
+            # Down to the second largest ring (or until the total fits), then look again.
+            while self.used > self.bytes_max and largest.ring_bytes > 0:
+                largest.drop_oldest()
+                self.evicted += 1
+                if largest.ring_bytes < second:
+                    break
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,30 +142,52 @@ class Watcher:
 
     span: KeySpan
     queue_max: int
+    queue_bytes_max: int = Limits().watcher_queue_bytes_max
     pending: deque[ChangeEvent] = field(default_factory=deque)
+    pending_bytes: int = 0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     error: TableKeeperError | None = None
     last: tuple[int, int] = (0, _INDEX_MAX)
 
     def offer(self, events: Sequence[ChangeEvent]) -> bool:
-        """Queue matching events; False if that overflowed the bound (then it is cancelled)."""
+        """Queue matching events; False if the queue was already over its bound when they came
+        (then the watcher is cancelled and its queue freed)."""
+        behind, behind_bytes = len(self.pending), self.pending_bytes
+        if behind >= self.queue_max or behind_bytes >= self.queue_bytes_max:
+            self.pending.clear()
+            self.pending_bytes = 0
+            self.fail(
+                WatcherTooSlowError(
+                    f"watcher fell behind by {behind} events ({behind_bytes} bytes; the limits "
+                    f"are {self.queue_max} events and {self.queue_bytes_max} bytes, "
+                    f"--max-watcher-queue-bytes) and was cancelled; resume from revision "
+                    f"{self.last[0]}"
+                )
+            )
+            return False
         added = False
         for event in events:
             if event.key in self.span:
                 self.pending.append(event)
+                self.pending_bytes += event_bytes(event)
                 added = True
-        if len(self.pending) > self.queue_max:
-            self.pending.clear()
-            self.fail(
-                WatcherTooSlowError(
-                    f"watcher fell behind by more than {self.queue_max} events and was "
-                    f"cancelled; resume from revision {self.last[0]}"
-                )
-            )
-            return False
         if added:
             self.wakeup.set()
         return True
+
+    def take(self, bytes_max: int) -> list[ChangeEvent]:
+        """The oldest queued events, at most `bytes_max` bytes of them (at least one)."""
+        taken: list[ChangeEvent] = []
+        size = 0
+        pending = self.pending
+        while pending:
+            cost = event_bytes(pending[0])
+            if taken and size + cost > bytes_max:
+                break
+            taken.append(pending.popleft())
+            size += cost
+        self.pending_bytes = max(0, self.pending_bytes - size) if pending else 0
+        return taken
 
     def fail(self, error: TableKeeperError) -> None:
         if self.error is None:
@@ -87,13 +199,28 @@ class WatchHub:
     """The watchers of one range. Lives on the range's event loop."""
 
     def __init__(
-        self, name: str, *, ring_events: int = RING_EVENTS, queue_max: int = QUEUE_EVENTS_MAX
+        self,
+        name: str,
+        *,
+        ring_events: int = RING_EVENTS,
+        queue_max: int = QUEUE_EVENTS_MAX,
+        limits: Limits | None = None,
+        budget: HistoryBudget | None = None,
     ) -> None:
+        """`limits`: `history_bytes_max` bounds the ring, `watcher_queue_bytes_max` each
+        watcher's queue. `budget`: the server's shared bound on all rings (None: no shared
+        bound, e.g. in unit tests)."""
+        limits = limits or Limits()
         self.name = name
         self.queue_max = queue_max
-        self._ring: deque[ChangeEvent] = deque(maxlen=max(1, ring_events))
+        self.queue_bytes_max = limits.watcher_queue_bytes_max
+        self.ring_bytes_max = limits.history_bytes_max
+        self.ring_bytes = 0
+        self._ring: deque[ChangeEvent] = deque()
+        self._ring_events = max(1, ring_events)
         self._ring_floor = 0
         """Events after this revision are all in the ring."""
+        self._budget = budget
         self._history: EventHistory | None = None
         self._applied = 0
         self._watchers: set[Watcher] = set()
@@ -101,23 +228,51 @@ class WatchHub:
 
     def attach(self, history: EventHistory | None, applied: int) -> None:
         """The range opened: its history and applied revision (the ring starts empty there)."""
+        self._clear_ring()
         self._history = history
         self._applied = self._ring_floor = applied
         self._closed = None
+        if self._budget is not None:
+            self._budget.join(self)
 
     @property
     def watchers(self) -> int:
         return len(self._watchers)
+
+    @property
+    def ring_events(self) -> int:
+        return len(self._ring)
+
+    def drop_oldest(self) -> None:
+        """Drop the oldest event of the ring (it stays in the store's history)."""
+        event = self._ring.popleft()
+        self._ring_floor = max(self._ring_floor, event.revision)
+        cost = event_bytes(event)
+        self.ring_bytes -= cost
+        if self._budget is not None:
+            self._budget.used -= cost
+
+    def _clear_ring(self) -> None:
+        if self._budget is not None:
+            self._budget.used -= self.ring_bytes
+        self._ring.clear()
+        self.ring_bytes = 0
 
     def publish(self, events: Sequence[ChangeEvent], applied: int) -> None:
         self._applied = applied
         if not events:
             return
         ring = self._ring
+        added = 0
         for event in events:
-            if len(ring) == ring.maxlen:
-                self._ring_floor = max(self._ring_floor, ring[0].revision)
             ring.append(event)
+            added += event_bytes(event)
+        self.ring_bytes += added
+        while ring and (len(ring) > self._ring_events or self.ring_bytes > self.ring_bytes_max):
+            self.drop_oldest()
+        if self._budget is not None:
+            self._budget.used += added
+            self._budget.make_room()
         for watcher in list(self._watchers):
             if not watcher.offer(events):
                 self._watchers.discard(watcher)
@@ -128,13 +283,16 @@ class WatchHub:
         for watcher in self._watchers:
             watcher.fail(UnavailableError(f"{reason}; resume from revision {watcher.last[0]}"))
         self._watchers.clear()
+        self._clear_ring()
+        if self._budget is not None:
+            self._budget.leave(self)
 
     def start(self, span: KeySpan, start_revision: int) -> tuple[Watcher, int]:
         """Register a watcher from `start_revision` (0 = after the current revision); returns
         it and the applied revision at registration. Raises `CompactedError`."""
         if self._closed is not None:
             raise UnavailableError(self._closed)
-        watcher = Watcher(span, self.queue_max)
+        watcher = Watcher(span, self.queue_max, self.queue_bytes_max)
         if start_revision <= 0:
             watcher.last = (self._applied, _INDEX_MAX)
         else:
@@ -169,8 +327,8 @@ class WatchHub:
                 self._ring_floor + 1,
             )
         self._check_compacted(last)
-        page = self._history.read(last, CATCH_UP_PAGE)
-        return page, len(page) < CATCH_UP_PAGE
+        page, done = self._history.read_page(last, CATCH_UP_PAGE, CATCH_UP_BYTES)
+        return page, done
 
     async def events(self, watcher: Watcher) -> AsyncGenerator[list[ChangeEvent], None]:
         """The watcher's events in order, in batches. Raises its error when it ends; always
@@ -184,8 +342,8 @@ class WatchHub:
                 if page:
                     watcher.last = page[-1].position
                     matching = [e for e in page if e.key in watcher.span]
-                    if matching:
-                        yield matching
+                    for chunk in _chunks(matching, SEND_BYTES_MAX):
+                        yield chunk
             while True:
                 if watcher.error is not None and not watcher.pending:
                     raise watcher.error
@@ -193,8 +351,7 @@ class WatchHub:
                     watcher.wakeup.clear()
                     await watcher.wakeup.wait()
                     continue
-                batch = [e for e in watcher.pending if e.position > watcher.last]
-                watcher.pending.clear()
+                batch = [e for e in watcher.take(SEND_BYTES_MAX) if e.position > watcher.last]
                 if batch:
                     watcher.last = batch[-1].position
                     yield batch
