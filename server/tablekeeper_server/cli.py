@@ -12,6 +12,7 @@ invocation stays fast.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,13 @@ def register_cluster(commands: Any) -> None:
     for sub in (cluster_init, cluster_status):
         sub.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
         sub.add_argument("--cluster", required=True, help="cluster name")
+        sub.add_argument(
+            "-o",
+            "--output",
+            choices=("text", "json", "table"),
+            default=argparse.SUPPRESS,  # else the CLI's global -o / TABLEKEEPER_OUTPUT
+            help="json: one JSON object; text and table: the report for people",
+        )
     cluster_init.add_argument(
         "--containers", type=int, required=True, help="number of storage containers (fixed)"
     )
@@ -170,6 +178,39 @@ def _cluster_view(
     )
 
 
+def _view_doc(view: _ClusterView) -> dict[str, Any]:
+    """`cluster status -o json`: the same facts as the text report."""
+    containers = []
+    assigned = view.assigned_to()
+    for container in range(view.containers):
+        owner = view.owners.get(container)
+        containers.append(
+            {
+                "container": container,
+                "assigned_to": assigned.get(container),
+                "owner": None if owner is None else owner[0],
+                "epoch": None if owner is None else owner[1],
+                "released": None if owner is None else owner[2],
+            }
+        )
+    problems = view.problems()
+    return {
+        "cluster": view.name,
+        "containers": view.containers,
+        "servers": view.servers,
+        "controller": view.controller,
+        "assignment_revision": view.revision,
+        "assignment": {server: sorted(cs) for server, cs in sorted(view.assignment.items())},
+        "serving": {
+            server: serving if isinstance(serving, str) else sorted(serving)
+            for server, serving in view.serving.items()
+        },
+        "owners": containers,
+        "ready": not problems,
+        "problems": problems,
+    }
+
+
 def _print_cluster(view: _ClusterView) -> None:
     print(f"cluster {view.name}: {view.containers} storage containers")
     print(f"servers: {', '.join(view.servers) or '(none)'}")
@@ -211,6 +252,7 @@ def _print_cluster(view: _ClusterView) -> None:
 def _cluster(args: argparse.Namespace) -> int:
     from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
 
+    as_json = getattr(args, "output", "text") == "json"
     coordinator = ZkCoordinator(args.zk, args.cluster)
     try:
         coordinator.start()
@@ -220,6 +262,10 @@ def _cluster(args: argparse.Namespace) -> int:
     try:
         if args.cluster_command == "init":
             created = coordinator.init_cluster(args.containers)
+            if as_json:
+                doc = {"cluster": args.cluster, "containers": args.containers, "created": created}
+                print(json.dumps(doc))
+                return EXIT_OK
             state = "initialised" if created else "already initialised"
             print(f"cluster {args.cluster} {state} with {args.containers} storage containers")
             return EXIT_OK
@@ -229,7 +275,10 @@ def _cluster(args: argparse.Namespace) -> int:
             if args.wait is None or not view.problems() or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
-        _print_cluster(view)
+        if as_json:
+            print(json.dumps(_view_doc(view)))
+        else:
+            _print_cluster(view)
         if args.wait is not None and view.problems():
             return EXIT_NOT_READY
         return EXIT_OK
