@@ -15,6 +15,12 @@ ops from concurrent tasks are anyway).
 Ops are grouped by the server that owns their range (`_routes`): one queue, one Batch and
 `in_flight_max` RPCs per endpoint. Every attempt locates the op again, so a retry after a
 "not served here" finds the container's new owner.
+
+Limits: `ops_max` (256) stays far below the server's `--max-batch-ops` (10,000 by default) and
+`bytes_max` bounds the request; a Batch refused as over the server's limits (RESOURCE_EXHAUSTED:
+nothing applied) halves `ops_max` and its ops are sent alone. A read the server did not execute
+because the Batch's response would have exceeded `--max-response-bytes` (retryable, not a "not
+served here") is sent again on its own, as a unary call.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from tablekeeper._transport import (
 from tablekeeper.errors import UnavailableError, error_for_code
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
+_NOT_SERVED_HERE = 500
+"""The header code of a Batch result marked retryable because its range is not served there."""
 UNARY_METHODS = {"put": "Put", "increment": "Increment", "delete_range": "Delete", "range": "Range"}
 
 
@@ -57,6 +65,8 @@ class _Op:
     size: int
     future: asyncio.Future[_Outcome]
     endpoint: str | None
+    alone: bool = False
+    """Send it in a call of its own (the server said a Batch's response had no room for it)."""
 
 
 class Coalescer:
@@ -102,13 +112,16 @@ class Coalescer:
         backoff = self._policy.initial_backoff_s
         size = request.ByteSize() + 16
         stream_id, pkey = request.header.stream_id, request.header.r_key
+        alone = False
         while True:
             target = await self._routes.locate(stream_id, pkey)
             future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-            self._enqueue(_Op(kind, request, metadata, size, future, target.endpoint))
+            self._enqueue(_Op(kind, request, metadata, size, future, target.endpoint, alone))
             outcome = await future
             if outcome.transport is not None:
                 self._routes.failed(target, outcome.transport)
+            elif outcome.retryable and outcome.response.header.code != _NOT_SERVED_HERE:
+                alone = True  # no room in the Batch's response: the route is fine
             elif outcome.retryable:
                 self._routes.failed(target)
             expired = time.monotonic() >= deadline
@@ -146,10 +159,14 @@ class Coalescer:
             while pending and self._in_flight.get(endpoint, 0) < self._in_flight_max:
                 taken, size = 0, 0
                 for op in pending:
-                    if taken and (taken >= self._ops_max or size + op.size > self._bytes_max):
+                    if taken and (
+                        op.alone or taken >= self._ops_max or size + op.size > self._bytes_max
+                    ):
                         break
                     taken += 1
                     size += op.size
+                    if op.alone:
+                        break
                 ops, pending = pending[:taken], pending[taken:]
                 self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
                 task = asyncio.get_running_loop().create_task(self._send(endpoint, ops))
@@ -198,6 +215,11 @@ class Coalescer:
                 request, timeout=self._policy.call_timeout_s
             )
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # Over the server's --max-batch-ops (set lower than ours): nothing was applied.
+                # Smaller Batches from now on; these ops go alone.
+                self._ops_max = max(1, len(ops) // 2)
+                return list(await asyncio.gather(*(self._send_unary(endpoint, op) for op in ops)))
             return [_Outcome(transport=error) for _ in ops]
         outcomes = []
         for op, result in zip(ops, response.results, strict=True):

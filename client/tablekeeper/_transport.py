@@ -21,6 +21,7 @@ import grpc
 
 from tablekeeper.errors import (
     PermissionDeniedError,
+    ResourceLimitError,
     TableKeeperError,
     UnauthenticatedError,
     UnavailableError,
@@ -181,6 +182,7 @@ async def call(
 _BY_GRPC_STATUS: dict[grpc.StatusCode, type[TableKeeperError]] = {
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceLimitError,
 }
 
 

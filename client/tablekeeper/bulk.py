@@ -46,6 +46,10 @@ MARKER_PREFIX = b"\xfftk-once\x00"
 """Every lkey of an effectively-once marker starts with this. 0xff never occurs in UTF-8, so no
 string lkey can collide with a marker; readers hide these keys."""
 TXN_INCREMENTS_MAX = 1000
+BATCH_OPS_MAX = 1000
+"""Ops per `Batch` RPC this module sends (the server refuses more than `--max-batch-ops`,
+10,000 by default); more ops for one server go in several Batches."""
+_NOT_SERVED_HERE = 500
 """Increments per marker txn (the server allows 1024 compares and ops per txn)."""
 _SC_METADATA_KEY = "bk-rt-sc-id-bin"
 _ID = struct.Struct(">q")
@@ -258,8 +262,10 @@ async def send_batch(
             else:
                 for (index, target), result in zip(group, answer.results, strict=True):
                     results[index] = result
-                    if _inner(result).header.code and result.retryable:
-                        client._routes.failed(target)
+                    code = _inner(result).header.code
+                    if code and result.retryable:
+                        if code == _NOT_SERVED_HERE:  # else: a read over the response bound
+                            client._routes.failed(target)
                         pending.append(index)
         if pending:
             if expired:
@@ -276,11 +282,16 @@ async def _send_group(
     ops: Sequence[tablekeeper_pb2.BatchOp],
     group: list[tuple[int, Target]],
 ) -> tablekeeper_pb2.BatchResponse:
+    """One endpoint's ops, in Batches of at most `BATCH_OPS_MAX`; their results in order."""
     stub = client._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint)
-    request = tablekeeper_pb2.BatchRequest(ops=[ops[index] for index, _ in group])
-    response: tablekeeper_pb2.BatchResponse = await stub.Batch(
-        request, timeout=client.retry.call_timeout_s
-    )
+    response = tablekeeper_pb2.BatchResponse()
+    for start in range(0, len(group), BATCH_OPS_MAX):
+        chunk = group[start : start + BATCH_OPS_MAX]
+        request = tablekeeper_pb2.BatchRequest(ops=[ops[index] for index, _ in chunk])
+        part: tablekeeper_pb2.BatchResponse = await stub.Batch(
+            request, timeout=client.retry.call_timeout_s
+        )
+        response.results.extend(part.results)
     return response
 
 
@@ -408,6 +419,7 @@ def is_marker(lkey: bytes) -> bool:
 
 __all__ = [
     "MARKER_PREFIX",
+    "BATCH_OPS_MAX",
     "TXN_INCREMENTS_MAX",
     "BatchOpError",
     "BatchSender",

@@ -108,6 +108,13 @@ class PermissionDeniedError(TableKeeperError):
     """The caller's role lacks a permission; the message names it and the namespace."""
 
 
+class ResourceLimitError(TableKeeperError):
+    """The request is over one of the server's limits (ops per Batch, bytes of one response,
+    ...; gRPC RESOURCE_EXHAUSTED). Nothing was applied; the message carries the server's reason,
+    which names the limit and its flag. Sending the same request again cannot succeed: send
+    less per request."""
+
+
 _BY_CODE: dict[int, type[TableKeeperError]] = {
     cls.code: cls
     for cls in (

@@ -4,6 +4,7 @@ while large values stream through a range, Batch size and response bounds, name 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Iterator
@@ -12,8 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tablekeeper import Client
-from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
+from tablekeeper import AsyncClient, Client, ResourceLimitError
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, watch_pb2, watch_pb2_grpc
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -127,3 +129,107 @@ def test_memory_stays_bounded_while_large_values_stream_through_one_range(
     bound = HISTORY_BYTES_TOTAL + 2 * QUEUE_BYTES + 150 * _MIB
     print(f"RSS {before / _MIB:.0f} MiB before, peak {peak / _MIB:.0f} MiB, {puts} puts")
     assert growth < bound, f"RSS grew by {growth / _MIB:.0f} MiB (bound {bound / _MIB:.0f})"
+
+
+BATCH_OPS = 50
+RESPONSE_BYTES = 1 * _MIB
+
+
+@pytest.fixture
+def limited(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            "--max-batch-ops",
+            str(BATCH_OPS),
+            "--max-response-bytes",
+            str(RESPONSE_BYTES),
+        ],
+    )
+    server_factory.append(server)
+    return server.start()
+
+
+def _header(table_id: int, pkey: bytes) -> kv_rpc_pb2.RoutingHeader:
+    return kv_rpc_pb2.RoutingHeader(stream_id=table_id, r_key=pkey)
+
+
+def _put(
+    table_id: int, lkey: bytes, value: bytes, prev_kv: bool = False
+) -> tablekeeper_pb2.BatchOp:
+    put = kv_rpc_pb2.PutRequest(
+        key=lkey, value=value, header=_header(table_id, b"p"), prev_kv=prev_kv
+    )
+    return tablekeeper_pb2.BatchOp(put=put)
+
+
+def _get(table_id: int, lkey: bytes) -> tablekeeper_pb2.BatchOp:
+    return tablekeeper_pb2.BatchOp(
+        range=kv_rpc_pb2.RangeRequest(key=lkey, header=_header(table_id, b"p"))
+    )
+
+
+def test_batch_ops_and_response_bytes_are_bounded(limited: ServerProcess) -> None:
+    options = [("grpc.max_receive_message_length", 64 * _MIB)]
+    with Client(limited.service) as client, grpc.insecure_channel(limited.target, options) as ch:
+        client.create_namespace("b")
+        table_id = client.create_table("b", "t").table_id
+        table = client.table("b", "t")
+        batch = tablekeeper_pb2_grpc.TableKeeperStub(ch).Batch
+        # Too many ops: refused whole, before anything is applied.
+        ops = [_put(table_id, b"n%d" % i, b"") for i in range(BATCH_OPS + 1)]
+        with pytest.raises(grpc.RpcError) as raised:
+            batch(tablekeeper_pb2.BatchRequest(ops=ops), timeout=30)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-batch-ops" in (raised.value.details() or "")
+        assert table.get("p", "n0") is None and table.get("p", "n50") is None
+
+        big = os.urandom(64 * 1024)
+        for i in range(40):
+            table.put("p", b"r%d" % i, big + b"%d" % i)
+        # 40 reads of 64 KiB (2.5 MiB) and 10 writes in one Batch: every write applied and
+        # answered; reads fill the 1 MiB response, the rest are not executed and say why.
+        ops = [_get(table_id, b"r%d" % i) for i in range(40)]
+        ops += [_put(table_id, b"w%d" % i, b"x") for i in range(10)]
+        response = batch(tablekeeper_pb2.BatchRequest(ops=ops), timeout=30)
+        assert response.ByteSize() <= RESPONSE_BYTES + 64 * 1024  # + headers
+        answered = 0
+        for i, result in enumerate(response.results[:40]):
+            if result.range.header.code == 0:
+                assert result.range.kvs[0].value == big + b"%d" % i
+                answered += 1
+            else:
+                assert result.range.header.code == 400 and result.retryable
+                assert "--max-response-bytes" in result.error
+        assert 1 <= answered < 40
+        for i, result in enumerate(response.results[40:]):
+            assert result.put.header.code == 0 and not result.error
+            assert table.get("p", b"w%d" % i) is not None
+
+        # Writes that may return more than a response may carry (prev_kv of up to 4 MiB each):
+        # refused whole, nothing applied.
+        ops = [_put(table_id, b"r%d" % i, b"new", prev_kv=True) for i in range(3)]
+        with pytest.raises(grpc.RpcError) as raised:
+            batch(tablekeeper_pb2.BatchRequest(ops=ops), timeout=30)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-response-bytes" in (raised.value.details() or "")
+        kv = table.get("p", "r0")
+        assert kv is not None and kv.value == big + b"0"
+
+
+async def test_the_sdk_names_the_limit_and_its_coalesced_reads_fit(limited: ServerProcess) -> None:
+    async with AsyncClient(limited.service) as client:
+        await client.create_namespace("s")
+        await client.create_table("s", "t")
+        table = await client.table("s", "t")
+        big = os.urandom(64 * 1024)
+        await asyncio.gather(*(table.put("p", b"r%d" % i, big) for i in range(60)))
+        # 60 concurrent gets coalesce into Batches whose responses would be 3.8 MiB: the reads
+        # the server had no room for are sent again alone, and every get gets its value.
+        got = await asyncio.gather(*(table.get("p", b"r%d" % i) for i in range(60)))
+        assert all(kv is not None and kv.value == big for kv in got)
+        # More ops than the server takes in one Batch (the SDK sends up to 1,000 per Batch):
+        # a typed error carrying the server's reason.
+        with pytest.raises(ResourceLimitError, match="--max-batch-ops"):
+            await table.batch_put([("p", b"n%d" % i, b"v") for i in range(BATCH_OPS + 1)])
+        assert await table.get("p", "n0") is None

@@ -25,6 +25,7 @@ from tablekeeper_server.errors import (
     BadRequestError,
     Code,
     IllegalOpError,
+    ResourceLimitError,
     RouteNotFoundError,
     TableKeeperError,
     UnavailableError,
@@ -39,7 +40,7 @@ from tablekeeper_server.rpc.proxy import (
     Forwarder,
     local_or_forward,
 )
-from tablekeeper_server.rpc.status import command_status_reason, serve
+from tablekeeper_server.rpc.status import command_status_reason, serve, serve_admin
 
 log = logging.getLogger(__name__)
 _BATCH_METHODS = {
@@ -472,9 +473,20 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
     async def Batch(  # noqa: N802
         self, request: tablekeeper_pb2.BatchRequest, context: Context
     ) -> tablekeeper_pb2.BatchResponse:
-        """Run independent ops concurrently, so ops on one range share a group commit."""
-        results = await asyncio.gather(*(self._one(op, context) for op in request.ops))
-        return tablekeeper_pb2.BatchResponse(results=results)
+        """Run independent ops concurrently, so ops on one range share a group commit.
+
+        Bounds (see `_BatchBudget`): more than `batch_ops_max` ops, or writes that could return
+        more than `response_bytes_max` bytes of stored data, refuse the whole Batch before
+        anything runs (gRPC RESOURCE_EXHAUSTED); read ops share what is left of
+        `response_bytes_max`, and a read that does not fit is not executed (or its result is
+        dropped) and answered with its own over-limit status, marked retryable."""
+
+        async def handle() -> tablekeeper_pb2.BatchResponse:
+            budget = _BatchBudget.of(request, self._ops.limits)
+            results = await asyncio.gather(*(self._one(op, context, budget) for op in request.ops))
+            return tablekeeper_pb2.BatchResponse(results=results)
+
+        return await serve_admin("Batch", context, handle)
 
     async def ScanRange(  # noqa: N802
         self, request: tablekeeper_pb2.ScanRangeRequest, context: Context
@@ -490,7 +502,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         return await serve("ScanRange", context, self._metrics, handle, error, _header_code)
 
     async def _one(
-        self, op: tablekeeper_pb2.BatchOp, context: Context
+        self, op: tablekeeper_pb2.BatchOp, context: Context, budget: _BatchBudget
     ) -> tablekeeper_pb2.BatchResult:
         kind = op.WhichOneof("op")
         result = tablekeeper_pb2.BatchResult()
@@ -508,7 +520,11 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         }
         handler = handlers[kind]
         try:
+            if kind == "range":
+                budget.before_read()
             response = await handler(_stream_id(request.header, context), request, context)
+            if kind == "range":
+                budget.after_read(response.ByteSize())
             target.CopyFrom(response)
             if code := target.header.code:
                 result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
@@ -516,6 +532,10 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             target.header.code = Code.INTERNAL_SERVER_ERROR
             result.error = exc.message
             result.retryable = True
+        except ResourceLimitError as exc:
+            target.header.code = exc.code
+            result.error = exc.message
+            result.retryable = kind == "range"  # a read over the Batch's bound: send it alone
         except TableKeeperError as exc:
             target.header.code = exc.code
             result.error = exc.message
@@ -525,6 +545,83 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             result.error = f"internal error: {exc}"
         target.header.routing_header.CopyFrom(request.header)
         return result
+
+
+class _BatchBudget:
+    """The response bytes one Batch may still spend on reads.
+
+    Writes run whatever their response size, so their worst case is reserved up front: a put or
+    single-key delete with `prev_kv` may return a key and a value (`key_bytes_max +
+    value_bytes_max`), a ranged delete with `prev_kv` or a txn with a read up to
+    `response_bytes_max`. A Batch whose reservations exceed `response_bytes_max`, or with more
+    than `batch_ops_max` ops, is refused before anything runs. Reads then share the rest: each
+    reserves nothing, runs while some budget is left, and a result that does not fit is dropped
+    and answered over-limit; after that no later read runs. Headers and echoed routing keys are
+    not counted (they are bounded by the request's own size)."""
+
+    def __init__(self, bytes_max: int, limits: validation.Limits) -> None:
+        self.left = bytes_max
+        self.limits = limits
+        self.exhausted = False
+
+    @classmethod
+    def of(cls, request: tablekeeper_pb2.BatchRequest, limits: validation.Limits) -> _BatchBudget:
+        n_ops = len(request.ops)
+        if n_ops > limits.batch_ops_max:
+            raise ResourceLimitError(
+                f"Batch has {n_ops} ops; the limit is {limits.batch_ops_max} (--max-batch-ops): "
+                "nothing was applied, send fewer ops per Batch"
+            )
+        reserved = sum(_write_response_bytes_max(op, limits) for op in request.ops)
+        if reserved > limits.response_bytes_max:
+            raise ResourceLimitError(
+                f"Batch has writes that may return up to {reserved} bytes (prev_kv, txns with "
+                f"reads); a response may carry {limits.response_bytes_max} "
+                "(--max-response-bytes): nothing was applied, send them in smaller Batches"
+            )
+        return cls(limits.response_bytes_max - reserved, limits)
+
+    def _over(self) -> ResourceLimitError:
+        return ResourceLimitError(
+            f"read not executed: the Batch's response would exceed "
+            f"{self.limits.response_bytes_max} bytes (--max-response-bytes); send it again in "
+            "a smaller Batch, or alone"
+        )
+
+    def before_read(self) -> None:
+        if self.exhausted:
+            raise self._over()
+
+    def after_read(self, size: int) -> None:
+        if size > self.left:
+            self.exhausted = True
+            raise self._over()
+        self.left -= size
+
+
+def _write_response_bytes_max(op: tablekeeper_pb2.BatchOp, limits: validation.Limits) -> int:
+    """Worst-case bytes of stored data the write `op` may return (0 for reads)."""
+    one_kv = limits.key_bytes_max + limits.value_bytes_max
+    kind = op.WhichOneof("op")
+    if kind == "put":
+        return one_kv if op.put.prev_kv else 0
+    if kind == "delete_range":
+        if not op.delete_range.prev_kv:
+            return 0
+        return limits.response_bytes_max if op.delete_range.range_end else one_kv
+    if kind == "txn":
+        total = 0
+        for request_op in list(op.txn.success) + list(op.txn.failure):
+            inner = request_op.WhichOneof("request")
+            if inner == "request_range":
+                return limits.response_bytes_max
+            if inner == "request_put" and request_op.request_put.prev_kv:
+                total += one_kv
+            elif inner == "request_delete_range" and request_op.request_delete_range.prev_kv:
+                ranged = bool(request_op.request_delete_range.range_end)
+                total += limits.response_bytes_max if ranged else one_kv
+        return min(total, limits.response_bytes_max)
+    return 0
 
 
 def stream_conf_default() -> stream_pb2.StreamConfiguration:
