@@ -13,7 +13,7 @@ PORT ?= 4181
 METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 
-.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz clean pulsar-fetch
+.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz simulate clean pulsar-fetch
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -60,8 +60,12 @@ lint: $(STAMP)  ## ruff and mypy
 pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run only; then a no-op)
 	deploy/pulsar.sh fetch
 
-test-unit: $(STAMP) pulsar-fetch  ## unit and contract tests (fakes, local files, a real Pulsar)
-	$(PY) -m pytest -q tests/unit tests/contract
+test-unit: $(STAMP) pulsar-fetch  ## unit, contract and simulation tests (fakes, local files, a real Pulsar)
+	$(PY) -m pytest -q tests/unit tests/contract tests/simulation
+
+SEEDS ?= 2000
+simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
+	$(PY) -m tests.simulation --seeds $(SEEDS)
 
 test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), SDK and CLI end to end
 	$(PY) -m pytest -q tests/integration --ignore=tests/integration/test_spark.py

@@ -8,7 +8,8 @@ crash, all on one event loop with a hand-moved clock, so a seed replays exactly:
     python -m tests.simulation --seeds 5000       # many
 
 Each round sends a burst of concurrent client operations (puts with and without expected
-versions, deletes, increments, txns moving an amount between two counters, reads) on distinct
+versions, deletes, increments, txns moving an amount between two counters, reads, and hostile
+puts whose fields the state machine cannot honour, logged without validation) on distinct
 keys of each range, so a sequential model per key is exact. Faults between and during rounds:
 a crash (the store keeps a random prefix of its unflushed writes, the log keeps what it
 acknowledged), a torn append (the log fails mid-append, having persisted the records or not),
@@ -163,6 +164,15 @@ def make_op(rng: random.Random, model: dict[bytes, KeyState], keys: list[bytes],
     key = keys[0]
     state = model[key]
     roll = rng.random()
+    if roll < 0.03:  # hostile: fields apply cannot honour; refused at apply, nothing changes
+        hostile = kv.PutRequest(key=key, value=b"h%d" % uid, header=_header())
+        if rng.random() < 0.5:
+            hostile.ttl_ms = 2**63 - 1  # now + ttl overflows int64
+            code = Code.BAD_REQUEST
+        else:
+            hostile.lease = 2**62  # no such session on this range
+            code = Code.ILLEGAL_OP
+        return Op("hostile-put", (key,), wal_pb2.WalCommand(put=hostile), code, _nothing)
     if roll < 0.35:  # put, sometimes conditional
         value = b"v%d" % uid
         request = kv.PutRequest(key=key, value=value, header=_header())

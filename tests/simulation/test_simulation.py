@@ -1,7 +1,8 @@
 """The seeded simulation (tests/simulation/sim.py) over many seeds.
 
-`TABLEKEEPER_SIM_SEEDS` sets how many (default 300, run in `make test`); a failure names its
-seed, and `python -m tests.simulation --seed N --trace` replays it exactly.
+`TABLEKEEPER_SIM_SEEDS` sets how many (default 120, run in `make test`; `make simulate
+SEEDS=5000` for more); a failure names its seed, and `python -m tests.simulation --seed N
+--trace` replays it exactly.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from tests.simulation.sim import simulate
 
-SEEDS = int(os.environ.get("TABLEKEEPER_SIM_SEEDS", "300"))
+SEEDS = int(os.environ.get("TABLEKEEPER_SIM_SEEDS", "120"))
 CHUNK = 25
 
 
