@@ -1,0 +1,158 @@
+"""Applying an Oxia write (`WalCommand.oxia_write`) inside the range's state machine.
+
+One Oxia `WriteRequest` (the puts, deletes and delete ranges of one shard) is one logged command,
+applied atomically at its revision with Oxia's semantics, in Oxia's order: every put, then every
+delete, then every delete range, each seeing the effects of those before it.
+
+- A put's `version_id` is the command's revision, its `modifications_count` starts at 0 and
+  grows by one per put; created/modified timestamps are the command's timestamp.
+- `expected_version_id`: -1 = the key must not exist; N = its version_id must be N; otherwise
+  UNEXPECTED_VERSION_ID and the put does nothing.
+- `session_id` makes the record ephemeral (the range's session index, as for every session
+  key); an unknown session answers SESSION_DOES_NOT_EXIST. A put without it detaches the key.
+- `sequence_key_delta`: the key is `key` followed by `-%020d` per delta, each part the last
+  value of that part plus its delta. The last parts are kept per prefix in a system key (Oxia
+  derives them from the highest existing key; here they never go back, even if that key was
+  deleted). The servicer refuses malformed sequence puts before they are logged.
+- A delete answers KEY_NOT_FOUND for a missing key; with an expected version, a missing key or
+  another version answers UNEXPECTED_VERSION_ID.
+- A delete range removes every key in [start, end) in Oxia's order (see `oxia.keys`).
+
+Writes go through the state machine's `_flush_writes`, so they produce the range's change events
+(and history, which serves Oxia notifications) and session index like every other write. The
+result depends only on the store and the command: replay agrees.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_proto.oxia import apply_pb2, client_pb2
+from tablekeeper_server.core.keys import system_key
+from tablekeeper_server.oxia import keys
+from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_of
+from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.range.state_machine import _ApplyView, _flush_writes, session_key
+
+Status = client_pb2.Status
+_SEQUENCE_PREFIX = system_key(b"oxseq/")
+_PART = struct.Struct(">Q")
+SEQUENCE_PART_MAX = 2**64 - 1
+
+
+def sequence_state_key(prefix_key: str) -> bytes:
+    """The system key holding the last parts generated for sequence keys under `prefix_key`."""
+    return _SEQUENCE_PREFIX + keys.encode(prefix_key)
+
+
+def sequence_key(prefix_key: str, parts: list[int]) -> str:
+    return prefix_key + "".join(f"-{part:020d}" for part in parts)
+
+
+class _Overlay:
+    """The range during the apply plus this command's own writes (not yet flushed)."""
+
+    def __init__(self, view: _ApplyView, previous: int) -> None:
+        self.view = view
+        self.previous = previous
+        self.writes: dict[bytes, StoredRecord | None] = {}
+
+    def get(self, key: bytes) -> StoredRecord | None:
+        if key in self.writes:
+            return self.writes[key]
+        return self.view.get(key)
+
+    def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
+        if self.view.dirty:  # earlier commands of this batch: scans read the store
+            self.view.commit(self.previous)
+        merged: dict[bytes, StoredRecord | None] = dict(self.view.scan(start, end))
+        merged.update((k, r) for k, r in self.writes.items() if start <= k < end)
+        for key in sorted(merged):
+            record = merged[key]
+            if record is not None:
+                yield key, record
+
+
+def apply_oxia_write(
+    view: _ApplyView, previous: int, revision: int, now: int, payload: bytes
+) -> apply_pb2.ApplyResult:
+    request = client_pb2.WriteRequest.FromString(payload)
+    state = _Overlay(view, previous)
+    response = client_pb2.WriteResponse()
+    for put in request.puts:
+        response.puts.append(_put(state, put, revision, now))
+    for delete in request.deletes:
+        response.deletes.append(_delete(state, delete))
+    for delete_range in request.delete_ranges:
+        start, end = keys.store_span(delete_range.start_inclusive, delete_range.end_exclusive)
+        if start < end:
+            for key, _ in list(state.scan(start, end)):
+                state.writes[key] = None
+        response.delete_ranges.append(client_pb2.DeleteRangeResponse(status=Status.OK))
+    _flush_writes(view, state.writes, revision, now)
+    return apply_pb2.ApplyResult(response=response, header=kv_rpc_pb2.ResponseHeader())
+
+
+def _put(
+    state: _Overlay, req: client_pb2.PutRequest, revision: int, now: int
+) -> client_pb2.PutResponse:
+    session_id = req.session_id if req.HasField("session_id") else None
+    if session_id is not None and state.view.get(session_key(session_id)) is None:
+        return client_pb2.PutResponse(status=Status.SESSION_DOES_NOT_EXIST)
+    key = req.key
+    generated = None
+    if req.sequence_key_delta:
+        counter_key = sequence_state_key(req.key)
+        counter = state.get(counter_key)
+        last = [] if counter is None else _parts(counter.value)
+        parts = []
+        for index, delta in enumerate(req.sequence_key_delta):
+            base = last[index] if index < len(last) else 0
+            parts.append(min(base + delta, SEQUENCE_PART_MAX))
+        state.writes[counter_key] = StoredRecord(
+            0, revision, 0, False, 0, b"".join(_PART.pack(p) for p in parts)
+        )
+        key = generated = sequence_key(req.key, parts)
+    skey = keys.store_key(key)
+    prev = state.get(skey)
+    if req.HasField("expected_version_id"):
+        expected = req.expected_version_id
+        if (expected == -1 and prev is not None) or (
+            expected != -1 and (prev is None or prev.mod_revision != expected)
+        ):
+            return client_pb2.PutResponse(status=Status.UNEXPECTED_VERSION_ID)
+    identity = req.client_identity if req.HasField("client_identity") else None
+    if prev is None:
+        meta = OxiaMeta(now, now, session_id, identity)
+        record = StoredRecord(revision, revision, 0, False, 0, pack(meta, req.value))
+    else:
+        created = unpack(prev.value)[0].created_ms
+        meta = OxiaMeta(created, now, session_id, identity)
+        record = StoredRecord(
+            prev.create_revision, revision, prev.version + 1, False, 0, pack(meta, req.value)
+        )
+    state.writes[skey] = record
+    state.view.leases[skey] = session_id or 0
+    response = client_pb2.PutResponse(status=Status.OK, version=version_of(record, meta))
+    if generated is not None:
+        response.key = generated
+    return response
+
+
+def _delete(state: _Overlay, req: client_pb2.DeleteRequest) -> client_pb2.DeleteResponse:
+    skey = keys.store_key(req.key)
+    prev = state.get(skey)
+    if req.HasField("expected_version_id") and (
+        prev is None or prev.mod_revision != req.expected_version_id
+    ):
+        return client_pb2.DeleteResponse(status=Status.UNEXPECTED_VERSION_ID)
+    if prev is None:
+        return client_pb2.DeleteResponse(status=Status.KEY_NOT_FOUND)
+    state.writes[skey] = None
+    return client_pb2.DeleteResponse(status=Status.OK)
+
+
+def _parts(raw: bytes) -> list[int]:
+    return [_PART.unpack_from(raw, i)[0] for i in range(0, len(raw), _PART.size)]

@@ -1,0 +1,92 @@
+"""Oxia reads on a range's applied state: get with a key comparison, list and range scan.
+
+They run synchronously on the range's event loop against exactly what has been applied (and so
+acknowledged), which is what Oxia's leader serves too. Keys come back in Oxia's order because
+the store order of encoded keys is that order (see `oxia.keys`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tablekeeper_proto.oxia import client_pb2
+from tablekeeper_server.oxia import keys
+from tablekeeper_server.oxia.records import unpack, version_of
+from tablekeeper_server.range.records import StoredRecord, decode_record
+from tablekeeper_server.storage.api import KvStore
+
+Comparison = client_pb2.KeyComparisonType
+LIST_PAGE_KEYS = 1000
+SCAN_PAGE_RECORDS = 1000
+SCAN_PAGE_BYTES = 2 * 1024 * 1024
+
+
+def _records(store: KvStore, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
+    for key, raw in store.scan(start, end):
+        yield key, decode_record(raw)
+
+
+def _last(store: KvStore, start: bytes, end: bytes) -> tuple[bytes, StoredRecord] | None:
+    # The store scans forward only: a floor lookup walks the shard's keys below the target.
+    found = None
+    for item in _records(store, start, end):
+        found = item
+    return found
+
+
+def get(store: KvStore, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
+    target = keys.store_key(req.key)
+    kind = req.comparison_type
+    found: tuple[bytes, StoredRecord] | None
+    if kind == Comparison.EQUAL:
+        raw = store.get(target)
+        found = None if raw is None else (target, decode_record(raw))
+    elif kind in (Comparison.CEILING, Comparison.HIGHER):
+        start = target if kind == Comparison.CEILING else target + b"\x00"
+        found = next(_records(store, start, keys.END), None)
+    else:
+        end = target + b"\x00" if kind == Comparison.FLOOR else target
+        found = _last(store, keys.PREFIX, end)
+    if found is None:
+        return client_pb2.GetResponse(status=client_pb2.Status.KEY_NOT_FOUND)
+    return to_get_response(found[0], found[1], req.include_value, kind != Comparison.EQUAL)
+
+
+def to_get_response(
+    store_key: bytes, record: StoredRecord, include_value: bool, include_key: bool
+) -> client_pb2.GetResponse:
+    meta, value = unpack(record.value)
+    response = client_pb2.GetResponse(status=client_pb2.Status.OK, version=version_of(record, meta))
+    if include_value:
+        response.value = value
+    if include_key:
+        response.key = keys.from_store_key(store_key)
+    return response
+
+
+def list_pages(store: KvStore, start: str, end: str) -> Iterator[list[str]]:
+    low, high = keys.store_span(start, end)
+    page: list[str] = []
+    if low < high:
+        for key, _ in store.scan(low, high):
+            page.append(keys.from_store_key(key))
+            if len(page) >= LIST_PAGE_KEYS:
+                yield page
+                page = []
+    if page:
+        yield page
+
+
+def scan_pages(store: KvStore, start: str, end: str) -> Iterator[list[client_pb2.GetResponse]]:
+    low, high = keys.store_span(start, end)
+    page: list[client_pb2.GetResponse] = []
+    size = 0
+    if low < high:
+        for key, record in _records(store, low, high):
+            page.append(to_get_response(key, record, True, True))
+            size += len(key) + len(record.value)
+            if len(page) >= SCAN_PAGE_RECORDS or size >= SCAN_PAGE_BYTES:
+                yield page
+                page, size = [], 0
+    if page:
+        yield page

@@ -1,0 +1,340 @@
+"""The `io.streamnative.oxia.proto.OxiaClient` servicer: thin, like TableKeeper's own.
+
+Shards are ranges (`oxia.namespaces`); a write is one logged range command (`oxia.apply`);
+reads run on the range's applied state (`oxia.reads`); sessions are the range's sessions
+(`range.sessions`: a session id is the revision that created it); notifications come from the
+range's change feed and history (`range.watch`). Errors are mapped once, in `oxia.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any, TypeAlias
+
+import grpc
+
+from tablekeeper_proto.oxia import apply_pb2, client_pb2, client_pb2_grpc
+from tablekeeper_proto.v1 import session_pb2, wal_pb2
+from tablekeeper_server.errors import (
+    BadRequestError,
+    KeyNotFoundError,
+    TableKeeperError,
+    UnavailableError,
+)
+from tablekeeper_server.oxia import keys, reads
+from tablekeeper_server.oxia.apply import sequence_key, sequence_state_key
+from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
+from tablekeeper_server.oxia.namespaces import Namespaces
+from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.records import decode_record
+from tablekeeper_server.range.watch import KeySpan, Watcher
+
+Context: TypeAlias = Any  # grpc.aio.ServicerContext
+WRITES_IN_FLIGHT_MAX = 1024
+"""Writes one write stream may have in the range's queue before it stops reading requests."""
+
+
+@contextlib.asynccontextmanager
+async def _oxia_errors(context: Context) -> AsyncIterator[None]:
+    try:
+        yield
+    except OxiaError as exc:
+        await context.abort(exc.code, exc.message)
+    except TableKeeperError as exc:
+        error = from_tablekeeper(exc)
+        await context.abort(error.code, error.message)
+
+
+def _check_write(request: client_pb2.WriteRequest, key_bytes_max: int) -> None:
+    """Refuse what Oxia refuses before anything is logged (nothing of the request is applied)."""
+    for put in request.puts:
+        if len(put.key.encode()) > key_bytes_max:
+            raise OxiaError.invalid("key too long")
+        if put.sequence_key_delta:
+            if not put.HasField("partition_key"):
+                raise OxiaError.invalid("sequential key operation requires partition key")
+            if put.HasField("expected_version_id"):
+                raise OxiaError.invalid("sequential key operation cannot have an expected version")
+            if put.sequence_key_delta[0] == 0:
+                raise OxiaError.invalid("the first sequence key delta must be > 0")
+        elif put.HasField("expected_version_id") and put.expected_version_id < -1:
+            raise OxiaError.invalid("expected_version_id must be >= -1")
+    for delete in request.deletes:
+        if len(delete.key.encode()) > key_bytes_max:
+            raise OxiaError.invalid("key too long")
+
+
+def _notification_batches(
+    shard_id: int, events: Iterable[ChangeEvent], now_ms: int
+) -> Iterable[client_pb2.NotificationBatch]:
+    """One batch per revision (Oxia's offset), each key's last change in it."""
+    batch: client_pb2.NotificationBatch | None = None
+    for event in events:
+        if batch is None or batch.offset != event.revision:
+            if batch is not None:
+                yield batch
+            batch = client_pb2.NotificationBatch(
+                shard=shard_id, offset=event.revision, timestamp=now_ms
+            )
+        notification = batch.notifications[keys.from_store_key(event.key)]
+        if event.record is None:
+            notification.Clear()
+            notification.type = client_pb2.KEY_DELETED
+        else:
+            notification.type = (
+                client_pb2.KEY_CREATED if event.record.version == 0 else client_pb2.KEY_MODIFIED
+            )
+            notification.version_id = event.record.mod_revision
+    if batch is not None:
+        yield batch
+
+
+class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
+    def __init__(self, namespaces: Namespaces, leader: str, key_bytes_max: int) -> None:
+        self.namespaces = namespaces
+        self.leader = leader
+        """host:port of this front-end: every shard's leader in standalone mode."""
+        self.key_bytes_max = key_bytes_max
+        self._stopping = asyncio.Event()
+        self._watchers: set[Watcher] = set()
+
+    def shutdown(self) -> None:
+        """End every open stream (the server is stopping: clients reconnect)."""
+        self._stopping.set()
+        for watcher in self._watchers:
+            watcher.fail(UnavailableError("server shutting down"))
+
+    # ------------------------------------------------------------------ shard assignments
+
+    async def GetShardAssignments(  # noqa: N802
+        self, request: client_pb2.ShardAssignmentsRequest, context: Context
+    ) -> AsyncIterator[client_pb2.ShardAssignments]:
+        async with _oxia_errors(context):
+            shards = await self.namespaces.shards(request.namespace)
+            assignment = client_pb2.NamespaceShardsAssignment(shard_key_router=client_pb2.XXHASH3)
+            for shard in shards:
+                assignment.assignments.append(
+                    client_pb2.ShardAssignment(
+                        shard=shard.shard_id,
+                        leader=self.leader,
+                        int32_hash_range=client_pb2.Int32HashRange(
+                            min_hash_inclusive=shard.hash_min,
+                            max_hash_inclusive=shard.hash_max,
+                        ),
+                    )
+                )
+            response = client_pb2.ShardAssignments()
+            response.namespaces[request.namespace].CopyFrom(assignment)
+            yield response
+            # Shards never move in standalone mode: the stream stays open until the server stops.
+            await self._stopping.wait()
+
+    # ------------------------------------------------------------------ writes
+
+    async def _write(
+        self, shard_id: int, request: client_pb2.WriteRequest
+    ) -> client_pb2.WriteResponse:
+        _check_write(request, self.key_bytes_max)
+        if not (request.puts or request.deletes or request.delete_ranges):
+            return client_pb2.WriteResponse()
+        range_ = await self.namespaces.range(shard_id)
+        payload = client_pb2.WriteRequest(
+            puts=request.puts, deletes=request.deletes, delete_ranges=request.delete_ranges
+        ).SerializeToString()
+        result = await range_.execute(wal_pb2.WalCommand(oxia_write=payload))
+        assert isinstance(result, apply_pb2.ApplyResult), result
+        return result.response
+
+    async def Write(  # noqa: N802
+        self, request: client_pb2.WriteRequest, context: Context
+    ) -> client_pb2.WriteResponse:
+        async with _oxia_errors(context):
+            if not request.HasField("shard"):
+                raise OxiaError.invalid("a write needs a shard")
+            return await self._write(request.shard, request)
+        raise AssertionError("unreachable")  # abort raised
+
+    async def WriteStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[client_pb2.WriteRequest], context: Context
+    ) -> AsyncIterator[client_pb2.WriteResponse]:
+        """Requests are answered in order; several are in the range's queue at once (group
+        commit), up to `WRITES_IN_FLIGHT_MAX`. A failed request ends the stream with its error
+        (the client fails what it had in flight and opens a new stream)."""
+        header_shard = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "shard-id":
+                with contextlib.suppress(ValueError):
+                    header_shard = int(value)
+        pending: asyncio.Queue[asyncio.Task[client_pb2.WriteResponse] | None] = asyncio.Queue(
+            maxsize=WRITES_IN_FLIGHT_MAX
+        )
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    shard = request.shard if request.HasField("shard") else header_shard
+                    if shard is None:
+                        raise OxiaError.invalid("a write stream needs a shard-id")
+                    await pending.put(asyncio.ensure_future(self._write(shard, request)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read_requests())
+        try:
+            async with _oxia_errors(context):
+                while True:
+                    task = await pending.get()
+                    if task is None:
+                        break
+                    yield await task
+                reader.result()  # a bad request ends the stream with its error
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                left = pending.get_nowait()
+                if left is not None:
+                    left.cancel()
+
+    # ------------------------------------------------------------------ reads
+
+    async def Read(  # noqa: N802
+        self, request: client_pb2.ReadRequest, context: Context
+    ) -> AsyncIterator[client_pb2.ReadResponse]:
+        async with _oxia_errors(context):
+            range_ = await self.namespaces.range(request.shard)
+            store = range_.applied_state().store
+            yield client_pb2.ReadResponse(gets=[reads.get(store, get) for get in request.gets])
+
+    async def List(  # noqa: N802
+        self, request: client_pb2.ListRequest, context: Context
+    ) -> AsyncIterator[client_pb2.ListResponse]:
+        async with _oxia_errors(context):
+            if request.HasField("secondary_index_name"):
+                raise OxiaError.invalid("secondary indexes are not supported")
+            range_ = await self.namespaces.range(request.shard)
+            store = range_.applied_state().store
+            # Read the whole answer at once: one consistent view of the applied state.
+            pages = list(reads.list_pages(store, request.start_inclusive, request.end_exclusive))
+            for page in pages:
+                yield client_pb2.ListResponse(keys=page)
+
+    async def RangeScan(  # noqa: N802
+        self, request: client_pb2.RangeScanRequest, context: Context
+    ) -> AsyncIterator[client_pb2.RangeScanResponse]:
+        async with _oxia_errors(context):
+            if request.HasField("secondary_index_name"):
+                raise OxiaError.invalid("secondary indexes are not supported")
+            range_ = await self.namespaces.range(request.shard)
+            store = range_.applied_state().store
+            pages = list(reads.scan_pages(store, request.start_inclusive, request.end_exclusive))
+            for page in pages:
+                yield client_pb2.RangeScanResponse(records=page)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def CreateSession(  # noqa: N802
+        self, request: client_pb2.CreateSessionRequest, context: Context
+    ) -> client_pb2.CreateSessionResponse:
+        async with _oxia_errors(context):
+            range_ = await self.namespaces.range(request.shard)
+            try:
+                response = await range_.sessions.create(request.session_timeout_ms)
+            except BadRequestError:
+                raise OxiaError.invalid_session_timeout() from None
+            if response.header.code != 0:
+                raise OxiaError(grpc.StatusCode.UNKNOWN, "oxia: could not create the session")
+            return client_pb2.CreateSessionResponse(session_id=response.session_id)
+        raise AssertionError("unreachable")
+
+    async def KeepAlive(  # noqa: N802
+        self, request: client_pb2.SessionHeartbeat, context: Context
+    ) -> client_pb2.KeepAliveResponse:
+        async with _oxia_errors(context):
+            range_ = await self.namespaces.range(request.shard)
+            try:
+                range_.sessions.keep_alive(request.session_id)
+            except KeyNotFoundError:
+                raise OxiaError.session_not_found() from None
+            return client_pb2.KeepAliveResponse()
+        raise AssertionError("unreachable")
+
+    async def CloseSession(  # noqa: N802
+        self, request: client_pb2.CloseSessionRequest, context: Context
+    ) -> client_pb2.CloseSessionResponse:
+        async with _oxia_errors(context):
+            range_ = await self.namespaces.range(request.shard)
+            response: session_pb2.SessionResponse = await range_.sessions.close(
+                request.session_id, "closed"
+            )
+            if response.header.code != 0:
+                raise OxiaError.session_not_found()
+            return client_pb2.CloseSessionResponse()
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ change feeds
+
+    async def GetNotifications(  # noqa: N802
+        self, request: client_pb2.NotificationsRequest, context: Context
+    ) -> AsyncIterator[client_pb2.NotificationBatch]:
+        """From `start_offset_exclusive` on, every change, one batch per revision; without it,
+        first an empty batch at the current revision (Oxia's way to tell the client where it
+        starts), then every later change."""
+        async with _oxia_errors(context):
+            range_ = await self.namespaces.range(request.shard)
+            hub = range_.watch
+            span = KeySpan(keys.PREFIX, keys.END)
+            if request.HasField("start_offset_exclusive"):
+                watcher, _ = hub.start(span, max(1, request.start_offset_exclusive + 1))
+            else:
+                watcher, applied = hub.start(span, 0)
+                yield client_pb2.NotificationBatch(shard=request.shard, offset=applied)
+            self._watchers.add(watcher)
+            try:
+                async with contextlib.aclosing(hub.events(watcher)) as batches:
+                    async for events in batches:
+                        now_ms = int(time.time() * 1000)
+                        for batch in _notification_batches(request.shard, events, now_ms):
+                            yield batch
+            finally:
+                self._watchers.discard(watcher)
+
+    async def GetSequenceUpdates(  # noqa: N802
+        self, request: client_pb2.GetSequenceUpdatesRequest, context: Context
+    ) -> AsyncIterator[client_pb2.GetSequenceUpdatesResponse]:
+        """The highest key generated under the prefix `key`, now (if any) and after each new one."""
+        async with _oxia_errors(context):
+            if not request.key:
+                raise OxiaError.invalid("GetSequenceUpdates needs a key")
+            range_ = await self.namespaces.range(request.shard)
+            hub = range_.watch
+            watcher, _ = hub.start(KeySpan(keys.PREFIX, keys.END), 0)
+            self._watchers.add(watcher)
+            try:
+                # No await between registering and reading: nothing is missed in between.
+                raw = range_.applied_state().store.get(sequence_state_key(request.key))
+                highest = ""
+                if raw is not None:
+                    value = decode_record(raw).value
+                    parts = [int.from_bytes(value[i : i + 8]) for i in range(0, len(value), 8)]
+                    highest = sequence_key(request.key, parts)
+                    yield client_pb2.GetSequenceUpdatesResponse(highest_sequence_key=highest)
+                prefix = request.key + "-"
+                async with contextlib.aclosing(hub.events(watcher)) as batches:
+                    async for events in batches:
+                        newest = highest
+                        for event in events:
+                            if event.record is None or event.prev is not None:
+                                continue
+                            key = keys.from_store_key(event.key)
+                            if key.startswith(prefix) and key > newest:
+                                newest = key
+                        if newest != highest:
+                            highest = newest
+                            yield client_pb2.GetSequenceUpdatesResponse(
+                                highest_sequence_key=highest
+                            )
+            finally:
+                self._watchers.discard(watcher)
