@@ -1,0 +1,109 @@
+"""One contract for every `KvStore`: the in-memory one the unit tests and the simulation use must
+behave as RocksDB does, or what they prove says nothing about the server."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tablekeeper_server.storage.api import KvStore
+from tablekeeper_server.storage.memory import MemoryKvStore
+from tablekeeper_server.storage.rocksdb import RocksKvStore
+
+pytestmark = pytest.mark.contract
+Factory = Callable[[], KvStore]
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KvStore]:
+    opened: KvStore = (
+        MemoryKvStore() if request.param == "memory" else RocksKvStore(tmp_path / "db")
+    )
+    yield opened
+    opened.close()
+
+
+def write(store: KvStore, *ops: tuple[str, bytes, bytes]) -> None:
+    batch = store.new_batch()
+    for op, a, b in ops:
+        if op == "put":
+            batch.put(a, b)
+        elif op == "del":
+            batch.delete(a)
+        else:
+            batch.delete_range(a, b)
+    store.write(batch)
+
+
+def test_put_get_delete(store: KvStore) -> None:
+    assert store.get(b"k") is None
+    write(store, ("put", b"k", b"v1"))
+    assert store.get(b"k") == b"v1"
+    write(store, ("put", b"k", b"v2"), ("put", b"", b"empty key"))
+    assert store.get(b"k") == b"v2"
+    assert store.get(b"") == b"empty key"
+    write(store, ("del", b"k", b""), ("del", b"never-there", b""))
+    assert store.get(b"k") is None
+
+
+def test_a_batch_applies_in_order(store: KvStore) -> None:
+    write(store, ("put", b"a", b"1"), ("del", b"a", b""), ("put", b"b", b"2"), ("put", b"b", b"3"))
+    assert store.get(b"a") is None
+    assert store.get(b"b") == b"3"
+
+
+def test_scan_is_ordered_half_open_and_bytewise(store: KvStore) -> None:
+    keys = [b"\x00", b"a", b"a\x00", b"ab", b"a\xff", b"b", b"\xff", b"\xff\xff"]  # bytewise
+    write(store, *(("put", k, k) for k in reversed(keys)))
+    assert [k for k, _ in store.scan(b"", b"\xff" * 4)] == keys
+    assert [k for k, _ in store.scan(b"a", b"ab")] == [b"a", b"a\x00"]
+    assert [k for k, _ in store.scan(b"b", b"b")] == []
+    assert [v for _, v in store.scan(b"ab", b"b\x00")] == [b"ab", b"a\xff", b"b"]
+
+
+def test_delete_range_is_half_open(store: KvStore) -> None:
+    write(store, *(("put", bytes([c]), b"x") for c in b"abcdef"))
+    write(store, ("range", b"b", b"e"))
+    assert [k for k, _ in store.scan(b"", b"\xff")] == [b"a", b"e", b"f"]
+    write(store, ("range", b"z", b"zz"))  # nothing there: nothing happens
+    assert store.estimate_num_keys() >= 0
+
+
+def test_a_scan_is_a_consistent_view(store: KvStore) -> None:
+    write(store, *(("put", b"k%d" % i, b"old") for i in range(5)))
+    scan = store.scan(b"k", b"l")
+    first = next(scan)
+    write(store, ("put", b"k3", b"new"), ("del", b"k4", b""), ("put", b"k2x", b"added"))
+    rest = list(scan)
+    assert [first, *rest] == [(b"k%d" % i, b"old") for i in range(5)]
+
+
+def test_random_operations_match_a_dict(store: KvStore) -> None:
+    rng = random.Random(7)
+    model: dict[bytes, bytes] = {}
+    for _ in range(300):
+        ops: list[tuple[str, bytes, bytes]] = []
+        for _ in range(rng.randint(1, 5)):
+            key = bytes([rng.randint(0, 5), rng.randint(0, 255)])
+            roll = rng.random()
+            if roll < 0.6:
+                value = rng.randbytes(rng.randint(0, 8))
+                ops.append(("put", key, value))
+                model[key] = value
+            elif roll < 0.85:
+                ops.append(("del", key, b""))
+                model.pop(key, None)
+            else:
+                end = bytes([key[0], min(255, key[1] + rng.randint(0, 40))])
+                ops.append(("range", key, end))
+                for k in [k for k in model if key <= k < end]:
+                    del model[k]
+        write(store, *ops)
+        low, high = sorted((rng.randbytes(2), rng.randbytes(2)))
+        assert list(store.scan(low, high)) == sorted(
+            (k, v) for k, v in model.items() if low <= k < high
+        )
+    assert list(store.scan(b"", b"\xff" * 3)) == sorted(model.items())
