@@ -21,6 +21,7 @@ from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.state_machine import (
     APPLIED_KEY,
     ROW_OVERHEAD_BYTES,
+    SCAN_BYTES_MAX,
     RangeStateMachine,
     ReadBudget,
     Response,
@@ -442,3 +443,13 @@ def test_a_shared_read_budget_bounds_a_group_of_reads() -> None:
     assert budget.exceeded and budget.remaining >= 0
     assert sum(_bytes_of(p) for p in pages) <= 20_000
     assert pages[0].more and all(not p.kvs for p in pages[2:])
+
+
+def test_a_key_larger_than_a_page_is_read_in_a_txn_when_the_bound_allows() -> None:
+    m = history_machine()  # the default bound (16 MiB) is above a page (3 MiB)
+    big = b"B" * (SCAN_BYTES_MAX + 1)
+    m.apply(put(b"a", big), put(b"b", big))
+    response = m.one(txn([], [op_read(b"", b"\x00")]))
+    assert response.header.code == Code.SUCCESS and m.sm.last_rejections == {}
+    first = response.responses[0].response_range  # type: ignore[union-attr]
+    assert [x.key for x in first.kvs] == [b"a"] and first.more

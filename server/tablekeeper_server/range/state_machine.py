@@ -748,9 +748,11 @@ class RangeStateMachine:
                 break
             lkey = key[len(prefix) :]
             row_bytes = _row_bytes(lkey, record, req.keys_only)
-            if size + row_bytes > page and not (count == 0 and budget is None):
-                # A page is full. In a txn, a key that even an empty page could not take
-                # alone within what the txn may still carry means its reads exceed the bound.
+            # A page is full, unless this is its first key: that one goes alone (a scan must
+            # make progress), within the budget if there is one. A key the budget cannot take
+            # means the group's reads exceed their bound.
+            first = count == 0 and (budget is None or row_bytes <= bound)
+            if size + row_bytes > page and not first:
                 if budget is not None and size + row_bytes > bound:
                     budget.exceeded = True
                 response.more = True
