@@ -36,6 +36,8 @@ class ServerConfig:
     """0 disables the Prometheus endpoint."""
     etcd_port: int = 0
     """The etcd v3 API (`tablekeeper_server.etcd`) on this port; 0 = off."""
+    oxia_port: int = 0
+    """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
     containers: int = 8
     max_open_ranges: int = 1000
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
@@ -91,6 +93,8 @@ class ServerConfig:
             raise ValueError("--metrics-port must be in 0..65535 (0 disables metrics)")
         if not 0 <= self.etcd_port < 65536:
             raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
+        if not 0 <= self.oxia_port < 65536:
+            raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
         self.limits.check()
@@ -114,6 +118,8 @@ class ServerConfig:
             self._validate_cluster()
             if self.etcd_port:
                 raise ValueError("--etcd-port is not available in cluster mode yet")
+            if self.oxia_port:
+                raise ValueError("--oxia-port is not available in cluster mode yet")
 
     def _validate_cluster(self) -> None:
         if not self.cluster or "/" in self.cluster:
@@ -185,6 +191,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.etcd_port,
         help="serve the etcd v3 API on this port, 0 = off (default 0)",
+    )
+    parser.add_argument(
+        "--oxia-port",
+        type=int,
+        default=d.oxia_port,
+        help="serve Oxia's client protocol on this port, 0 = off (default 0)",
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
@@ -322,6 +334,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         metrics_port=args.metrics_port,
         etcd_port=args.etcd_port,
+        oxia_port=args.oxia_port,
         containers=args.containers,
         max_open_ranges=args.max_open_ranges,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),

@@ -36,6 +36,7 @@ from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.metrics import OpenFilesStats, RangeStats, ServerMetrics
+from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient
@@ -273,6 +274,7 @@ async def serve(config: ServerConfig) -> None:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
         etcd = await _start_etcd(config, registry) if config.etcd_port else None
+        oxia = await _start_oxia(config, registry) if config.oxia_port else None
     except BaseException:
         await server.stop(0)
         if coordinator is not None:
@@ -309,6 +311,8 @@ async def serve(config: ServerConfig) -> None:
     log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
     if etcd is not None:
         await etcd.stop(config.shutdown_grace_s)
+    if oxia is not None:
+        await oxia.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
     await registry.stop()
     await asyncio.to_thread(close_log)
@@ -329,6 +333,21 @@ async def _start_etcd(config: ServerConfig, registry: ContainerRegistry) -> Etcd
     await etcd.start()
     log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)
     return etcd
+
+
+async def _start_oxia(config: ServerConfig, registry: ContainerRegistry) -> OxiaServer:
+    """Oxia's client protocol on `--oxia-port` (namespace `default` created on first start)."""
+    oxia = OxiaServer(
+        registry,
+        bind_host=config.bind_host,
+        port=config.oxia_port,
+        advertised_host=config.advertised_host,
+        key_bytes_max=config.limits.key_bytes_max,
+        value_bytes_max=config.limits.value_bytes_max,
+    )
+    await oxia.start()
+    log.info("Oxia client protocol on %s:%d", config.bind_host, oxia.port)
+    return oxia
 
 
 def _range_stats(range_: Range, clock: Clock) -> RangeStats:

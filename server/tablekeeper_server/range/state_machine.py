@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2
 from tablekeeper_proto.etcd import apply_pb2 as etcd_apply_pb2
+from tablekeeper_proto.oxia import apply_pb2 as oxia_apply_pb2
 from tablekeeper_proto.v1 import session_pb2, tablekeeper_pb2, wal_pb2
 from tablekeeper_server.core.keys import (
     SYSTEM_PREFIX,
@@ -102,6 +103,7 @@ Response = (
     | kv_rpc_pb2.DeleteRangeResponse
     | kv_rpc_pb2.TxnResponse
     | kv_rpc_pb2.IncrementResponse
+    | oxia_apply_pb2.ApplyResult
     | session_pb2.SessionResponse
 )
 
@@ -389,6 +391,10 @@ class RangeStateMachine:
             from tablekeeper_server.etcd.apply import apply_etcd_txn  # imports this module
 
             return apply_etcd_txn(view, previous, revision, now, command.etcd_txn)
+        if op == "oxia_write":
+            from tablekeeper_server.oxia.apply import apply_oxia_write  # imports this module
+
+            return apply_oxia_write(view, previous, revision, now, command.oxia_write)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
 
     @staticmethod
