@@ -10,8 +10,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tablekeeper import Client, UnexpectedError
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper import (
+    BadRequestError,
+    Client,
+    InvalidNamespaceNameError,
+    InvalidTableNameError,
+    UnexpectedError,
+)
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
 from tablekeeper_server.core.routing import RangeRouter, split_hash_space
 from tests.support.server import ServerProcess
 
@@ -35,12 +41,26 @@ def test_garbage_and_truncated_requests_get_a_clear_error(server: ServerProcess)
                 request_serializer=lambda b: b,
                 response_deserializer=lambda b: b,
             )
-            # Bytes that are not a PutRequest: gRPC's own clear error, nothing applied.
+            # Bytes that are not a PutRequest: INVALID_ARGUMENT naming the method, nothing
+            # applied, one warning line in the log per request (no traceback).
             for payload in (b"\xff\xff\xff\xff", b"\x0a\xff", good[:-3]):
                 with pytest.raises(grpc.RpcError) as raised:
                     raw_put(payload, timeout=10)
-                assert raised.value.code() == grpc.StatusCode.UNKNOWN
-                assert "wire format was corrupt" in (raised.value.details() or "").lower()
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                details = raised.value.details() or ""
+                assert "malformed request" in details and "TableService/Put" in details
+            # The same for a streaming method.
+            raw_watch = channel.unary_stream(
+                "/tablekeeper.v1.Watch/Watch",
+                request_serializer=lambda b: b,
+                response_deserializer=lambda b: b,
+            )
+            with pytest.raises(grpc.RpcError) as raised:
+                list(raw_watch(b"\x0a\xff", timeout=10))
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            log = server.log_path.read_text()
+            assert log.count("malformed request") == 4
+            assert "Traceback" not in log
             # A message cut at a field boundary parses as a smaller message: without its routing
             # header it is a BAD_REQUEST (400) in the body, not a retryable error.
             key_only = kv_rpc_pb2.PutRequest(key=b"k", value=b"after").SerializeToString()
@@ -56,6 +76,35 @@ def test_garbage_and_truncated_requests_get_a_clear_error(server: ServerProcess)
             assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
         kv = table.get("p", "k")
         assert kv is not None and kv.value == b"before" and kv.version == 0
+
+
+def test_names_and_table_sizes_are_bounded(server: ServerProcess) -> None:
+    with Client(server.service) as client:
+        client.create_namespace("n" * 255)
+        with pytest.raises(InvalidNamespaceNameError, match="256 bytes of UTF-8; the limit is 255"):
+            client.create_namespace("n" * 256)
+        with pytest.raises(InvalidNamespaceNameError, match="separator"):
+            client.create_namespace("a/b")
+        client.create_namespace("ok")
+        with pytest.raises(InvalidTableNameError, match="separator"):
+            client.create_table("ok", "t/x")
+        with pytest.raises(InvalidTableNameError, match="the limit is 255"):
+            client.create_table("ok", "t" * 256)
+        with pytest.raises(BadRequestError, match="--max-table-ranges"):
+            client.create_table("ok", "huge", ranges=400_000)
+        client.create_table("ok", "most", ranges=1024)
+        assert sorted(t.name for t in client.list_tables("ok")) == ["most"]
+        assert sorted(n.name for n in client.list_namespaces()) == sorted(["n" * 255, "ok"])
+    # A 4 MiB name over the BookKeeper protocol: INVALID_NAMESPACE_NAME with a short reason.
+    with grpc.insecure_channel(server.target) as channel:
+        stub = storage_pb2_grpc.RootRangeServiceStub(channel)
+        call = stub.CreateNamespace.with_call(
+            storage_pb2.CreateNamespaceRequest(name="x" * (4 * 1024 * 1024)), timeout=30
+        )
+        response, rpc = call
+        assert response.code == 2000  # INVALID_NAMESPACE_NAME
+        reason = dict(rpc.trailing_metadata())["tk-error"]
+        assert "the limit is 255" in reason and len(reason) < 300
 
 
 def test_a_request_naming_another_range_is_not_served_here(server: ServerProcess) -> None:

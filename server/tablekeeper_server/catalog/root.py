@@ -21,8 +21,9 @@ import struct
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.kv import MetadataKv
-from tablekeeper_server.core.names import invalid_name_reason
+from tablekeeper_server.core.names import invalid_name_reason, invalid_new_name_reason, shown
 from tablekeeper_server.errors import (
+    BadRequestError,
     InvalidNamespaceNameError,
     InvalidStreamNameError,
     NamespaceExistsError,
@@ -32,6 +33,7 @@ from tablekeeper_server.errors import (
     TableKeeperError,
 )
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.range.validation import Limits
 
 _LONG = struct.Struct(">q")
 NS_ID_KEY = b"\xffnsid"
@@ -68,15 +70,34 @@ def _stream_ns_key(stream_id: int) -> bytes:
 
 
 class RootCatalog:
-    def __init__(self, root_range: Range, num_containers: int) -> None:
+    def __init__(
+        self, root_range: Range, num_containers: int, limits: Limits | None = None
+    ) -> None:
+        """`limits`: `name_bytes_max` bounds names, `table_ranges_max` a table's ranges."""
         self._kv = MetadataKv(root_range)
         self._num_containers = num_containers
+        self._limits = limits or Limits()
         self._lock = asyncio.Lock()
 
     @property
     def range(self) -> Range:
         """The range this catalog lives in."""
         return self._kv.range
+
+    def _invalid(self, name: str) -> str | None:
+        return invalid_name_reason(name, self._limits.name_bytes_max)
+
+    def _check_num_ranges(self, initial_num_ranges: int) -> None:
+        """A table gets max(2, n) ranges rounded up to even (BookKeeper's split), at most
+        `table_ranges_max` (`--max-table-ranges`)."""
+        if initial_num_ranges < 0:
+            raise BadRequestError(f"initial_num_ranges must be >= 0, not {initial_num_ranges}")
+        ranges = max(2, initial_num_ranges + initial_num_ranges % 2)
+        if ranges > self._limits.table_ranges_max:
+            raise BadRequestError(
+                f"initial_num_ranges {initial_num_ranges} is over the limit of "
+                f"{self._limits.table_ranges_max} ranges per table (--max-table-ranges)"
+            )
 
     # ------------------------------------------------------------------ namespaces
 
@@ -89,8 +110,8 @@ class RootCatalog:
     async def create_namespace(
         self, name: str, conf: stream_pb2.NamespaceConfiguration
     ) -> stream_pb2.NamespaceProperties:
-        if reason := invalid_name_reason(name):
-            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        if reason := invalid_new_name_reason(name, self._limits.name_bytes_max):
+            raise InvalidNamespaceNameError(f"invalid namespace name {shown(name)}: {reason}")
         async with self._lock:
             if self._kv.get(_ns_name_key(name)) is not None:
                 raise NamespaceExistsError(f"namespace {name!r} already exists")
@@ -115,8 +136,8 @@ class RootCatalog:
             return props
 
     def get_namespace(self, name: str) -> stream_pb2.NamespaceProperties:
-        if reason := invalid_name_reason(name):
-            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        if reason := self._invalid(name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {shown(name)}: {reason}")
         ns_id = self._namespace_id(name)
         raw = self._kv.get(_ns_key(ns_id))
         if raw is None:
@@ -125,8 +146,8 @@ class RootCatalog:
 
     async def delete_namespace(self, name: str) -> list[stream_pb2.StreamProperties]:
         """Delete a namespace and its tables; return the deleted tables so their data can go."""
-        if reason := invalid_name_reason(name):
-            raise InvalidNamespaceNameError(f"invalid namespace name {name!r}: {reason}")
+        if reason := self._invalid(name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {shown(name)}: {reason}")
         async with self._lock:
             ns_id = self._namespace_id(name)
             streams = self._streams_of(ns_id)
@@ -146,10 +167,11 @@ class RootCatalog:
     async def create_stream(
         self, ns_name: str, name: str, conf: stream_pb2.StreamConfiguration
     ) -> stream_pb2.StreamProperties:
-        if reason := invalid_name_reason(ns_name):
-            raise InvalidNamespaceNameError(f"invalid namespace name {ns_name!r}: {reason}")
-        if reason := invalid_name_reason(name):
-            raise InvalidStreamNameError(f"invalid table name {name!r}: {reason}")
+        if reason := self._invalid(ns_name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {shown(ns_name)}: {reason}")
+        if reason := invalid_new_name_reason(name, self._limits.name_bytes_max):
+            raise InvalidStreamNameError(f"invalid table name {shown(name)}: {reason}")
+        self._check_num_ranges(conf.initial_num_ranges)
         async with self._lock:
             ns_id = self._namespace_id(ns_name)
             if self._kv.get(_stream_name_key(ns_id, name)) is not None:
@@ -176,10 +198,10 @@ class RootCatalog:
             return props
 
     def get_stream(self, ns_name: str, name: str) -> stream_pb2.StreamProperties:
-        if reason := invalid_name_reason(ns_name):
-            raise InvalidNamespaceNameError(f"invalid namespace name {ns_name!r}: {reason}")
-        if reason := invalid_name_reason(name):
-            raise InvalidStreamNameError(f"invalid table name {name!r}: {reason}")
+        if reason := self._invalid(ns_name):
+            raise InvalidNamespaceNameError(f"invalid namespace name {shown(ns_name)}: {reason}")
+        if reason := self._invalid(name):
+            raise InvalidStreamNameError(f"invalid table name {shown(name)}: {reason}")
         ns_id = self._namespace_id(ns_name)
         raw = self._kv.get(_stream_name_key(ns_id, name))
         if raw is None:

@@ -237,7 +237,7 @@ class StorageContainer:
         opened = await asyncio.gather(*opening)
         self.meta = MetaCatalog(opened[0], self.env.num_containers, self.env.clock.now_ms)
         if self.id == ROOT_CONTAINER_ID:
-            self.root = RootCatalog(opened[1], self.env.num_containers)
+            self.root = RootCatalog(opened[1], self.env.num_containers, self.env.limits)
         self.state = ContainerState.SERVING
         if self.env.open_hosted_ranges_on_start:
             for stream_id, range_id, ttl_seconds in self.meta.hosted_ranges():
@@ -271,7 +271,7 @@ class StorageContainer:
             self.meta = MetaCatalog(range_, self.env.num_containers, self.env.clock.now_ms)
         if self.root is not None and self.root.range.failed and not self.root.range.fenced:
             range_ = await self._reopen_catalog_range(self.root.range)
-            self.root = RootCatalog(range_, self.env.num_containers)
+            self.root = RootCatalog(range_, self.env.num_containers, self.env.limits)
 
     async def _reopen_catalog_range(self, failed: Range) -> Range:
         try:

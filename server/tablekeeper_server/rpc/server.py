@@ -20,6 +20,7 @@ from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
+    MalformedRequestInterceptor,
     MetaRangeServicer,
     RootRangeServicer,
     StorageContainerServicer,
@@ -73,7 +74,8 @@ class GrpcServer:
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
         # metadata limits (8 KiB soft, 16 KiB hard) would reject keys the server accepts.
         metadata_max = 2 * limits.key_bytes_max + 16 * 1024
-        interceptors = []
+        # First: a request that is not valid protobuf is INVALID_ARGUMENT before anything else.
+        interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequestInterceptor()]
         if authenticator is not None:
             on_failure = metrics.auth_failed if metrics is not None else lambda reason: None
             interceptors.append(AuthInterceptor(authenticator, on_failure, access))
