@@ -1,0 +1,589 @@
+#!/usr/bin/env bash
+# A real Pulsar Functions worker whose function state lives in TableKeeper:
+# TableKeeper standalone + ZooKeeper + one BookKeeper bookie + Pulsar 4.0.7 standalone
+# (broker with the functions worker, thread runtime) -- every socket on 127.0.0.1.
+# See deploy/README.md ("pulsar-functions.sh") for why it is put together this way.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+
+PULSAR_VERSION="${PULSAR_VERSION:-4.0.7}"
+CACHE_DIR="${PULSAR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tablekeeper/pulsar-${PULSAR_VERSION}}"
+# Extra artifacts of this script (examples jar, pulsar-admin classpath) live next to
+# deploy/pulsar.sh's classpath, in the same local Maven repository.
+FN_CACHE="$CACHE_DIR/functions"
+# pulsar-admin: org.apache.pulsar:pulsar-client-tools is not published for 4.0.7 in the
+# registry reachable here; 4.0.6 is, and its REST calls are the same.
+ADMIN_VERSION="${PULSAR_ADMIN_VERSION:-4.0.6}"
+DIR="${PULSAR_FUNCTIONS_DIR:-${REPO_ROOT}/.deploy/pulsar-functions}"
+TIMEOUT="${PULSAR_FUNCTIONS_START_TIMEOUT:-240}"
+STOP_TIMEOUT="${PULSAR_FUNCTIONS_STOP_TIMEOUT:-30}"
+BROKER_MEM="${PULSAR_MEM:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m}"
+BOOKIE_MEM="${PULSAR_BOOKIE_MEM:--Xms64m -Xmx256m -XX:MaxDirectMemorySize=256m}"
+EXTRA_OPTS="${PULSAR_EXTRA_OPTS:--XX:TieredStopAtLevel=1}"
+PYTHON="${TK_PYTHON:-${REPO_ROOT}/.venv/bin/python}"
+TABLEKEEPER="${TK_TABLEKEEPER:-${REPO_ROOT}/.venv/bin/tablekeeper}"
+MAIN_CLASS=org.apache.pulsar.PulsarStandaloneStarter
+BOOKIE_CLASS=org.apache.bookkeeper.server.Main
+ADMIN_CLASS=org.apache.pulsar.admin.cli.PulsarAdminTool
+SHELL_CLASS=org.apache.pulsar.shell.PulsarShell
+
+usage() {
+    cat <<EOF
+Usage: $(basename "$0") [options] start|stop|status|fetch
+       $(basename "$0") [--dir DIR] admin PULSAR-ADMIN-ARGS...
+       $(basename "$0") [--dir DIR] shell FILE
+
+Pulsar ${PULSAR_VERSION} with its functions worker (thread runtime), function state in
+TableKeeper (worker setting stateStorageServiceUrl=bk://127.0.0.1:PORT), all on 127.0.0.1:
+a TableKeeper standalone server (unless --tablekeeper is given), ZooKeeper
+(deploy/zookeeper.sh), one BookKeeper bookie, and PulsarStandalone in ZooKeeper mode
+with --only-broker (so Pulsar's own table service is never started).
+
+Commands:
+  start   download what is missing, start what is not running, wait until the
+          functions worker answers; prints the Pulsar service URL, the admin URL and
+          the TableKeeper service URI, one per line
+  stop    stop the broker, the bookie, ZooKeeper and (if started here) TableKeeper
+  status  exit 0 and print the URLs if everything runs, 1 if something is down, 3 if nothing runs
+  fetch   only download: Pulsar's jars (deploy/pulsar.sh fetch), the examples jar
+          (pulsar-functions-api-examples ${PULSAR_VERSION}) and the pulsar-admin classpath
+          (stdout: examples_jar=PATH and functions_api_jar=PATH, for building functions)
+  admin   run one pulsar-admin command against the running instance, e.g.
+          admin functions querystate --tenant public --namespace default --name F --key K
+  shell   run the pulsar-admin commands of FILE (one per line, each starting with
+          "admin ") in one JVM (pulsar-shell; saves the ~10 s start of a JVM per command);
+          each command's output follows a line "[i/n] Executing ..."
+
+Options (ports default to free ones, chosen on the first start and kept in DIR/ports.env):
+  --dir DIR             state directory (default <repo>/.deploy/pulsar-functions)
+  --tablekeeper URI     use this running TableKeeper (bk://127.0.0.1:PORT) instead of starting one
+  --tk-port PORT        port of the TableKeeper server started here
+  --port PORT           broker binary port       --http-port PORT  admin / functions port
+  --bookie-port PORT    bookie port              --zk-port PORT    ZooKeeper port
+  --timeout SECS        readiness wait of start (default ${TIMEOUT})
+
+Environment: PULSAR_CACHE_DIR, PULSAR_MEM (broker JVM, default "${BROKER_MEM}"),
+PULSAR_BOOKIE_MEM (default "${BOOKIE_MEM}"), PULSAR_EXTRA_OPTS, TK_PYTHON, TK_TABLEKEEPER.
+EOF
+}
+
+log() { echo "pulsar-functions.sh: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+CMD=""
+TK_URI=""
+TK_PORT=0 PORT=0 HTTP_PORT=0 BOOKIE_PORT=0 ZK_PORT=0
+ADMIN_ARGS=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        start|stop|status|fetch) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
+        admin) [[ -z "$CMD" ]] || die "only one command allowed"; CMD=admin; shift
+            ADMIN_ARGS=("$@"); break ;;
+        shell) [[ -z "$CMD" ]] || die "only one command allowed"; CMD=shell; shift
+            [[ $# -eq 1 && -f "$1" ]] || die "shell needs one FILE of commands"
+            ADMIN_ARGS=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"); break ;;
+        --dir) [[ $# -ge 2 ]] || die "--dir needs a value"; DIR="$2"; shift 2 ;;
+        --tablekeeper) [[ $# -ge 2 ]] || die "--tablekeeper needs a value"; TK_URI="$2"; shift 2 ;;
+        --tk-port) [[ $# -ge 2 ]] || die "--tk-port needs a value"; TK_PORT="$2"; shift 2 ;;
+        --port) [[ $# -ge 2 ]] || die "--port needs a value"; PORT="$2"; shift 2 ;;
+        --http-port) [[ $# -ge 2 ]] || die "--http-port needs a value"; HTTP_PORT="$2"; shift 2 ;;
+        --bookie-port) [[ $# -ge 2 ]] || die "--bookie-port needs a value"; BOOKIE_PORT="$2"; shift 2 ;;
+        --zk-port) [[ $# -ge 2 ]] || die "--zk-port needs a value"; ZK_PORT="$2"; shift 2 ;;
+        --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; TIMEOUT="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+[[ -n "$CMD" ]] || { usage >&2; exit 2; }
+for v in TK_PORT PORT HTTP_PORT BOOKIE_PORT ZK_PORT TIMEOUT; do
+    [[ "${!v}" =~ ^[0-9]+$ ]] || die "bad value for $v: ${!v}"
+done
+if [[ -n "$TK_URI" && ! "$TK_URI" =~ ^bk://127\.0\.0\.1:[0-9]+$ ]]; then
+    die "--tablekeeper must be bk://127.0.0.1:PORT (got $TK_URI)"
+fi
+
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+PORTS_FILE="$DIR/ports.env"
+TK_DIR="$DIR/tablekeeper"
+ZK_DIR="$DIR/zookeeper"
+BOOKIE_DIR="$DIR/bookie"
+BROKER_DIR="$DIR/broker"
+CLASSPATH_FILE="$CACHE_DIR/classpath.txt"
+ADMIN_CLASSPATH_FILE="$FN_CACHE/admin-classpath.txt"
+EXAMPLES_JAR="$FN_CACHE/pulsar-functions-api-examples-${PULSAR_VERSION}.jar"
+
+# --- helpers -----------------------------------------------------------------
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() {
+    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# pid of a live process whose pid file is FILE and whose command line contains MARK
+live_pid() { # live_pid FILE MARK
+    [[ -f "$1" ]] || return 1
+    local pid
+    pid="$(cat "$1" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)" == *"$2"* ]] || return 1
+    echo "$pid"
+}
+
+stop_pid() { # stop_pid FILE MARK NAME
+    local pid
+    if ! pid="$(live_pid "$1" "$2")"; then rm -f "$1"; return 0; fi
+    log "stopping $3 (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + STOP_TIMEOUT))
+    while kill -0 "$pid" 2>/dev/null; do
+        if (( SECONDS >= deadline )); then
+            log "$3 still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.2
+    done
+    rm -f "$1"
+}
+
+# setsid + pid file, as deploy/pulsar.sh does: launch PIDFILE LOG CWD [ENV=VAL...] -- CMD...
+launch() {
+    local pidfile="$1" logfile="$2" cwd="$3"; shift 3
+    rm -f "$pidfile"
+    local -a envs=()
+    while [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
+    shift
+    # shellcheck disable=SC2016
+    setsid env "${envs[@]}" bash -c 'echo $$ >"$0"; cd "$1"; shift; exec "$@"' "$pidfile" "$cwd" "$@" \
+        </dev/null >>"$logfile" 2>&1 8>&- 9>&- &
+    local _
+    for _ in $(seq 1 50); do [[ -s "$pidfile" ]] && break; sleep 0.1; done
+    [[ -s "$pidfile" ]] || die "failed to launch $1 (see $logfile)"
+}
+
+java_opts() { # the flags deploy/pulsar.sh uses, for a JVM whose tmp dir is $1
+    # shellcheck disable=SC2206
+    local -a o=($EXTRA_OPTS -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError
+        -Djava.net.preferIPv4Stack=true -Djava.io.tmpdir="$1"
+        -Djute.maxbuffer=10485760 -Dio.netty.tryReflectionSetAccessible=true
+        --add-opens java.base/java.io=ALL-UNNAMED --add-opens java.base/java.util.zip=ALL-UNNAMED
+        --add-opens java.base/java.nio=ALL-UNNAMED --add-opens java.base/jdk.internal.misc=ALL-UNNAMED
+        --add-opens java.base/sun.net=ALL-UNNAMED --add-opens java.base/java.lang=ALL-UNNAMED
+        --add-opens java.management/sun.management=ALL-UNNAMED
+        --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED
+        --add-opens java.base/jdk.internal.platform=ALL-UNNAMED
+        -Dlog4j2.is.webapp=false -Dlog4j.shutdownHookEnabled=false
+        -Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
+        -Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver)
+    printf '%s\n' "${o[@]}"
+}
+
+write_log4j() { # write_log4j FILE
+    cat >"$1" <<'EOF'
+# Generated by deploy/pulsar-functions.sh: everything to stdout (the component's log file)
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{ISO8601} [%t] %-5level %c{1.} - %msg%n
+rootLogger.level = info
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.bkjournal.name = org.apache.bookkeeper.bookie.Journal
+logger.bkjournal.level = warn
+EOF
+}
+
+mvn_q() { (cd "$FN_CACHE" && mvn -B -q -Dmaven.repo.local="$CACHE_DIR/m2" "$@") >>"$FN_CACHE/mvn.log" 2>&1; }
+
+fetch() {
+    "$SCRIPT_DIR/pulsar.sh" fetch
+    mkdir -p "$FN_CACHE"
+    if [[ ! -s "$EXAMPLES_JAR" ]]; then
+        log "downloading pulsar-functions-api-examples ${PULSAR_VERSION}"
+        mvn_q dependency:copy -Dartifact="org.apache.pulsar:pulsar-functions-api-examples:${PULSAR_VERSION}" \
+            -DoutputDirectory="$FN_CACHE" || die "mvn could not fetch the examples jar (see $FN_CACHE/mvn.log)"
+    fi
+    local complete=1 jar
+    if [[ -s "$ADMIN_CLASSPATH_FILE" ]]; then
+        while IFS= read -r jar; do [[ -f "$jar" ]] || complete=0; done < <(tr ':' '\n' <"$ADMIN_CLASSPATH_FILE")
+    else
+        complete=0
+    fi
+    if (( ! complete )); then
+        log "resolving pulsar-admin (pulsar-client-tools ${ADMIN_VERSION}) with mvn"
+        mkdir -p "$FN_CACHE/admin"
+        cat >"$FN_CACHE/admin/pom.xml" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<!-- Generated by deploy/pulsar-functions.sh: only used to resolve the pulsar-admin classpath. -->
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>tablekeeper.deploy</groupId>
+  <artifactId>pulsar-admin-classpath</artifactId>
+  <version>${ADMIN_VERSION}</version>
+  <packaging>pom</packaging>
+  <dependencyManagement>
+    <dependencies>
+      <dependency>
+        <groupId>org.apache.pulsar</groupId>
+        <artifactId>pulsar</artifactId>
+        <version>${ADMIN_VERSION}</version>
+        <type>pom</type>
+        <scope>import</scope>
+      </dependency>
+    </dependencies>
+  </dependencyManagement>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.pulsar</groupId>
+      <artifactId>pulsar-client-tools</artifactId>
+      <version>${ADMIN_VERSION}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-core</artifactId>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId>
+      <artifactId>log4j-slf4j2-impl</artifactId>
+    </dependency>
+  </dependencies>
+</project>
+EOF
+        (cd "$FN_CACHE/admin" && mvn -B -q -Dmaven.repo.local="$CACHE_DIR/m2" dependency:build-classpath \
+            -Dmdep.includeScope=runtime -Dmdep.outputFile="$ADMIN_CLASSPATH_FILE.tmp") >>"$FN_CACHE/mvn.log" 2>&1 ||
+            die "mvn could not resolve pulsar-client-tools ${ADMIN_VERSION} (see $FN_CACHE/mvn.log)"
+        mv "$ADMIN_CLASSPATH_FILE.tmp" "$ADMIN_CLASSPATH_FILE"
+    fi
+    command -v javac >/dev/null || log "note: javac is missing (openjdk-17-jdk-headless); only needed to build your own Java functions"
+}
+
+load_ports() {
+    [[ -f "$PORTS_FILE" ]] || return 1
+    # shellcheck disable=SC1090
+    source "$PORTS_FILE"
+}
+
+choose_ports() { # keep recorded ports; a given port must match a recorded one
+    local -A given=([TK_PORT]=$TK_PORT [PORT]=$PORT [HTTP_PORT]=$HTTP_PORT [BOOKIE_PORT]=$BOOKIE_PORT [ZK_PORT]=$ZK_PORT)
+    local given_uri="$TK_URI" v
+    if load_ports; then
+        for v in "${!given[@]}"; do
+            if [[ "${given[$v]}" != 0 && "${given[$v]}" != "${!v}" ]]; then
+                die "$DIR was set up with $v=${!v}, not ${given[$v]}; stop it and use another --dir"
+            fi
+        done
+        if [[ -n "$given_uri" && "$given_uri" != "$TK_URI" ]]; then
+            die "$DIR was set up with TableKeeper ${TK_URI:-started here}, not $given_uri"
+        fi
+        return 0
+    fi
+    for v in "${!given[@]}"; do
+        if [[ "${given[$v]}" == 0 ]]; then printf -v "$v" '%s' "$(free_port)"; fi
+    done
+    if [[ -n "$given_uri" ]]; then TK_PORT="${given_uri##*:}"; fi
+    printf 'TK_URI=%q\nTK_PORT=%s\nPORT=%s\nHTTP_PORT=%s\nBOOKIE_PORT=%s\nZK_PORT=%s\n' \
+        "$given_uri" "$TK_PORT" "$PORT" "$HTTP_PORT" "$BOOKIE_PORT" "$ZK_PORT" >"$PORTS_FILE"
+}
+
+tk_service() { echo "bk://127.0.0.1:${TK_PORT}"; }
+
+tk_ready() { "$TABLEKEEPER" --service "$(tk_service)" --timeout 3 ns list >/dev/null 2>&1; }
+
+http_get() { curl -sf --max-time 5 "http://127.0.0.1:${HTTP_PORT}$1"; }
+
+broker_ready() {
+    http_get /admin/v2/clusters 2>/dev/null | grep -q '"standalone"' &&
+        http_get /admin/v2/namespaces/public 2>/dev/null | grep -q '"public/default"'
+}
+
+# the functions worker answers (it returns 503 until it has read its metadata topic)
+worker_ready() { http_get /admin/v3/functions/public/default >/dev/null 2>&1; }
+
+# ZooKeeper: the znodes a bookie registers under (what Pulsar's LocalBookkeeperEnsemble creates);
+# and whether the bookie has registered.
+zk_python() { # zk_python init|bookie-registered
+    "$PYTHON" - "$1" "127.0.0.1:${ZK_PORT}" "127.0.0.1:${BOOKIE_PORT}" <<'PY'
+import logging, sys
+from kazoo.client import KazooClient
+logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+what, hosts, bookie = sys.argv[1:]
+zk = KazooClient(hosts=hosts, timeout=5)
+zk.start(timeout=5)
+try:
+    if what == "init":
+        for path in ("/ledgers/available/readonly", "/bookies"):
+            zk.ensure_path(path)
+    else:
+        sys.exit(0 if zk.exists("/ledgers/available/" + bookie) else 1)
+finally:
+    zk.stop()
+PY
+}
+
+write_bookie_conf() {
+    mkdir -p "$BOOKIE_DIR/conf" "$BOOKIE_DIR/data/journal" "$BOOKIE_DIR/data/ledgers" "$BOOKIE_DIR/tmp"
+    cat >"$BOOKIE_DIR/conf/bookie.conf" <<EOF
+# Generated by deploy/pulsar-functions.sh -- rewritten on every start.
+bookiePort=${BOOKIE_PORT}
+advertisedAddress=127.0.0.1
+listeningInterface=lo
+allowLoopback=true
+allowEphemeralPorts=true
+metadataServiceUri=zk://127.0.0.1:${ZK_PORT}/ledgers
+journalDirectories=${BOOKIE_DIR}/data/journal
+ledgerDirectories=${BOOKIE_DIR}/data/ledgers
+ledgerStorageClass=org.apache.bookkeeper.bookie.storage.ldb.DbLedgerStorage
+httpServerEnabled=false
+# no extra server components: this bookie does not run BookKeeper's table service
+extraServerComponents=
+journalSyncData=false
+dbStorage_writeCacheMaxSizeMb=32
+dbStorage_readAheadCacheMaxSizeMb=32
+dbStorage_rocksDB_blockCacheSize=16777216
+EOF
+    write_log4j "$BOOKIE_DIR/conf/log4j2.properties"
+}
+
+write_broker_conf() {
+    mkdir -p "$BROKER_DIR/conf" "$BROKER_DIR/tmp" "$BROKER_DIR/download" "$BROKER_DIR/connectors" \
+        "$BROKER_DIR/functions"
+    cat >"$BROKER_DIR/conf/standalone.conf" <<EOF
+# Generated by deploy/pulsar-functions.sh -- rewritten on every start.
+clusterName=standalone
+brokerServicePort=${PORT}
+webServicePort=${HTTP_PORT}
+bindAddress=127.0.0.1
+advertisedAddress=127.0.0.1
+metadataStoreUrl=zk:127.0.0.1:${ZK_PORT}
+configurationMetadataStoreUrl=zk:127.0.0.1:${ZK_PORT}
+functionsWorkerEnabled=true
+webSocketServiceEnabled=false
+transactionCoordinatorEnabled=false
+allowAutoTopicCreation=true
+allowAutoTopicCreationType=non-partitioned
+brokerShutdownTimeoutMs=10000
+managedLedgerDefaultEnsembleSize=1
+managedLedgerDefaultWriteQuorum=1
+managedLedgerDefaultAckQuorum=1
+managedLedgerCacheSizeMB=64
+bookkeeperClientRackawarePolicyEnabled=false
+narExtractionDirectory=${BROKER_DIR}/tmp
+offloadersDirectory=${BROKER_DIR}/offloaders
+protocolHandlerDirectory=${BROKER_DIR}/protocols
+brokerInterceptorsDirectory=${BROKER_DIR}/interceptors
+additionalServletDirectory=${BROKER_DIR}/servlets
+brokerClient_dnsLookupBindAddress=127.0.0.1
+EOF
+    # The in-broker functions worker (PulsarService.initializeWorkerConfigFromBrokerConfig
+    # adds the broker's ports, address and cluster). stateStorageServiceUrl is what the
+    # BookKeeper state store provider (the default stateStorageProviderImplementation)
+    # connects to; in ZooKeeper mode without --no-stream-storage, PulsarStandalone keeps it.
+    cat >"$BROKER_DIR/conf/functions_worker.yml" <<EOF
+# Generated by deploy/pulsar-functions.sh -- rewritten on every start.
+pulsarFunctionsNamespace: public/functions
+functionMetadataTopicName: metadata
+clusterCoordinationTopicName: coordinate
+functionAssignmentTopicName: assignments
+schedulerClassName: org.apache.pulsar.functions.worker.scheduler.RoundRobinScheduler
+numFunctionPackageReplicas: 1
+downloadDirectory: ${BROKER_DIR}/download
+connectorsDirectory: ${BROKER_DIR}/connectors
+functionsDirectory: ${BROKER_DIR}/functions
+narExtractionDirectory: ${BROKER_DIR}/tmp
+uploadBuiltinSinksSources: false
+functionRuntimeFactoryClassName: org.apache.pulsar.functions.runtime.thread.ThreadRuntimeFactory
+functionRuntimeFactoryConfigs:
+  threadGroupName: "pulsar-functions"
+stateStorageServiceUrl: bk://127.0.0.1:${TK_PORT}
+stateStorageProviderImplementation: org.apache.pulsar.functions.instance.state.BKStateStoreProviderImpl
+failureCheckFreqMs: 30000
+rescheduleTimeoutMs: 60000
+initialBrokerReconnectMaxRetries: 60
+assignmentWriteMaxRetries: 60
+instanceLivenessCheckFreqMs: 30000
+topicCompactionFrequencySec: 1800
+EOF
+    write_log4j "$BROKER_DIR/conf/log4j2.properties"
+}
+
+print_urls() {
+    echo "pulsar://127.0.0.1:${PORT}"
+    echo "http://127.0.0.1:${HTTP_PORT}"
+    tk_service
+}
+
+wait_until() { # wait_until DEADLINE DESCRIPTION PIDFILE MARK LOG COMMAND...
+    local deadline="$1" what="$2" pidfile="$3" mark="$4" logfile="$5"; shift 5
+    until "$@"; do
+        if ! live_pid "$pidfile" "$mark" >/dev/null; then
+            tail -n 40 "$logfile" >&2 || true
+            die "$what: the process exited (log: $logfile)"
+        fi
+        if (( SECONDS >= deadline )); then
+            tail -n 40 "$logfile" >&2 || true
+            die "$what not ready after ${TIMEOUT}s (log: $logfile)"
+        fi
+        sleep 1
+    done
+}
+
+# --- commands ----------------------------------------------------------------
+
+do_start() {
+    exec 9>"$DIR/.lock"
+    flock -w "$((TIMEOUT + 4 * STOP_TIMEOUT))" 9 || die "another start/stop holds $DIR/.lock"
+    fetch
+    choose_ports
+    local deadline=$((SECONDS + TIMEOUT)) t0=$SECONDS jvm
+    local -a cp_broker
+
+    # 1. TableKeeper
+    if [[ -z "$TK_URI" ]]; then
+        mkdir -p "$TK_DIR"
+        if ! live_pid "$TK_DIR/server.pid" "$TK_DIR/data" >/dev/null; then
+            port_in_use "$TK_PORT" && die "port $TK_PORT (TableKeeper) is in use by another process"
+            launch "$TK_DIR/server.pid" "$TK_DIR/server.log" "$TK_DIR" -- \
+                "$TABLEKEEPER" server --data-dir "$TK_DIR/data" --host 127.0.0.1 --port "$TK_PORT" --metrics-port 0
+            log "TableKeeper started (pid $(cat "$TK_DIR/server.pid")), log $TK_DIR/server.log"
+        fi
+        wait_until "$deadline" "TableKeeper $(tk_service)" "$TK_DIR/server.pid" "$TK_DIR/data" \
+            "$TK_DIR/server.log" tk_ready
+    else
+        tk_ready || die "TableKeeper $(tk_service) does not answer"
+    fi
+
+    # 2. ZooKeeper (deploy/zookeeper.sh binds it to 127.0.0.1)
+    "$SCRIPT_DIR/zookeeper.sh" start --dir "$ZK_DIR" --port "$ZK_PORT" --timeout "$TIMEOUT" >/dev/null
+    zk_python init
+
+    # 3. the bookie
+    jvm="$(java_opts "$BOOKIE_DIR/tmp")"
+    if ! live_pid "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/conf/bookie.conf" >/dev/null; then
+        port_in_use "$BOOKIE_PORT" && die "port $BOOKIE_PORT (bookie) is in use by another process"
+        write_bookie_conf
+        local -a bookie_cmd
+        # shellcheck disable=SC2206
+        bookie_cmd=(java $BOOKIE_MEM $jvm -Dlog4j.configurationFile="$BOOKIE_DIR/conf/log4j2.properties"
+            -cp "$BOOKIE_DIR/conf:$(cat "$CLASSPATH_FILE")" "$BOOKIE_CLASS" --conf "$BOOKIE_DIR/conf/bookie.conf")
+        launch "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/bookie.log" "$BOOKIE_DIR" -- "${bookie_cmd[@]}"
+        log "bookie started (pid $(cat "$BOOKIE_DIR/bookie.pid")), log $BOOKIE_DIR/bookie.log"
+    fi
+    wait_until "$deadline" "bookie 127.0.0.1:$BOOKIE_PORT" "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/conf/bookie.conf" \
+        "$BOOKIE_DIR/bookie.log" zk_python bookie-registered
+
+    # 4. the broker with its functions worker
+    jvm="$(java_opts "$BROKER_DIR/tmp")"
+    if ! live_pid "$BROKER_DIR/broker.pid" "$BROKER_DIR/conf/standalone.conf" >/dev/null; then
+        local p
+        for p in "$PORT" "$HTTP_PORT"; do
+            port_in_use "$p" && die "port $p (broker) is in use by another process"
+        done
+        write_broker_conf
+        # PULSAR_STANDALONE_USE_ZOOKEEPER=1: the ZooKeeper mode, where the worker keeps the
+        # stateStorageServiceUrl of functions_worker.yml (the default RocksDB mode replaces the
+        # state store with PulsarMetadataStateStoreProviderImpl). --only-broker: no embedded
+        # ZooKeeper (it would bind 0.0.0.0), no embedded bookie, no stream storage (Pulsar's
+        # own table service); they are the processes above. No --no-stream-storage: that
+        # would null stateStorageServiceUrl.
+        # shellcheck disable=SC2206
+        cp_broker=(java $BROKER_MEM $jvm -Dlog4j.configurationFile="$BROKER_DIR/conf/log4j2.properties"
+            -cp "$BROKER_DIR/conf:$(cat "$CLASSPATH_FILE")" "$MAIN_CLASS"
+            --config "$BROKER_DIR/conf/standalone.conf" --only-broker
+            --zookeeper-port "$ZK_PORT" --functions-worker-conf "$BROKER_DIR/conf/functions_worker.yml")
+        launch "$BROKER_DIR/broker.pid" "$BROKER_DIR/broker.log" "$BROKER_DIR" PULSAR_STANDALONE_USE_ZOOKEEPER=1 -- \
+            "${cp_broker[@]}"
+        log "broker started (pid $(cat "$BROKER_DIR/broker.pid")), log $BROKER_DIR/broker.log"
+    fi
+    wait_until "$deadline" "broker admin API" "$BROKER_DIR/broker.pid" "$BROKER_DIR/conf/standalone.conf" \
+        "$BROKER_DIR/broker.log" broker_ready
+    wait_until "$deadline" "functions worker" "$BROKER_DIR/broker.pid" "$BROKER_DIR/conf/standalone.conf" \
+        "$BROKER_DIR/broker.log" worker_ready
+    log "ready ($((SECONDS - t0))s); function state goes to $(tk_service)"
+    exec 9>&-
+    print_urls
+}
+
+do_stop() {
+    exec 9>"$DIR/.lock"
+    flock -w "$((TIMEOUT + 4 * STOP_TIMEOUT))" 9 || die "another start/stop holds $DIR/.lock"
+    load_ports || { log "nothing set up in $DIR"; return 0; }
+    stop_pid "$BROKER_DIR/broker.pid" "$BROKER_DIR/conf/standalone.conf" broker
+    stop_pid "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/conf/bookie.conf" bookie
+    [[ -d "$ZK_DIR" ]] && "$SCRIPT_DIR/zookeeper.sh" stop --dir "$ZK_DIR"
+    if [[ -z "$TK_URI" ]]; then
+        stop_pid "$TK_DIR/server.pid" "$TK_DIR/data" TableKeeper
+    fi
+    log "stopped"
+}
+
+do_status() {
+    load_ports || { log "not set up in $DIR"; return 3; }
+    local up=0 down=0
+    if [[ -n "$TK_URI" ]]; then
+        if tk_ready; then log "TableKeeper $(tk_service) (not started here): answering"; else log "TableKeeper $(tk_service): not answering"; down=1; fi
+    elif live_pid "$TK_DIR/server.pid" "$TK_DIR/data" >/dev/null && tk_ready; then
+        log "TableKeeper $(tk_service): running"; up=1
+    else
+        log "TableKeeper $(tk_service): down"; down=1
+    fi
+    if "$SCRIPT_DIR/zookeeper.sh" status --dir "$ZK_DIR" >/dev/null 2>&1; then
+        log "ZooKeeper 127.0.0.1:$ZK_PORT: running"; up=1
+    else
+        log "ZooKeeper 127.0.0.1:$ZK_PORT: down"; down=1
+    fi
+    if live_pid "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/conf/bookie.conf" >/dev/null; then
+        log "bookie 127.0.0.1:$BOOKIE_PORT: running"; up=1
+    else
+        log "bookie 127.0.0.1:$BOOKIE_PORT: down"; down=1
+    fi
+    if live_pid "$BROKER_DIR/broker.pid" "$BROKER_DIR/conf/standalone.conf" >/dev/null; then
+        up=1
+        if worker_ready; then log "broker + functions worker http://127.0.0.1:$HTTP_PORT: running"
+        else log "broker http://127.0.0.1:$HTTP_PORT: process runs, functions worker not answering"; down=1; fi
+    else
+        log "broker: down"; down=1
+    fi
+    if (( !down )); then print_urls; return 0; fi
+    (( up )) && return 1
+    return 3
+}
+
+do_admin() { # do_admin MAIN-CLASS ARGS...
+    load_ports || die "not set up in $DIR (start first)"
+    [[ -s "$ADMIN_CLASSPATH_FILE" ]] || fetch
+    mkdir -p "$DIR/admin"
+    printf 'webServiceUrl=http://127.0.0.1:%s\nbrokerServiceUrl=pulsar://127.0.0.1:%s\n' "$HTTP_PORT" "$PORT" \
+        >"$DIR/admin/client.conf"
+    [[ -f "$DIR/admin/log4j2.properties" ]] || cat >"$DIR/admin/log4j2.properties" <<'EOF'
+status = warn
+appender.console.type = Console
+appender.console.name = STDERR
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{ISO8601} %-5level %c{1.} - %msg%n
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = STDERR
+EOF
+    # shellcheck disable=SC2086
+    exec java -Xmx128m $EXTRA_OPTS -Djava.net.preferIPv4Stack=true -Duser.home="$DIR/admin" \
+        -Dlog4j.configurationFile="$DIR/admin/log4j2.properties" \
+        -cp "$(cat "$ADMIN_CLASSPATH_FILE")" "$@"
+}
+
+case "$CMD" in
+    start) do_start ;;
+    stop) do_stop ;;
+    status) do_status ;;
+    fetch)
+        fetch
+        echo "examples_jar=$EXAMPLES_JAR"
+        echo "functions_api_jar=$(tr ':' '\n' <"$CLASSPATH_FILE" | grep "/pulsar-functions-api-${PULSAR_VERSION}.jar$")"
+        ;;
+    admin) do_admin "$ADMIN_CLASS" "$DIR/admin/client.conf" "${ADMIN_ARGS[@]}" ;;
+    # -np: plain output; without --fail-on-error, since pulsar-shell counts a successful
+    # putstate (which prints nothing) as a failure and would stop there.
+    shell) do_admin "$SHELL_CLASS" -c "$DIR/admin/client.conf" -np -f "${ADMIN_ARGS[0]}" ;;
+esac
