@@ -60,6 +60,8 @@ lint: $(STAMP)  ## ruff and mypy
 
 pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run only; then a no-op)
 	deploy/pulsar.sh fetch
+	@# the examples jar and pulsar-admin for tests/integration/test_pulsar_functions.py
+	deploy/pulsar-functions.sh fetch >/dev/null
 
 test-unit: $(STAMP) pulsar-fetch  ## unit, contract and simulation tests (fakes, local files, a real Pulsar)
 	$(PY) -m pytest -q tests/unit tests/contract tests/simulation
