@@ -118,8 +118,8 @@ def check_range(req: kv_rpc_pb2.RangeRequest, limits: Limits) -> None:
     _check_pkey(req.header, limits)
     _check_key(req.key, limits, allow_empty=bool(req.range_end))
     _check_key(req.range_end, limits, allow_empty=True)
-    if req.limit < 0:
-        raise BadRequestError("limit must be >= 0")
+    # limit <= 0 means "no limit", as BookKeeper's server reads it: the Java client's default read
+    # options send -1.
     if req.revision:
         raise BadRequestError("reads at a past revision are not supported (no history is kept)")
     if req.sort_order not in _SORT_ORDERS or req.sort_target not in _SORT_TARGETS:

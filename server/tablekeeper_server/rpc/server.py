@@ -34,6 +34,16 @@ from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 
+# Calls that reached the server but that the Python server has not picked up yet. gRPC core keeps
+# them in a backlog whose default cap (random early drops from 1,000, all from 3,000) is sized for
+# servers that post many call requests ahead; grpc.aio posts one at a time, so every call in flight
+# beyond what the event loop has started waits there, and a client with 2,000 calls in flight (the
+# BookKeeper Java client's async API) had some CANCELLED by gRPC before the server ever saw them.
+# BookKeeper's server (grpc-java) queues them without a cap. Here: a waiting call costs a few KiB
+# (its bytes in flight are bounded by HTTP/2 flow control), 50,000 of them are ~12 s of work for one
+# process; only beyond that, or after 30 s unstarted (gRPC's default), does gRPC shed a call.
+PENDING_CALLS_MAX = 50_000
+
 SERVICE_NAMES = (
     "bookkeeper.proto.storage.RootRangeService",
     "bookkeeper.proto.storage.MetaRangeService",
@@ -87,6 +97,8 @@ class GrpcServer:
                 ("grpc.absolute_max_metadata_size", metadata_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
+                ("grpc.server.max_pending_requests", PENDING_CALLS_MAX),
+                ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_MAX),
             ],
         )
         try:
