@@ -123,6 +123,9 @@ class WatchStream:
     def next(self) -> rpc_pb2.WatchResponse:
         return self.responses.get(timeout=TIMEOUT_S)
 
+    def half_close(self) -> None:
+        self._requests.put(None)
+
     def close(self) -> None:
         self._requests.put(None)
         self._call.cancel()
@@ -155,6 +158,21 @@ def test_watch_filters_cancel_and_progress(channel: grpc.Channel) -> None:
         stream.send(rpc_pb2.WatchRequest(cancel_request=rpc_pb2.WatchCancelRequest(watch_id=5)))
         cancelled = stream.next()
         assert cancelled.canceled and cancelled.watch_id == 5
+    finally:
+        stream.close()
+
+
+def test_watch_streams_on_after_the_client_closes_its_side(channel: grpc.Channel) -> None:
+    kv = rpc_pb2_grpc.KVStub(channel)
+    stream = WatchStream(channel)
+    try:
+        create = rpc_pb2.WatchCreateRequest(key=b"hc/k")
+        stream.send(rpc_pb2.WatchRequest(create_request=create))
+        assert stream.next().created
+        stream.half_close()  # as etcd does, the watch goes on until the call is cancelled
+        put(kv, b"hc/k", b"after")
+        event = stream.next()
+        assert [e.kv.value for e in event.events] == [b"after"]
     finally:
         stream.close()
 

@@ -301,10 +301,7 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
             while True:
-                response = await stream.next(reader)
-                if response is None:
-                    break
-                yield response
+                yield await stream.next(reader)
         finally:
             reader.cancel()
             await stream.close()
@@ -334,17 +331,20 @@ class _WatchStream:
         self.next_id = 0
         self.ticker: asyncio.Task[None] | None = None
 
-    async def next(self, reader: asyncio.Task[None]) -> rpc_pb2.WatchResponse | None:
-        """The next response to send; None once the client closed its side (or it failed)."""
+    async def next(self, reader: asyncio.Task[None]) -> rpc_pb2.WatchResponse:
+        """The next response to send. A client that closed its sending side still gets its
+        watches' events (as from etcd) until it cancels the call; a failed read ends the
+        stream with its error."""
         with contextlib.suppress(asyncio.QueueEmpty):
             return self.queue.get_nowait()
-        getter = asyncio.ensure_future(self.queue.get())
-        await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
-        reader.result()  # the reader's error, if any, ends the stream with it
-        return None
+        if not reader.done():
+            getter = asyncio.ensure_future(self.queue.get())
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                return getter.result()
+            getter.cancel()
+        reader.result()
+        return await self.queue.get()
 
     async def read(self, requests: AsyncIterator[rpc_pb2.WatchRequest]) -> None:
         async for request in requests:
