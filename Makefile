@@ -14,7 +14,7 @@ METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 
-.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz simulate clean pulsar-fetch
+.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz simulate clean pulsar-fetch java-compat-build
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -81,7 +81,13 @@ test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), 
 etcd-client:  ## etcdctl for the etcd API tests (Debian etcd-client; installed if missing)
 	command -v etcdctl >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-client)
 
-test-compat: $(STAMP) pulsar-fetch etcd-client  ## the unmodified apache-bookkeeper-client against a real server (own process: its protos share names with ours)
+# The BookKeeper Java client's driver (tests/compat/java): Maven Central on the first run, then
+# offline from ~/.m2; test_java_client.py runs it (and would build it itself if it is stale).
+JAVA_COMPAT_MVN := mvn -q -B package dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+java-compat-build:  ## build the Java compatibility driver (Maven; downloads only on the first run)
+	cd tests/compat/java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
+
+test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
