@@ -41,6 +41,7 @@ from tablekeeper._cli_streams import scan_table, session, watch
 from tablekeeper._transport import RetryPolicy
 from tablekeeper.client import DEFAULT_SERVICE, Client
 from tablekeeper.errors import TableKeeperError
+from tablekeeper.security import TlsConfig
 from tablekeeper.table import KeyValue
 from tablekeeper.watch import CompactedError
 
@@ -48,6 +49,7 @@ PLUGIN_GROUP = "tablekeeper.cli"
 SERVER_COMMANDS = {
     "server": "run a server in the foreground",
     "cluster": "cluster metadata in ZooKeeper: init once, then status",
+    "token": "create bearer tokens for servers run with --auth-secret-key",
 }
 """Commands the server package provides (through `PLUGIN_GROUP`), named here only to say how to
 get them when it is missing."""
@@ -119,6 +121,19 @@ def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         default=default(_env_flag("TABLEKEEPER_HEX")),
         help="keys and values given and printed as hex, for binary data (env TABLEKEEPER_HEX=1)",
     )
+    for flag, env, text in (
+        ("--tls-ca", "TABLEKEEPER_TLS_CA", "PEM CA that signed the server's certificate: talk TLS"),
+        ("--tls-cert", "TABLEKEEPER_TLS_CERT", "PEM client certificate, for servers wanting one"),
+        ("--tls-key", "TABLEKEEPER_TLS_KEY", "PEM private key of --tls-cert"),
+    ):
+        parser.add_argument(
+            flag, default=default(os.environ.get(env)), metavar="FILE", help=f"{text} (env {env})"
+        )
+    parser.add_argument(
+        "--token",
+        default=default(os.environ.get("TABLEKEEPER_TOKEN")),
+        help="bearer token sent with every call (env TABLEKEEPER_TOKEN; see `tablekeeper token`)",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_float,
@@ -189,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_key_commands(commands)
     _add_stream_commands(commands)
     _add_admin_commands(commands)
+    _add_auth_commands(commands)
     completion = commands.add(
         "completion",
         "print a shell completion script",
@@ -406,6 +422,21 @@ def _add_stream_commands(commands: _Commands) -> None:
     )
 
 
+def _add_auth_commands(commands: _Commands) -> None:
+    auth = commands.group(
+        commands.add("auth", "grant, revoke or list roles' permissions on a namespace"), "action"
+    )
+    grant = auth.add("grant", "give a role permissions on a namespace")
+    revoke = auth.add("revoke", "take a role's permissions (all, if none are named)")
+    listing = auth.add("list", "roles and their permissions on a namespace")
+    for sub in (grant, revoke, listing):
+        sub.add_argument("namespace", help="namespace name")
+    for sub in (grant, revoke):
+        sub.add_argument("role", help="the role (a token's subject or a certificate's name)")
+    grant.add_argument("permissions", nargs="+", help="read, write and/or admin")
+    revoke.add_argument("permissions", nargs="*", help="read, write and/or admin (default all)")
+
+
 def _add_admin_commands(commands: _Commands) -> None:
     admin = commands.group(commands.add("admin", "checkpoints and per-range status"), "action")
     checkpoint = admin.add("checkpoint", "checkpoint ranges now and truncate their logs")
@@ -607,6 +638,25 @@ def _admin(ctx: CommandContext) -> int:
     return EXIT_OK
 
 
+def _auth(ctx: CommandContext) -> int:
+    client, out, args = ctx.client, ctx.out, ctx.args
+    if args.action == "list":
+        grants = client.list_permissions(args.namespace)
+        if out.json:
+            line(json.dumps({"namespace": args.namespace, "permissions": grants}))
+        else:
+            for role, permissions in grants.items():
+                line(f"{role}\t{','.join(permissions)}")
+        return EXIT_OK
+    change = client.grant if args.action == "grant" else client.revoke
+    now = change(args.namespace, args.role, args.permissions)
+    if out.json:
+        line(json.dumps({"namespace": args.namespace, "role": args.role, "permissions": now}))
+    else:
+        line(f"{args.role} on {args.namespace}: {','.join(now) or 'no permissions'}")
+    return EXIT_OK
+
+
 def _print_json_message(message: Any) -> None:
     from google.protobuf.json_format import MessageToDict
 
@@ -643,6 +693,7 @@ _HANDLERS: dict[str, Callable[[CommandContext], int]] = {
     "watch": watch,
     "session": session,
     "admin": _admin,
+    "auth": _auth,
 }
 _STREAMING = ("watch", "session")
 """Commands that run until Ctrl-C: an interrupt is how they end, so it exits 0."""
@@ -670,7 +721,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     client: Client | None = None
     try:
-        client = Client(args.service, retry=_retry_policy(args.timeout))
+        tls = (
+            TlsConfig(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key)
+            if args.tls_ca or args.tls_cert
+            else None
+        )
+        client = Client(args.service, retry=_retry_policy(args.timeout), tls=tls, token=args.token)
         return _HANDLERS[args.command](CommandContext(args, client))
     except KeyboardInterrupt:
         return EXIT_OK if args.command in _STREAMING else EXIT_INTERRUPTED

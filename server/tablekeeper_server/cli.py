@@ -17,6 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -50,6 +51,42 @@ def register_server(commands: Any) -> None:
         return run_server(config)
 
     server.set_defaults(run=run)
+
+
+def register_token(commands: Any) -> None:
+    """Add `token create` to the CLI's subparsers (`commands`)."""
+    token = commands.add_parser(
+        "token", help="create bearer tokens for servers run with --auth-secret-key"
+    )
+    actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = actions.add_parser(
+        "create",
+        help="print an HS256 token whose subject is the role",
+        description="Print a signed bearer token (a JWT) for ROLE, as Pulsar's `tokens create` "
+        "does. Clients send it as `authorization: Bearer <token>` (--token, TABLEKEEPER_TOKEN, "
+        "or the SDK's token=).",
+    )
+    create.add_argument(
+        "--secret-key",
+        type=Path,
+        required=True,
+        help="file with the HMAC secret the servers were given (--auth-secret-key)",
+    )
+    create.add_argument("--subject", required=True, metavar="ROLE", help="the role")
+    create.add_argument("--expiry", help="lifetime, e.g. 90s, 15m, 1h, 7d (default: never expires)")
+
+    def run(args: argparse.Namespace) -> int:
+        from tablekeeper_server.security.tokens import create_token, parse_duration, read_secret
+
+        try:
+            expiry_s = parse_duration(args.expiry) if args.expiry else None
+            print(create_token(read_secret(args.secret_key), args.subject, expiry_s))
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    create.set_defaults(run=run)
 
 
 def register_cluster(commands: Any) -> None:

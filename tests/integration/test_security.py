@@ -5,10 +5,13 @@ Certificates come from a throw-away CA made per module (`tablekeeper_server.secu
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import socket
 import ssl
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -37,7 +40,7 @@ from tablekeeper_proto.v1 import (
 )
 from tablekeeper_server.security.certs import issue, new_authority, write_authority
 from tablekeeper_server.security.tokens import create_token
-from tests.support.server import ServerProcess
+from tests.support.server import TABLEKEEPER, ServerProcess
 
 pytestmark = pytest.mark.integration
 FAST_FAIL = RetryPolicy(deadline_s=0.5)
@@ -382,3 +385,43 @@ def counter(metrics: str, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_cli_tokens_permissions_and_tls(token_server: ServerProcess, certs: Path) -> None:
+    """`tablekeeper token create`, `auth grant|list|revoke`, and the CLI over TLS with a token
+    from --token or TABLEKEEPER_TOKEN."""
+
+    def tk(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TABLEKEEPER_")}
+        env |= {"TABLEKEEPER_SERVICE": token_server.service}
+        env |= {"TABLEKEEPER_TLS_CA": str(certs / "ca.pem")}
+        if token is not None:
+            env["TABLEKEEPER_TOKEN"] = token
+        return subprocess.run(
+            [str(TABLEKEEPER), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    made = tk("token", "create", "--secret-key", str(certs / "secret.key"), "--subject", "admin")
+    assert made.returncode == 0, made.stderr
+    admin_token = made.stdout.strip()
+    carol = tk(
+        "token", "create", "--secret-key", str(certs / "secret.key"), "--subject", "carol",
+        "--expiry", "1h",
+    ).stdout.strip()  # fmt: skip
+    assert tk("ns", "create", "cli", token=admin_token).returncode == 0
+    assert tk("table", "create", "cli/t", token=admin_token).returncode == 0
+    denied = tk("put", "cli/t", "k", "v", token=carol)
+    assert denied.returncode != 0 and "lacks" in denied.stderr, denied.stderr
+    granted = tk("auth", "grant", "cli", "carol", "read", "write", token=admin_token)
+    assert granted.stdout.strip() == "carol on cli: read,write", granted.stderr
+    assert tk("put", "cli/t", "k", "v", "--token", carol).returncode == 0
+    listed = tk("auth", "list", "cli", "-o", "json", token=admin_token)
+    assert json.loads(listed.stdout)["permissions"] == {"carol": ["read", "write"]}
+    revoked = tk("auth", "revoke", "cli", "carol", token=admin_token)
+    assert revoked.stdout.strip() == "carol on cli: no permissions"
+    assert tk("get", "cli/t", "k", token=carol).returncode != 0
+    anonymous = tk("ns", "list")
+    assert anonymous.returncode != 0 and "UNAUTHENTICATED" in anonymous.stderr
+    (certs / "short.key").write_text("too short")
+    bad = tk("token", "create", "--secret-key", str(certs / "short.key"), "--subject", "x")
+    assert bad.returncode == 2 and "at least 32 bytes" in bad.stderr, bad.stderr
