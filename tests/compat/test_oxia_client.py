@@ -1,7 +1,8 @@
 """The real Oxia Java client (io.github.oxia-db:oxia-client 0.6.2, the one Pulsar 4.0.7 ships)
 against TableKeeper's Oxia front-end (`--oxia-port`), through a small Java driver
 (tests/compat/oxia/OxiaDriver.java, compiled against Pulsar's jars from `deploy/pulsar.sh
-fetch`). Plus Oxia's error codes for bad input, through the generated Python stubs.
+fetch`); Oxia's error codes for bad input, through the generated Python stubs; and a real
+Pulsar 4.0.7 standalone whose metadata store is TableKeeper (`--metadata-url oxia://…`).
 
 One standalone server for the module; each scenario uses keys of its own.
 """
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pulsar as pulsar_client
 import pytest
 
 from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
+from tests.compat.oxia.pulsar_standalone import PulsarOnOxia
 from tests.support.server import ServerProcess, free_port
 
 pytestmark = pytest.mark.standalone_only("a server of its own, with --oxia-port")
@@ -237,3 +240,54 @@ def test_bad_input_gets_oxia_codes_and_writes_nothing(
     assert failure.value.details() == "oxia: namespace not found"
     bad_timeout = client_pb2.CreateSessionRequest(shard=shard, session_timeout_ms=1)
     assert _code(lambda: stub.CreateSession(bad_timeout)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _pulsar_round(pulsar: PulsarOnOxia, produce: bool) -> list[str]:
+    """On the first round create a tenant, namespace, topic and subscription, and produce 10
+    messages; every round consumes (and acknowledges) the next 5 of the subscription."""
+    topic = "persistent://tk/ns1/t1"
+    if produce:
+        pulsar.admin("PUT", "/admin/v2/tenants/tk", {"allowedClusters": ["standalone"]})
+        pulsar.admin("PUT", "/admin/v2/namespaces/tk/ns1")
+        pulsar.admin("PUT", "/admin/v2/persistent/tk/ns1/t1")
+        pulsar.admin("PUT", "/admin/v2/persistent/tk/ns1/t1/subscription/sub1")
+    assert "tk" in pulsar.admin("GET", "/admin/v2/tenants")
+    assert pulsar.admin("GET", "/admin/v2/namespaces/tk") == ["tk/ns1"]
+    assert pulsar.admin("GET", "/admin/v2/persistent/tk/ns1") == [topic]
+    assert pulsar.admin("GET", "/admin/v2/persistent/tk/ns1/t1/subscriptions") == ["sub1"]
+    client = pulsar_client.Client(pulsar.service_url, operation_timeout_seconds=30)
+    try:
+        if produce:
+            producer = client.create_producer(topic)
+            for i in range(10):
+                producer.send(f"m{i}".encode())
+        consumer = client.subscribe(topic, "sub1")
+        got = []
+        for _ in range(5):
+            message = consumer.receive(timeout_millis=int(RUN_TIMEOUT_S * 1000))
+            got.append(message.data().decode())
+            consumer.acknowledge(message)
+        consumer.close()
+        return got
+    finally:
+        client.close()
+
+
+def test_pulsar_standalone_keeps_its_metadata_in_tablekeeper(oxia: Oxia, tmp_path: Path) -> None:
+    """Pulsar 4.0.7 standalone with `--metadata-url oxia://…`: tenant, namespace, topic,
+    subscription, produce and consume; then Pulsar stops, TableKeeper restarts, Pulsar starts
+    again on the same TableKeeper (and its bookie's own files): everything is there and the
+    subscription goes on where it was acknowledged."""
+    pulsar = PulsarOnOxia(tmp_path / "pulsar", f"oxia://{oxia.address}", _classpath())
+    try:
+        pulsar.start()
+        assert _pulsar_round(pulsar, produce=True) == [f"m{i}" for i in range(5)]
+        pulsar.stop()
+        oxia.server.restart()
+        pulsar.start()
+        assert _pulsar_round(pulsar, produce=False) == [f"m{i}" for i in range(5, 10)]
+    except BaseException:
+        print(pulsar.log_tail(80))
+        raise
+    finally:
+        pulsar.stop()
