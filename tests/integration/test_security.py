@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from tablekeeper_proto.v1 import (
 )
 from tablekeeper_server.security.certs import issue, new_authority, write_authority
 from tablekeeper_server.security.tokens import create_token
+from tests.support.cluster import TestCluster
 from tests.support.server import TABLEKEEPER, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -425,3 +426,59 @@ def test_cli_tokens_permissions_and_tls(token_server: ServerProcess, certs: Path
     (certs / "short.key").write_text("too short")
     bad = tk("token", "create", "--secret-key", str(certs / "short.key"), "--subject", "x")
     assert bad.returncode == 2 and "at least 32 bytes" in bad.stderr, bad.stderr
+
+
+def test_a_tls_cluster_forwards_with_the_callers_identity(
+    make_cluster: Callable[..., TestCluster], certs: Path
+) -> None:
+    """Three servers with TLS and tokens: any server accepts a call and forwards it (over TLS,
+    with the caller's token) to the owner, which checks the caller's permissions again; the
+    permissions are in the root range and survive the loss of the server that owned it."""
+    cluster = make_cluster(
+        containers=6,
+        extra_args=[
+            *tls_args(certs),
+            *("--tls-ca", str(certs / "ca.pem")),
+            *("--auth-secret-key", str(certs / "secret.key")),
+            *("--superuser-roles", "admin"),
+        ],
+        tls_files=(certs / "ca.pem", None, None),
+        token=admin(certs),
+    ).start(3)
+    tls = TlsConfig(ca=certs / "ca.pem")
+    patient = RetryPolicy(deadline_s=60.0, call_timeout_s=10.0)
+    with Client(cluster.service(0), tls=tls, token=admin(certs), retry=patient) as root:
+        root.create_namespace("shared")
+        root.create_table("shared", "t", ranges=6)
+        root.grant("shared", "alice", ["read", "write"])
+    alice, bob = (create_token(secret(certs), role) for role in ("alice", "bob"))
+    pkeys = [f"p{n}" for n in range(30)]  # spread over every container, so most are elsewhere
+    for i in range(3):
+        with Client(
+            cluster.service(i), tls=tls, token=alice, retry=patient, direct_routing=False
+        ) as client:
+            table = client.table("shared", "t")
+            for pkey in pkeys:
+                table.put(pkey, "k", f"via {i}")
+            assert {table.get(pkey, "k").value for pkey in pkeys} == {f"via {i}".encode()}  # type: ignore[union-attr]
+        with (
+            Client(
+                cluster.service(i), tls=tls, token=bob, retry=patient, direct_routing=False
+            ) as client,
+            pytest.raises(PermissionDeniedError, match="'bob' lacks read"),
+        ):
+            client.table("shared", "t")
+        forwarded = counter(
+            scrape(cluster.servers[i]), "tablekeeper_forwarded_requests_total", method="Put"
+        )
+        assert forwarded >= 1, f"server {i} forwarded no put"
+    # The root range's owner dies: another server restores it, permissions included.
+    root_owner = cluster.index(cluster.assigned_to(0) or "")
+    cluster.kill(root_owner)
+    survivor = next(i for i in range(3) if i != root_owner)
+    with Client(cluster.service(survivor), tls=tls, token=alice, retry=patient) as client:
+        table = client.table("shared", "t")
+        table.put("after", "k", "failover")
+        assert table.get("after", "k") is not None
+    with Client(cluster.service(survivor), tls=tls, token=admin(certs), retry=patient) as root:
+        assert root.list_permissions("shared") == {"alice": ["read", "write"]}

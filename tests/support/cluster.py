@@ -58,7 +58,11 @@ class TestCluster:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         start_timeout_s: float = 60.0,
+        tls_files: tuple[Path, Path | None, Path | None] | None = None,
+        token: str | None = None,
     ) -> None:
+        """`tls_files` (CA, client cert, client key) and `token`: how the harness itself reaches
+        servers started with TLS and authentication (in `extra_args`)."""
         self.base_dir = base_dir
         self.pulsar = pulsar
         self.containers = containers
@@ -69,6 +73,8 @@ class TestCluster:
         self.extra_args = list(extra_args)
         self.env = env
         self.start_timeout_s = start_timeout_s
+        self.tls_files = tls_files
+        self.token = token
         self.zookeeper = ZooKeeperProcess(base_dir / "zookeeper")
         self.servers: list[ServerProcess] = []
         self._admin: ZkCoordinator | None = None
@@ -120,6 +126,7 @@ class TestCluster:
             self.base_dir / f"server-{index}",
             extra_args=[*self.server_args(), *self.extra_args, *extra_args],
             env=merged_env or None,
+            tls_files=self.tls_files,
         )
         self.servers.append(server)
         server.start(self.start_timeout_s)
@@ -237,7 +244,7 @@ class TestCluster:
 
     def serving(self, i: int, timeout_s: float = 2.0) -> frozenset[int]:
         """The containers server `i` reports SERVING (its ServerInfo)."""
-        return server_info_containers(self.endpoint(i), timeout_s)
+        return server_info_containers(self.endpoint(i), timeout_s, self.tls_files, self.token)
 
     # ------------------------------------------------------------------ readiness
 
@@ -262,7 +269,7 @@ class TestCluster:
         for endpoint in live:
             wanted = assignment.get(endpoint, frozenset())
             try:
-                served = server_info_containers(endpoint, 1.0)
+                served = server_info_containers(endpoint, 1.0, self.tls_files, self.token)
             except grpc.RpcError as exc:
                 problems.append(f"{endpoint}: ServerInfo failed: {_code(exc)}")
                 continue
@@ -302,13 +309,31 @@ def _code(exc: grpc.RpcError) -> str:
     return code.name if code is not None else str(exc)
 
 
-def server_info_containers(endpoint: str, timeout_s: float = 2.0) -> frozenset[int]:
+def server_info_containers(
+    endpoint: str,
+    timeout_s: float = 2.0,
+    tls_files: tuple[Path, Path | None, Path | None] | None = None,
+    token: str | None = None,
+) -> frozenset[int]:
     """The containers the server at `endpoint` reports serving (`TableKeeper/ServerInfo`);
     raises `grpc.RpcError` if it does not answer."""
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 50)]
-    with grpc.insecure_channel(endpoint, options=options) as channel:
+    if tls_files is None:
+        channel = grpc.insecure_channel(endpoint, options=options)
+    else:
+        ca, cert, key = tls_files
+        credentials = grpc.ssl_channel_credentials(
+            ca.read_bytes(),
+            key.read_bytes() if key else None,
+            cert.read_bytes() if cert else None,
+        )
+        channel = grpc.secure_channel(endpoint, credentials, options=options)
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    with channel:
         stub = tablekeeper_pb2_grpc.TableKeeperStub(channel)
-        info = stub.ServerInfo(tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s)
+        info = stub.ServerInfo(
+            tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s, metadata=metadata
+        )
     return frozenset(int(c) for c in info.containers)
 
 
