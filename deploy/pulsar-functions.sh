@@ -158,7 +158,7 @@ launch() {
     shift
     # shellcheck disable=SC2016
     setsid env "${envs[@]}" bash -c 'echo $$ >"$0"; cd "$1"; shift; exec "$@"' "$pidfile" "$cwd" "$@" \
-        </dev/null >>"$logfile" 2>&1 8>&- 9>&- &
+        </dev/null >>"$logfile" 2>&1 7>&- 8>&- 9>&- &
     local _
     for _ in $(seq 1 50); do [[ -s "$pidfile" ]] && break; sleep 0.1; done
     [[ -s "$pidfile" ]] || die "failed to launch $1 (see $logfile)"
@@ -201,6 +201,8 @@ mvn_q() { (cd "$FN_CACHE" && mvn -B -q -Dmaven.repo.local="$CACHE_DIR/m2" "$@") 
 fetch() {
     "$SCRIPT_DIR/pulsar.sh" fetch
     mkdir -p "$FN_CACHE"
+    exec 7>"$FN_CACHE/.lock"
+    flock -w 1800 7 || die "timed out waiting for another download into $FN_CACHE"
     if [[ ! -s "$EXAMPLES_JAR" ]]; then
         log "downloading pulsar-functions-api-examples ${PULSAR_VERSION}"
         mvn_q dependency:copy -Dartifact="org.apache.pulsar:pulsar-functions-api-examples:${PULSAR_VERSION}" \
@@ -258,6 +260,7 @@ EOF
         mv "$ADMIN_CLASSPATH_FILE.tmp" "$ADMIN_CLASSPATH_FILE"
     fi
     command -v javac >/dev/null || log "note: javac is missing (openjdk-17-jdk-headless); only needed to build your own Java functions"
+    exec 7>&-
 }
 
 load_ports() {
