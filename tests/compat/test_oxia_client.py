@@ -123,6 +123,16 @@ def test_ephemeral_record_goes_when_its_session_expires(oxia: Oxia) -> None:
     oxia.run("wait-gone", key)  # the session (2 s) expires on the server: the key goes
 
 
+def test_ephemeral_record_of_a_dead_client_goes_after_a_server_restart(oxia: Oxia) -> None:
+    """The server restarts before the dead client's session expired: the session is timed again
+    from the start (a fresh TTL) and its record goes. (The server opens every shard of `default`
+    at start, so this happens even if nobody reads; this test reads, so it cannot tell.)"""
+    key = f"/ephemeral/restart-{uuid.uuid4().hex}"
+    assert "PASS ephemeral-crash" in oxia.run("ephemeral-crash", key)
+    oxia.server.restart()
+    oxia.run("wait-gone", key)
+
+
 def test_other_namespace_and_unknown_namespace(oxia: Oxia) -> None:
     name = f"ns{uuid.uuid4().hex[:8]}"
     subprocess.run(

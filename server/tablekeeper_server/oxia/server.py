@@ -7,7 +7,7 @@ import grpc
 
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.oxia.namespaces import Namespaces
+from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
 
 
@@ -43,8 +43,13 @@ class OxiaServer:
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self._server)
 
     async def start(self) -> None:
-        """Create namespace `default` if missing (the registry must be serving), then accept."""
+        """Create namespace `default` if missing (the registry must be serving) and open its
+        shards, then accept. Opening them starts their session timers: ephemeral records of
+        clients that died while the server was down expire one session timeout after the start,
+        even if nobody touches their shard."""
         await self.namespaces.create_default()
+        for shard in await self.namespaces.shards(DEFAULT_NAMESPACE):
+            await self.namespaces.range(shard.shard_id)
         await self._server.start()
 
     async def stop(self, grace_s: float) -> None:
