@@ -121,6 +121,22 @@ def test_memory_stays_bounded_while_large_values_stream_through_one_range(
         assert "max-watcher-queue-bytes" in (raised.value.details() or "")
         assert seen == revisions[: len(seen)] and len(seen) < puts
         stalled.cancel()
+        # Older than the ring holds (8 MiB: ~8 events of value and previous value) but in the
+        # store's durable history: served from there, in order; older than that: compacted.
+        last = revisions[-1]
+        request.start_revision = last - 29
+        older = stub.Watch(request)
+        caught_up: list[int] = []
+        for response in older:
+            caught_up += [e.revision for e in response.events]
+            if len(caught_up) >= 30:
+                break
+        older.cancel()
+        assert caught_up == revisions[-30:]
+        request.start_revision = revisions[1]
+        with pytest.raises(grpc.RpcError) as raised:
+            list(stub.Watch(request))
+        assert raised.value.code() == grpc.StatusCode.OUT_OF_RANGE
     growth = peak - before
     # What the limits allow in memory: the rings (HISTORY_BYTES_TOTAL), two watcher queues, the
     # batch each watch stream is sending, RocksDB's memtables (16 MiB, two of them) for the
