@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def etcdgo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def etcdgo_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert GO is not None
     binary = tmp_path_factory.mktemp("etcdgo") / "etcdgo"
     subprocess.run(
@@ -42,6 +42,22 @@ def etcdgo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env={**os.environ, "GOFLAGS": "-mod=mod"},
     )
     return binary
+
+
+@pytest.fixture
+def etcdgo(etcdgo_binary: Path) -> Iterator[Callable[..., Program]]:
+    """Starts etcdgo runs; any still running when the test ends (it failed) is killed."""
+    started: list[Program] = []
+
+    def start(*args: str) -> Program:
+        program = Program(etcdgo_binary, *args)
+        started.append(program)
+        return program
+
+    yield start
+    for program in started:
+        if program.process.poll() is None:
+            program.kill()
 
 
 @pytest.fixture
@@ -98,14 +114,13 @@ class Program:
 
 
 def test_mutex_among_five_contenders_one_killed_while_holding(
-    etcdgo: Path, etcd_server: tuple[ServerProcess, str]
+    etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     _, endpoint = etcd_server
-    holder = Program(etcdgo, "mutex", "-endpoint", endpoint, "-name", "killed", "-hold")
+    holder = etcdgo("mutex", "-endpoint", endpoint, "-name", "killed", "-hold")
     holder.wait_line("LOCKED killed")
     others = [
-        Program(etcdgo, "mutex", "-endpoint", endpoint, "-name", f"c{i}", "-rounds", "5")
-        for i in range(4)
+        etcdgo("mutex", "-endpoint", endpoint, "-name", f"c{i}", "-rounds", "5") for i in range(4)
     ]
     holder.kill()  # its session's lease expires; the lock and its holder key go with it
     for i, other in enumerate(others):
@@ -116,12 +131,12 @@ def test_mutex_among_five_contenders_one_killed_while_holding(
 
 
 def test_election_five_contenders_leader_killed(
-    etcdgo: Path, etcd_server: tuple[ServerProcess, str]
+    etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     _, endpoint = etcd_server
-    first = Program(etcdgo, "elect", "-endpoint", endpoint, "-name", "killed", "-hold")
+    first = etcdgo("elect", "-endpoint", endpoint, "-name", "killed", "-hold")
     first.wait_line("LEADER killed")
-    others = [Program(etcdgo, "elect", "-endpoint", endpoint, "-name", f"e{i}") for i in range(4)]
+    others = [etcdgo("elect", "-endpoint", endpoint, "-name", f"e{i}") for i in range(4)]
     first.kill()
     revisions = []
     for i, other in enumerate(others):
@@ -133,21 +148,20 @@ def test_election_five_contenders_leader_killed(
 
 
 def test_stm_bank_transfers_keep_the_total(
-    etcdgo: Path, etcd_server: tuple[ServerProcess, str]
+    etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     _, endpoint = etcd_server
     args = ["-accounts", "10", "-workers", "8", "-transfers", "40"]
-    lines = Program(etcdgo, "bank", "-endpoint", endpoint, *args).finish()
+    lines = etcdgo("bank", "-endpoint", endpoint, *args).finish()
     assert "TOTAL 1000 ACCOUNTS 10" in lines
 
 
 def test_kill9_under_load_loses_no_acknowledged_put(
-    etcdgo: Path, etcd_server: tuple[ServerProcess, str]
+    etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     server, endpoint = etcd_server
     workers, count = 4, 250
-    load = Program(
-        etcdgo,
+    load = etcdgo(
         "load",
         *["-endpoint", endpoint, "-prefix", "load/", "-workers", str(workers)],
         *["-count", str(count)],

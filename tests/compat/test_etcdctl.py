@@ -239,7 +239,8 @@ def test_data_and_revisions_survive_a_restart(tmp_path: Path) -> None:
     try:
         etcdctl(ep, "put", "r/k", "v")
         before = get_json(ep, "r/k")
-        server.restart()
+        assert server.stop() == 0
+        server.start()
         after = get_json(ep, "r/k")
         assert after["kvs"] == before["kvs"]
         assert after["header"]["revision"] >= before["header"]["revision"]
