@@ -94,11 +94,19 @@ def protoset(out: Path, proto_root: Path, proto: str) -> Path:
     return out
 
 
-def tablekeeper_target(server: ServerProcess, work: Path, args: argparse.Namespace) -> Target:
+def tablekeeper_target(
+    server: ServerProcess,
+    work: Path,
+    args: argparse.Namespace,
+    *,
+    create_namespace: bool = True,
+    client_options: dict[str, Any] | None = None,
+) -> Target:
     from tablekeeper import Client
 
-    with Client(server.service) as client:
-        client.create_namespace(TABLE_NAMESPACE)
+    with Client(server.service, **(client_options or {})) as client:
+        if create_namespace:
+            client.create_namespace(TABLE_NAMESPACE)
         info = client.create_table(TABLE_NAMESPACE, TABLE_NAME, ranges=args.ranges)
     keys = [b"key-%06d" % i for i in range(args.keys)]
     value = b64(b"v" * args.value_size)

@@ -8,13 +8,15 @@ tokens). `create_token` is what `tablekeeper token create` prints.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jwt
 
 HMAC_ALGORITHMS = ("HS256",)
 PUBLIC_KEY_ALGORITHMS = ("RS256", "ES256")
+_VERIFIED_S = 60.0
+_VERIFIED_MAX = 10_000
 SERVER_ROLE = "tablekeeper-server"
 """The role a server uses for its own calls to other servers (HMAC mode: it signs its own
 token); always a superuser."""
@@ -29,6 +31,8 @@ class TokenError(ValueError):
 class TokenVerifier:
     key: bytes
     algorithms: tuple[str, ...]
+    _verified: dict[str, tuple[str, float]] = field(default_factory=dict, compare=False)
+    """token -> (role, until when it may be trusted without checking again)"""
 
     @classmethod
     def from_files(
@@ -44,7 +48,20 @@ class TokenVerifier:
         return None
 
     def role_of(self, token: str) -> str:
-        """The token's subject (the role), or `TokenError` saying why it is refused."""
+        """The token's subject (the role), or `TokenError` saying why it is refused. A verified
+        token is remembered (until it expires, at most a minute), so a client sending the same
+        token with every call pays for one signature check, not one per call."""
+        now = time.time()
+        cached = self._verified.get(token)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        role, expires_at = self._verify(token)
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[token] = (role, min(expires_at, now + _VERIFIED_S))
+        return role
+
+    def _verify(self, token: str) -> tuple[str, float]:
         try:
             claims = jwt.decode(
                 token,
@@ -63,7 +80,8 @@ class TokenVerifier:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             raise TokenError("the token's subject (role) is empty")
-        return subject
+        expiry = claims.get("exp")
+        return subject, float(expiry) if isinstance(expiry, (int, float)) else float("inf")
 
     def server_token(self) -> str | None:
         """A token for this server's own calls to other servers (HMAC mode only)."""
