@@ -60,6 +60,7 @@ public final class OxiaDriver {
             case "notifications-restart" -> notificationsRestart(address);
             case "sequences" -> sequences(address);
             case "namespace" -> namespace(address, args[2]);
+            case "bench" -> bench(address, Integer.parseInt(args[2]));
             default -> throw new IllegalArgumentException("unknown scenario " + scenario);
         }
     }
@@ -409,5 +410,34 @@ public final class OxiaDriver {
         }
         expectThrows(io.oxia.client.shard.NamespaceNotFoundException.class,
                 () -> OxiaClientBuilder.create(address).namespace("no-such-ns").syncClient().close());
+    }
+
+    // Not a test: N puts one after another (latency), then N puts in flight at once (throughput).
+    static void bench(String address, int n) throws Exception {
+        try (SyncOxiaClient c = client(address, "driver-bench")) {
+            String p = "/bench-" + System.nanoTime() + "/";
+            byte[] value = new byte[100];
+            for (int i = 0; i < 50; i++) {
+                c.put(p + "warm-" + i, value);
+            }
+            long start = System.nanoTime();
+            for (int i = 0; i < n; i++) {
+                c.put(p + "seq-" + i, value);
+            }
+            double seqS = (System.nanoTime() - start) / 1e9;
+            System.out.printf("sequential puts: %d in %.2fs, %.2f ms each%n", n, seqS, seqS * 1000 / n);
+        }
+        var async = OxiaClientBuilder.create(address).namespace("default").asyncClient().join();
+        String p = "/bench-async-" + System.nanoTime() + "/";
+        byte[] value = new byte[100];
+        long start = System.nanoTime();
+        var futures = new ArrayList<java.util.concurrent.CompletableFuture<PutResult>>();
+        for (int i = 0; i < n; i++) {
+            futures.add(async.put(p + i, value));
+        }
+        java.util.concurrent.CompletableFuture.allOf(futures.toArray(new java.util.concurrent.CompletableFuture[0])).join();
+        double s = (System.nanoTime() - start) / 1e9;
+        System.out.printf("concurrent puts: %d in %.2fs, %.0f puts/s%n", n, s, n / s);
+        async.close();
     }
 }
