@@ -14,7 +14,8 @@ that configuration). Then:
 * Pulsar's own table service was not used: the worker runs with our URL and the BookKeeper
   state store, no Pulsar process listens on any other port (the table service would be a gRPC
   port of its own), and ZooKeeper has no `/stream` (its cluster metadata);
-* a function that reads its state back (`getCounter`, `getState`, a value from `putstate`);
+* a function that reads its state back (`getCounter`, `getState`, a value from `putstate`):
+  the Java client's reads (RangeRequest.limit = -1) as the function runtime sends them;
 * deleting a function drops its state table in TableKeeper.
 """
 
@@ -253,10 +254,6 @@ def test_pulsar_table_service_not_used(
     assert wordcount in state_tables(tablekeeper)
 
 
-# Known server defect, being fixed: the Java client's get sends RangeRequest.limit = -1, which
-# the server answers BAD_REQUEST, so context.getCounter fails ("Failed to retrieve counter from
-# key"). Not strict, so the fix turns this into a pass without breaking the run.
-@pytest.mark.xfail(reason="server rejects RangeRequest.limit = -1 (the Java client's get)")
 def test_function_reads_its_state_back(
     deployment: FunctionsDeployment,
     tablekeeper: Client,
