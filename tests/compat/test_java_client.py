@@ -31,6 +31,7 @@ import pytest
 
 from tests.compat.cluster import ClusterServer, Server
 from tests.compat.conftest import CLUSTER_KEY
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.compat
 
@@ -273,3 +274,36 @@ def test_java_client(
     entry = next(s.index for s in cluster.servers if s.port == getattr(server, "port", None))
     after = {index: forwarded for index, _, forwarded in _table_calls(cluster.servers)}
     assert after[entry] > 0, after
+
+
+@pytest.mark.standalone_only("restarts the standalone server the client is connected to")
+def test_java_client_goes_on_after_its_server_restarts(
+    server: Server, java_driver: list[str]
+) -> None:
+    """The routed client caches each container's owner and its channel; after the server
+    restarts (same address), the same client object writes and reads again."""
+    assert isinstance(server, ServerProcess)
+    driver = subprocess.Popen(
+        [*java_driver, server.service, "routed", "java_restart", "restart"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        paused = driver.stdout.readline()  # EOF ("") if the driver failed before pausing
+        assert '"check":"paused"' in paused, paused
+        server.stop()
+        server.start()
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    observed = {record["check"]: (record["value"], record["error"]) for record in records}
+    assert observed.get("restart.put") == (None, None), (observed, err[-4000:])
+    assert observed.get("restart.get") == ("after", None), (observed, err[-4000:])

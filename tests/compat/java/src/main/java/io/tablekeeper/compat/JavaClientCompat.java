@@ -44,7 +44,7 @@ import org.apache.bookkeeper.stream.protocol.ProtocolConstants;
  * JSON object per observation on stdout: {"check": NAME, "value": ..., "error": ...}.
  * The expectations live in tests/compat/test_java_client.py, which runs this program.
  *
- * <p>Usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS
+ * <p>Usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS|restart
  *
  * <p>"routed" is StorageClientImpl (the client resolves every table range to its storage
  * container and talks to the container's owner); "simple" is the server-side-routing client
@@ -66,7 +66,7 @@ public final class JavaClientCompat {
 
     public static void main(String[] args) throws Exception {
         if (args.length != 4) {
-            System.err.println("usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS");
+            System.err.println("usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS|restart");
             System.exit(2);
         }
         String serviceUri = args[0];
@@ -76,7 +76,8 @@ public final class JavaClientCompat {
             default -> throw new IllegalArgumentException("client kind must be routed or simple: " + args[1]);
         };
         String namespace = args[2];
-        int concurrentOps = Integer.parseInt(args[3]);
+        boolean restart = "restart".equals(args[3]);
+        int concurrentOps = restart ? 0 : Integer.parseInt(args[3]);
         StorageClientSettings settings = StorageClientSettings.newBuilder()
             .serviceUri(serviceUri)
             .enableServerSideRouting(simple)
@@ -87,6 +88,12 @@ public final class JavaClientCompat {
              StorageClient client = StorageClientBuilder.newBuilder()
                  .withSettings(settings).withNamespace(namespace).build()) {
             JavaClientCompat compat = new JavaClientCompat(admin, client, namespace);
+            if (restart) {
+                compat.restartChecks();
+                emit("done", true, null);
+                System.out.flush();
+                Runtime.getRuntime().halt(0);
+            }
             long started = System.nanoTime();
             compat.adminChecks();
             timing("admin", started);
@@ -113,6 +120,29 @@ public final class JavaClientCompat {
     /** Milliseconds since `started`, on stderr (the test shows stderr when it fails). */
     private static void timing(String phase, long started) {
         System.err.printf("timing: %s done after %d ms%n", phase, (System.nanoTime() - started) / 1_000_000);
+    }
+
+    /**
+     * The client keeps using the owner it found after that server restarts: create a table and
+     * write (the client now knows every container's owner), print "paused" and wait for a line on
+     * stdin (the test restarts the server meanwhile), then write and read with the same client.
+     */
+    private void restartChecks() throws Exception {
+        NamespaceConfiguration nsConf = NamespaceConfiguration.newBuilder()
+            .setDefaultStreamConf(ProtocolConstants.DEFAULT_STREAM_CONF)
+            .build();
+        StreamConfiguration tableConf = StreamConfiguration.newBuilder(ProtocolConstants.DEFAULT_STREAM_CONF)
+            .setStorageType(StorageType.TABLE)
+            .build();
+        await(admin.createNamespace(namespace, nsConf));
+        await(admin.createStream(namespace, "kv", tableConf));
+        Table<ByteBuf, ByteBuf> table = await(client.openTable(namespace, "kv"));
+        await(table.put(buf("k"), buf("before")));
+        emit("paused", true, null);
+        System.out.flush();
+        new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
+        observe("restart.put", () -> await(table.put(buf("k"), buf("after"))), v -> "ok");
+        observe("restart.get", () -> await(table.get(buf("k"))), JavaClientCompat::str);
     }
 
     // ------------------------------------------------------------------ admin
@@ -448,7 +478,8 @@ public final class JavaClientCompat {
         String name = t.getClass().getSimpleName();
         if (t instanceof StatusRuntimeException || t instanceof StatusException) {
             Status status = Status.fromThrowable(t);
-            return name + ":" + status.getCode();
+            String description = status.getDescription();
+            return name + ":" + status.getCode() + (description == null ? "" : " (" + description + ")");
         }
         if (t instanceof KvApiException kv) {
             return name + ":" + kv.getCode();
