@@ -13,6 +13,8 @@ import functools
 import os
 import subprocess
 import sys
+import time
+import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -283,11 +285,31 @@ def _pulsar_round(pulsar: PulsarOnOxia, produce: bool) -> list[str]:
         client.close()
 
 
+def _try_admin(pulsar: PulsarOnOxia, method: str, path: str) -> bool:
+    try:
+        pulsar.admin(method, path)
+    except urllib.error.HTTPError as error:
+        if error.code == 409:  # an earlier attempt got through after all
+            return True
+        if error.code < 500:
+            raise
+        return False
+    return True
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S  # a hang guard, not a performance bound
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.5)
+
+
 def test_pulsar_standalone_keeps_its_metadata_in_tablekeeper(oxia: Oxia, tmp_path: Path) -> None:
     """Pulsar 4.0.7 standalone with `--metadata-url oxia://…`: tenant, namespace, topic,
     subscription, produce and consume; then Pulsar stops, TableKeeper restarts, Pulsar starts
     again on the same TableKeeper (and its bookie's own files): everything is there and the
-    subscription goes on where it was acknowledged."""
+    subscription goes on where it was acknowledged. Then TableKeeper restarts under the running
+    Pulsar, which carries on."""
     pulsar = PulsarOnOxia(tmp_path / "pulsar", f"oxia://{oxia.address}", _classpath())
     try:
         pulsar.start()
@@ -296,6 +318,19 @@ def test_pulsar_standalone_keeps_its_metadata_in_tablekeeper(oxia: Oxia, tmp_pat
         oxia.server.restart()
         pulsar.start()
         assert _pulsar_round(pulsar, produce=False) == [f"m{i}" for i in range(5, 10)]
+        # TableKeeper restarts under the running Pulsar: its Oxia client reconnects (write
+        # streams, notifications, sessions) and metadata writes work again.
+        oxia.server.restart()
+        _wait_until(lambda: _try_admin(pulsar, "PUT", "/admin/v2/namespaces/tk/ns2"))
+        assert pulsar.admin("GET", "/admin/v2/namespaces/tk") == ["tk/ns1", "tk/ns2"]
+        client = pulsar_client.Client(pulsar.service_url, operation_timeout_seconds=30)
+        try:
+            producer = client.create_producer("persistent://tk/ns2/after-restart")
+            consumer = client.subscribe("persistent://tk/ns2/after-restart", "s")
+            producer.send(b"after")
+            assert consumer.receive(timeout_millis=int(RUN_TIMEOUT_S * 1000)).data() == b"after"
+        finally:
+            client.close()
     except BaseException:
         print(pulsar.log_tail(80))
         raise

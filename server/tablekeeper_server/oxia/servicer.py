@@ -162,41 +162,56 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
     ) -> AsyncIterator[client_pb2.WriteResponse]:
         """Requests are answered in order; several are in the range's queue at once (group
         commit), up to `WRITES_IN_FLIGHT_MAX`. A failed request ends the stream with its error
-        (the client fails what it had in flight and opens a new stream)."""
+        (the client fails what it had in flight and opens a new stream). When the server stops,
+        the stream stops reading, answers what it has and ends, so it does not hold the drain."""
         header_shard = None
         for key, value in context.invocation_metadata() or ():
             if key == "shard-id":
                 with contextlib.suppress(ValueError):
                     header_shard = int(value)
-        pending: asyncio.Queue[asyncio.Task[client_pb2.WriteResponse] | None] = asyncio.Queue(
+        pending: asyncio.Queue[asyncio.Task[client_pb2.WriteResponse]] = asyncio.Queue(
             maxsize=WRITES_IN_FLIGHT_MAX
         )
 
         async def read_requests() -> None:
-            try:
-                async for request in request_iterator:
-                    shard = request.shard if request.HasField("shard") else header_shard
-                    if shard is None:
-                        raise OxiaError.invalid("a write stream needs a shard-id")
-                    await pending.put(asyncio.ensure_future(self._write(shard, request)))
-            finally:
-                await pending.put(None)
+            async for request in request_iterator:
+                shard = request.shard if request.HasField("shard") else header_shard
+                if shard is None:
+                    raise OxiaError.invalid("a write stream needs a shard-id")
+                await pending.put(asyncio.ensure_future(self._write(shard, request)))
 
         reader = asyncio.ensure_future(read_requests())
+        stop = asyncio.ensure_future(self._stopping.wait())
+        getter: asyncio.Future[asyncio.Task[client_pb2.WriteResponse]] | None = None
         try:
             async with _oxia_errors(context):
                 while True:
-                    task = await pending.get()
-                    if task is None:
-                        break
-                    yield await task
-                reader.result()  # a bad request ends the stream with its error
+                    getter = asyncio.ensure_future(pending.get())
+                    await asyncio.wait((getter, reader, stop), return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        yield await getter.result()
+                        continue
+                    getter.cancel()
+                    if not reader.done():
+                        # The server is stopping: read no more, answer what was sent, end the
+                        # stream (the client opens a new one when the server is back).
+                        reader.cancel()
+                        while not pending.empty():
+                            yield await pending.get_nowait()
+                        return
+                    if pending.empty():
+                        reader.result()  # a bad request ends the stream with its error
+                        return
         finally:
-            reader.cancel()
+            for future in (reader, stop, getter):
+                if future is not None:
+                    future.cancel()
+            # The client ended the call while we waited: collect the reader's end, or asyncio
+            # logs "Task exception was never retrieved" for a normal close.
+            if reader.done() and not reader.cancelled():
+                reader.exception()
             while not pending.empty():
-                left = pending.get_nowait()
-                if left is not None:
-                    left.cancel()
+                pending.get_nowait().cancel()
 
     # ------------------------------------------------------------------ reads
 
