@@ -1,0 +1,68 @@
+"""Pieces of the Oxia servicer that need no server: what is refused before anything is logged,
+and how change events become notification batches."""
+
+from __future__ import annotations
+
+import pytest
+
+from tablekeeper_proto.oxia import client_pb2
+from tablekeeper_server.oxia import keys
+from tablekeeper_server.oxia.errors import OxiaError
+from tablekeeper_server.oxia.servicer import _check_write, _notification_batches
+from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.records import StoredRecord
+
+
+def _record(revision: int, version: int) -> StoredRecord:
+    return StoredRecord(1, revision, version, False, 0, b"")
+
+
+@pytest.mark.parametrize(
+    "put",
+    [
+        client_pb2.PutRequest(key="k", sequence_key_delta=[1]),
+        client_pb2.PutRequest(
+            key="k", partition_key="p", sequence_key_delta=[1], expected_version_id=3
+        ),
+        client_pb2.PutRequest(key="k", partition_key="p", sequence_key_delta=[0, 1]),
+        client_pb2.PutRequest(key="k", expected_version_id=-5),
+        client_pb2.PutRequest(key="k" * 101),
+    ],
+)
+def test_malformed_puts_are_refused(put: client_pb2.PutRequest) -> None:
+    with pytest.raises(OxiaError) as refused:
+        _check_write(client_pb2.WriteRequest(puts=[put]), key_bytes_max=100)
+    assert refused.value.message.startswith("oxia: ")
+
+
+def test_well_formed_writes_pass() -> None:
+    request = client_pb2.WriteRequest(
+        puts=[
+            client_pb2.PutRequest(key="k", expected_version_id=-1),
+            client_pb2.PutRequest(key="s", partition_key="p", sequence_key_delta=[1, 0]),
+        ],
+        deletes=[client_pb2.DeleteRequest(key="k")],
+    )
+    _check_write(request, key_bytes_max=100)
+
+
+def test_one_batch_per_revision_in_order() -> None:
+    a, b = keys.store_key("/a"), keys.store_key("/b")
+    events = [
+        ChangeEvent(5, 0, a, _record(5, 0), None),
+        ChangeEvent(6, 0, a, _record(6, 1), _record(5, 0)),
+        ChangeEvent(6, 1, b, None, _record(2, 0)),
+        ChangeEvent(9, 0, b, _record(9, 0), None),
+    ]
+    batches = list(_notification_batches(7, events, 1234))
+    assert [(x.shard, x.offset, x.timestamp) for x in batches] == [
+        (7, 5, 1234),
+        (7, 6, 1234),
+        (7, 9, 1234),
+    ]
+    first, second, third = (dict(x.notifications) for x in batches)
+    assert first["/a"].type == client_pb2.KEY_CREATED and first["/a"].version_id == 5
+    assert second["/a"].type == client_pb2.KEY_MODIFIED and second["/a"].version_id == 6
+    assert second["/b"].type == client_pb2.KEY_DELETED
+    assert not second["/b"].HasField("version_id")
+    assert third["/b"].type == client_pb2.KEY_CREATED
