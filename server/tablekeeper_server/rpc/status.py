@@ -42,7 +42,8 @@ M = TypeVar("M")
 # Why a command answered a non-zero status from the state machine (which has no messages: its
 # responses must be identical on replay).
 _COMMAND_STATUS_REASONS = {
-    ("Put", Code.BAD_REQUEST): "the key holds a number; use Increment (or delete it first)",
+    ("Put", Code.BAD_REQUEST): "the key holds a number (use Increment, or delete it first), "
+    "or the put's expiry (ttl_ms) does not fit",
     ("Put", Code.BAD_VERSION): "expected_version does not match the key's version",
     ("Put", Code.KEY_EXISTS): "expected_version -1 (absent) but the key exists",
     ("Put", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
@@ -52,6 +53,13 @@ _COMMAND_STATUS_REASONS = {
     ("Delete", Code.KEY_NOT_FOUND): "expected_version given but the key does not exist",
     ("Increment", Code.BAD_REQUEST): "the key holds bytes, not a number",
     ("Txn", Code.KEY_NOT_FOUND): "a compare on version/create/mod names a key that does not exist",
+    ("Txn", Code.BAD_REQUEST): "an op of the chosen branch cannot apply (e.g. a put onto a "
+    "number, an increment of bytes): the txn applied nothing; the failing op is the last entry "
+    "of `responses`",
+    ("Txn", Code.BAD_VERSION): "an op of the chosen branch failed its expected_version: the txn "
+    "applied nothing",
+    ("Txn", Code.KEY_EXISTS): "an op of the chosen branch expected an absent key: the txn applied "
+    "nothing",
 }
 
 
