@@ -1,16 +1,20 @@
 """Pieces of the Oxia servicer that need no server: what is refused before anything is logged,
-and how change events become notification batches."""
+how change events become notification batches, where notifications from an old offset resume."""
 
 from __future__ import annotations
 
 import pytest
 
 from tablekeeper_proto.oxia import client_pb2
+from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.oxia import keys
 from tablekeeper_server.oxia.errors import OxiaError
-from tablekeeper_server.oxia.servicer import _check_write, _notification_batches
-from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.oxia.servicer import _check_write, _notification_batches, start_after
+from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.range.watch import KeySpan, WatchHub
+from tablekeeper_server.storage.memory import MemoryKvStore
 
 
 def _record(revision: int, version: int) -> StoredRecord:
@@ -66,3 +70,23 @@ def test_one_batch_per_revision_in_order() -> None:
     assert second["/b"].type == client_pb2.KEY_DELETED
     assert not second["/b"].HasField("version_id")
     assert third["/b"].type == client_pb2.KEY_CREATED
+
+
+def test_notifications_from_a_trimmed_offset_resume_at_the_oldest_held() -> None:
+    store = MemoryKvStore()
+    sm = RangeStateMachine(store, history=EventHistory(store, limit=3))
+    for sequence in range(1, 11):
+        put = client_pb2.PutRequest(key=f"/k{sequence}", value=b"v")
+        command = wal_pb2.WalCommand(
+            timestamp_ms=sequence,
+            oxia_write=client_pb2.WriteRequest(puts=[put]).SerializeToString(),
+        )
+        sm.apply_batch([(sequence, command)])
+    hub = WatchHub("test", ring_events=2)
+    hub.attach(sm.history, sm.applied_sequence)
+    span = KeySpan(keys.PREFIX, keys.END)
+    assert sm.history is not None and sm.history.trimmed_through > 2
+    watcher = start_after(hub, span, 1)
+    assert watcher.last[0] == sm.history.trimmed_through  # the oldest held revision is next
+    current = start_after(hub, span, 8)
+    assert current.last[0] == 8

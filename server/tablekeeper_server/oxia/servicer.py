@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeAlias
@@ -20,6 +21,7 @@ from tablekeeper_proto.oxia import apply_pb2, client_pb2, client_pb2_grpc
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.errors import (
     BadRequestError,
+    CompactedError,
     KeyNotFoundError,
     TableKeeperError,
     UnavailableError,
@@ -30,9 +32,10 @@ from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
 from tablekeeper_server.oxia.namespaces import Namespaces
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import decode_record
-from tablekeeper_server.range.watch import KeySpan, Watcher
+from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
+log = logging.getLogger(__name__)
 WRITES_IN_FLIGHT_MAX = 1024
 """Writes one write stream may have in the range's queue before it stops reading requests."""
 
@@ -90,6 +93,23 @@ def _notification_batches(
             notification.version_id = event.record.mod_revision
     if batch is not None:
         yield batch
+
+
+def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
+    """A watcher of the changes after `offset`. An offset older than the range's event history
+    resumes at the oldest change still held, as Oxia does once its notifications are trimmed:
+    the client skips what it can no longer get instead of retrying forever."""
+    try:
+        watcher, _ = hub.start(span, max(1, offset + 1))
+    except CompactedError as compacted:
+        log.warning(
+            "%s: notifications after %d are trimmed; resuming at %d",
+            hub.name,
+            offset,
+            compacted.oldest_revision,
+        )
+        watcher, _ = hub.start(span, compacted.oldest_revision)
+    return watcher
 
 
 class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
@@ -302,7 +322,7 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
             hub = range_.watch
             span = KeySpan(keys.PREFIX, keys.END)
             if request.HasField("start_offset_exclusive"):
-                watcher, _ = hub.start(span, max(1, request.start_offset_exclusive + 1))
+                watcher = start_after(hub, span, request.start_offset_exclusive)
             else:
                 watcher, applied = hub.start(span, 0)
                 yield client_pb2.NotificationBatch(shard=request.shard, offset=applied)
