@@ -14,7 +14,7 @@ METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 
-.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz simulate clean pulsar-fetch java-compat-build
+.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -105,6 +105,9 @@ $(GHZ):
 	GOBIN=$(CURDIR)/.deploy/bin GOFLAGS=-mod=mod go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 ghz: $(GHZ)  ## install the ghz load generator (Go module proxy) into .deploy/bin
+
+profile: $(STAMP) $(GHZ)  ## py-spy samples a server under a ghz load: hottest functions, collapsed stacks in benchmarks/out/
+	GHZ=$(GHZ) $(PY) benchmarks/profile.py
 
 bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then the SDK path (load.py)
 	GHZ=$(GHZ) $(PY) benchmarks/native.py
