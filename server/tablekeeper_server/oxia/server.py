@@ -7,6 +7,7 @@ import grpc
 
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
 
@@ -21,6 +22,7 @@ class OxiaServer:
         advertised_host: str,
         key_bytes_max: int,
         value_bytes_max: int,
+        clock: Clock | None = None,
     ) -> None:
         self.namespaces = Namespaces(registry)
         message_max = value_bytes_max + 2 * 1024 * 1024
@@ -38,7 +40,10 @@ class OxiaServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
         self._servicer = OxiaServicer(
-            self.namespaces, f"{advertised_host}:{self.port}", key_bytes_max
+            self.namespaces,
+            f"{advertised_host}:{self.port}",
+            key_bytes_max,
+            clock or SystemClock(),
         )
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self._server)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, TypeAlias
 
@@ -19,6 +18,7 @@ import grpc
 
 from tablekeeper_proto.oxia import apply_pb2, client_pb2, client_pb2_grpc
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
+from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     BadRequestError,
     CompactedError,
@@ -113,8 +113,12 @@ def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
 
 
 class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
-    def __init__(self, namespaces: Namespaces, leader: str, key_bytes_max: int) -> None:
+    def __init__(
+        self, namespaces: Namespaces, leader: str, key_bytes_max: int, clock: Clock
+    ) -> None:
         self.namespaces = namespaces
+        self.clock = clock
+        """Stamps notification batches (the time they are sent)."""
         self.leader = leader
         """host:port of this front-end: every shard's leader in standalone mode."""
         self.key_bytes_max = key_bytes_max
@@ -330,7 +334,7 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
             try:
                 async with contextlib.aclosing(hub.events(watcher)) as batches:
                     async for events in batches:
-                        now_ms = int(time.time() * 1000)
+                        now_ms = self.clock.now_ms()
                         for batch in _notification_batches(request.shard, events, now_ms):
                             yield batch
             finally:
