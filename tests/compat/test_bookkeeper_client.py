@@ -47,7 +47,9 @@ MiB = 1024 * KiB
 # Name characters BookKeeper rejects (ProtoUtils.validateStreamName): empty, NUL, space, '<', '>',
 # and characters strictly inside (0x00,0x1f), (0x7f,0x9f), (0xd800,0xf8ff), (0xfff0,0xffff).
 INVALID_NAMES = ["", "a b", "a<b", "a>b", "a\x00b", "a\x01b", "a\tb", "a\nb", "a\x1eb", "a\x85b"]
-VALID_ODD_NAMES = ["a/b", "with.dots-and_underscores", "a\x7fb", "\u00e9t\u00e9"]
+# BookKeeper's own rule; TableKeeper also refuses `/` in new names (it separates NAMESPACE/TABLE).
+INVALID_NEW_NAMES = ["a/b"]
+VALID_ODD_NAMES = ["with.dots-and_underscores", "a\x7fb", "\u00e9t\u00e9"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,6 +155,11 @@ def test_namespace_errors(server: Server) -> None:
         assert invalid.value.bk_status_code == storage_pb2.INVALID_NAMESPACE_NAME, repr(name)
         with pytest.raises(bk_errors.InvalidNamespaceNameError):
             namespaces.get(name)
+
+    for name in INVALID_NEW_NAMES:
+        with pytest.raises(bk_errors.InvalidNamespaceNameError) as invalid:
+            namespaces.create(name)
+        assert invalid.value.bk_status_code == storage_pb2.INVALID_NAMESPACE_NAME, repr(name)
 
     for name in VALID_ODD_NAMES:
         assert namespaces.get(namespaces.create(name).namespace_name).namespace_name == name
