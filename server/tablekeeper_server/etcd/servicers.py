@@ -15,7 +15,12 @@ import grpc
 
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.core.keys import prefix_end
-from tablekeeper_server.errors import CompactedError, KeyNotFoundError, TableKeeperError
+from tablekeeper_server.errors import (
+    CompactedError,
+    KeyNotFoundError,
+    TableKeeperError,
+    WatcherTooSlowError,
+)
 from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
 from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
 from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
@@ -320,7 +325,9 @@ class _Watch:
 
 
 class _WatchStream:
-    QUEUE_MAX = 1024
+    QUEUE_MAX = 16
+    """Responses waiting to be sent on one stream. Small on purpose: events wait in the range's
+    per-watcher queue, which is bounded in bytes (--max-watcher-queue-bytes), not here."""
 
     def __init__(self, keyspace: Keyspace, progress_interval_s: float, events: _EventCache) -> None:
         self.keyspace = keyspace
@@ -426,27 +433,41 @@ class _WatchStream:
         )
 
     async def run(self, range_: Range, watch: _Watch) -> None:
+        """Send the watch's events. etcd never drops a watcher for being slow: when the range
+        cancels this one (its queue overflowed while the client read slowly), it registers
+        again right after the last event it sent and catches up from the event history; only
+        a history that no longer reaches back that far cancels it (with compact_revision)."""
         assert watch.watcher is not None
         create = watch.create
         no_put = rpc_pb2.WatchCreateRequest.NOPUT in create.filters
         no_delete = rpc_pb2.WatchCreateRequest.NODELETE in create.filters
         try:
-            async for batch in range_.watch.events(watch.watcher):
-                events = [
-                    self.events.get(range_, event, create.prev_kv)
-                    for event in batch
-                    if not (no_put if event.record is not None else no_delete)
-                ]
-                if not events:
-                    continue
-                watch.sent_at = asyncio.get_running_loop().time()
-                await self.queue.put(
-                    rpc_pb2.WatchResponse(
-                        header=self.keyspace.header(range_.applied_sequence),
-                        watch_id=watch.id,
-                        events=events,
-                    )
-                )
+            while True:
+                try:
+                    async for batch in range_.watch.events(watch.watcher):
+                        events = [
+                            self.events.get(range_, event, create.prev_kv)
+                            for event in batch
+                            if not (no_put if event.record is not None else no_delete)
+                        ]
+                        if events:
+                            watch.sent_at = asyncio.get_running_loop().time()
+                            await self.queue.put(
+                                rpc_pb2.WatchResponse(
+                                    header=self.keyspace.header(range_.applied_sequence),
+                                    watch_id=watch.id,
+                                    events=events,
+                                )
+                            )
+                    return
+                except WatcherTooSlowError:
+                    last = watch.watcher.last
+                    log.info("etcd watch %d fell behind; catching up after %s", watch.id, last)
+                    watcher, _ = range_.watch.start(watch.watcher.span, max(1, last[0]))
+                    watcher.last = last
+                    watch.watcher = watcher
+        except CompactedError as exc:
+            await self.cancel_compacted(range_, watch, exc.oldest_revision)
         except TableKeeperError as exc:
             self.watches.pop(watch.id, None)
             await self.queue.put(
@@ -457,6 +478,18 @@ class _WatchStream:
                     cancel_reason=exc.message,
                 )
             )
+
+    async def cancel_compacted(self, range_: Range, watch: _Watch, oldest: int) -> None:
+        self.watches.pop(watch.id, None)
+        await self.queue.put(
+            rpc_pb2.WatchResponse(
+                header=self.keyspace.header(range_.applied_sequence),
+                watch_id=watch.id,
+                canceled=True,
+                compact_revision=oldest,
+                cancel_reason=COMPACTED_REASON,
+            )
+        )
 
     async def tick(self) -> None:
         loop = asyncio.get_running_loop()
