@@ -135,24 +135,18 @@ def test_ephemeral_record_of_a_dead_client_goes_after_a_server_restart(oxia: Oxi
     oxia.run("wait-gone", key)
 
 
-def test_other_namespace_and_unknown_namespace(oxia: Oxia) -> None:
-    name = f"ns{uuid.uuid4().hex[:8]}"
+def _cli(oxia: Oxia, *args: str) -> None:
+    command = "import sys; from tablekeeper.cli import main; sys.exit(main())"
     subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tablekeeper.cli import main; sys.exit(main())",
-            "--service",
-            oxia.server.service,
-            "table",
-            "create",
-            f"oxia/{name}",
-            "--ranges",
-            "2",
-        ],
+        [sys.executable, "-c", command, "--service", oxia.server.service, *args],
         check=True,
         timeout=60,
     )
+
+
+def test_other_namespace_and_unknown_namespace(oxia: Oxia) -> None:
+    name = f"ns{uuid.uuid4().hex[:8]}"
+    _cli(oxia, "table", "create", f"oxia/{name}", "--ranges", "2")
     oxia.run("namespace", name)
 
 
@@ -336,3 +330,34 @@ def test_pulsar_standalone_keeps_its_metadata_in_tablekeeper(oxia: Oxia, tmp_pat
         raise
     finally:
         pulsar.stop()
+
+
+def test_a_deleted_namespace_takes_nothing_and_comes_back_empty(
+    stub: client_pb2_grpc.OxiaClientStub, oxia: Oxia
+) -> None:
+    """Deleting the table of a namespace: its shards answer "shard not found" and nothing is
+    written; created again, the namespace has new shards and none of the old keys."""
+    name = f"gone{uuid.uuid4().hex[:8]}"
+    _cli(oxia, "table", "create", f"oxia/{name}", "--ranges", "2")
+
+    def shards() -> list[int]:
+        stream = stub.GetShardAssignments(client_pb2.ShardAssignmentsRequest(namespace=name))
+        first = next(iter(stream))
+        stream.cancel()
+        return [a.shard for a in first.namespaces[name].assignments]
+
+    old = shards()
+    put = client_pb2.PutRequest(key="/k", value=b"v")
+    for shard in old:
+        assert stub.Write(client_pb2.WriteRequest(shard=shard, puts=[put])).puts[0].status == 0
+    _cli(oxia, "table", "delete", f"oxia/{name}")
+    for shard in old:
+        write = client_pb2.WriteRequest(shard=shard, puts=[put])
+        assert _code(functools.partial(stub.Write, write)) == grpc.StatusCode.NOT_FOUND
+    _cli(oxia, "table", "create", f"oxia/{name}", "--ranges", "2")
+    new = shards()
+    assert not set(new) & set(old)
+    for shard in new:
+        read = client_pb2.ReadRequest(shard=shard, gets=[client_pb2.GetRequest(key="/k")])
+        (response,) = list(stub.Read(read))
+        assert response.gets[0].status == client_pb2.KEY_NOT_FOUND

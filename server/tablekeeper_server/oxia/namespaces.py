@@ -88,16 +88,20 @@ class Namespaces:
             await root.create_stream(TABLE_NAMESPACE, DEFAULT_NAMESPACE, conf)
 
     async def shards(self, namespace: str) -> list[Shard]:
-        """The namespace's shards; `OxiaError` namespace-not-found if there is no such table."""
-        cached = self._by_namespace.get(namespace)
-        if cached is not None:
-            return cached
+        """The namespace's shards; `OxiaError` namespace-not-found if there is no such table.
+        The table is looked up every time (a local read): a namespace deleted and created again
+        is a new table with new shards."""
         if invalid_name_reason(namespace):
             raise OxiaError.namespace_not_found()
         try:
             props = self.registry.root.get_stream(TABLE_NAMESPACE, namespace)
         except (NamespaceNotFoundError, StreamNotFoundError):
+            self.forget(namespace)
             raise OxiaError.namespace_not_found() from None
+        cached = self._by_namespace.get(namespace)
+        if cached is not None and cached[0].stream_id == props.stream_id:
+            return cached
+        self.forget(namespace)
         ranges = await self.registry.active_ranges(props.stream_id)
         shards = split_shards(props.stream_id, props.stream_conf.ttl_seconds, ranges)
         self._by_namespace[namespace] = shards
@@ -127,7 +131,13 @@ class Namespaces:
         return shard
 
     async def range(self, shard_id: int) -> Range:
-        """The open range of a shard (opened on first use)."""
+        """The open range of a shard (opened on first use); `OxiaError` shard-not-found once its
+        table is gone (nothing is written into the ranges of a deleted table)."""
         shard = await self.shard(shard_id)
+        try:
+            await self.registry.stream_props(shard.stream_id)
+        except StreamNotFoundError:
+            self._by_id.pop(shard_id, None)
+            raise OxiaError.shard_not_found(shard_id) from None
         container = self.registry.container(shard.container_id)
         return await container.data_range(shard.stream_id, shard.range_id, shard.ttl_seconds)
