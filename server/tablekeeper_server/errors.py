@@ -57,6 +57,13 @@ class ResourceLimitError(TableKeeperError):
     code = Code.BAD_REQUEST
 
 
+class PermissionDeniedError(TableKeeperError):
+    """The caller's role may not do this (e.g. close a session another role created). gRPC
+    PERMISSION_DENIED on every RPC; the message says what is missing."""
+
+    code = Code.ILLEGAL_OP
+
+
 class IllegalOpError(TableKeeperError):
     code = Code.ILLEGAL_OP
 

@@ -482,3 +482,52 @@ def test_a_tls_cluster_forwards_with_the_callers_identity(
         assert table.get("after", "k") is not None
     with Client(cluster.service(survivor), tls=tls, token=admin(certs), retry=patient) as root:
         assert root.list_permissions("shared") == {"alice": ["read", "write"]}
+
+
+def test_a_session_belongs_to_the_role_that_created_it(
+    token_server: ServerProcess, certs: Path
+) -> None:
+    """Knowing a session's id is not enough to close it or keep it alive: only the role that
+    created it (or a superuser) may; that holds after a restart too (it is in the log)."""
+    tls = TlsConfig(ca=certs / "ca.pem")
+    with Client(token_server.service, tls=tls, token=admin(certs)) as root:
+        for role in ("alice", "bob"):
+            root.grant("sec", role, ["read", "write"])
+        table_id = root.get_table("sec", "t").table_id
+    alice = create_token(secret(certs), "alice")
+    with Client(token_server.service, tls=tls, token=alice) as client:
+        session = client.table("sec", "t").session("owned", 30).start()
+        client.table("sec", "t").put("owned", "eph", "1", session=session)
+        session_id = session.id
+        assert session_id
+
+    def as_role(role: str, call: str) -> grpc.StatusCode:
+        token = admin(certs) if role == "admin" else create_token(secret(certs), role)
+        credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        metadata = (("authorization", f"Bearer {token}"),)
+        with grpc.secure_channel(token_server.target, credentials) as channel:
+            stub = session_pb2_grpc.SessionsStub(channel)
+            try:
+                if call == "close":
+                    request = session_pb2.CloseSessionRequest(
+                        stream_id=table_id, pkey=b"owned", session_id=session_id
+                    )
+                    stub.Close(request, metadata=metadata, timeout=10)
+                else:
+                    keep = session_pb2.KeepAliveRequest(
+                        stream_id=table_id, pkey=b"owned", session_id=session_id
+                    )
+                    list(stub.KeepAlive(iter([keep]), metadata=metadata, timeout=10))
+            except grpc.RpcError as exc:
+                return exc.code()
+        return grpc.StatusCode.OK
+
+    assert as_role("bob", "keep-alive") == grpc.StatusCode.PERMISSION_DENIED
+    assert as_role("bob", "close") == grpc.StatusCode.PERMISSION_DENIED
+    assert as_role("alice", "keep-alive") == grpc.StatusCode.OK
+    assert token_server.stop() == 0  # ownership is in the log: it survives a restart
+    token_server.start()
+    assert as_role("bob", "close") == grpc.StatusCode.PERMISSION_DENIED
+    assert as_role("admin", "close") == grpc.StatusCode.OK  # a superuser may
+    with Client(token_server.service, tls=tls, token=alice) as client:
+        assert client.table("sec", "t").get("owned", "eph") is None  # closed: key gone

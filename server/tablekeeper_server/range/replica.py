@@ -149,7 +149,7 @@ class Range:
             raise
         assert self._sm is not None
         self.watch.attach(self._sm.history, self._sm.applied_sequence)
-        self.sessions.start(self._sm.session_ttls())
+        self.sessions.start(self._sm.session_ttls(), self._sm.session_roles())
         self._accepting = True
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
 

@@ -47,6 +47,8 @@ class SessionManager:
         self._execute = execute
         self._clock = clock
         self._ttl_s: dict[int, float] = {}
+        self._roles: dict[int, str] = {}
+        """session id -> the role that created it (sessions created with authentication on)"""
         self._deadline: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
         self._wakeup = asyncio.Event()
@@ -55,8 +57,10 @@ class SessionManager:
     def __len__(self) -> int:
         return len(self._deadline)
 
-    def start(self, sessions: list[tuple[int, int]]) -> None:
-        """The range opened: give every stored session a fresh TTL and start the timer."""
+    def start(self, sessions: list[tuple[int, int]], roles: dict[int, str] | None = None) -> None:
+        """The range opened: give every stored session a fresh TTL and start the timer.
+        `roles`: the role that created each session, where one did."""
+        self._roles = dict(roles or {})
         now = self._clock()
         for session_id, ttl_ms in sessions:
             self._track(session_id, ttl_ms / 1000.0, now)
@@ -76,16 +80,26 @@ class SessionManager:
         heapq.heappush(self._heap, (deadline, session_id))
         self._wakeup.set()
 
-    async def create(self, ttl_ms: int) -> session_pb2.SessionResponse:
-        """Create a session through the log; its id is the revision of that command."""
+    async def create(self, ttl_ms: int, role: str | None = None) -> session_pb2.SessionResponse:
+        """Create a session through the log; its id is the revision of that command. `role`
+        (the authenticated caller) owns it: see `role_of`."""
         if not TTL_MS_MIN <= ttl_ms <= TTL_MS_MAX:
             raise BadRequestError(f"session TTL must be {TTL_MS_MIN}..{TTL_MS_MAX} ms")
-        command = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms))
+        command = wal_pb2.WalCommand(
+            session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms, role=role or "")
+        )
         response = await self._execute(command)
         assert isinstance(response, session_pb2.SessionResponse)
         if response.header.code == 0:
             self._track(response.session_id, ttl_ms / 1000.0, self._clock())
+            if role:
+                self._roles[response.session_id] = role
         return response
+
+    def role_of(self, session_id: int) -> str | None:
+        """The role that created the session (None: created without authentication). Only
+        that role, or a superuser, may keep it alive or close it."""
+        return self._roles.get(session_id)
 
     def keep_alive(self, session_id: int) -> int:
         """Renew the session's deadline; returns its TTL in ms. Raises `KeyNotFoundError` if it
@@ -109,6 +123,7 @@ class SessionManager:
     def forget(self, session_id: int) -> None:
         self._deadline.pop(session_id, None)
         self._ttl_s.pop(session_id, None)
+        self._roles.pop(session_id, None)
 
     async def close(self, session_id: int, reason: str) -> session_pb2.SessionResponse:
         """End the session through the log (deletes its ephemeral keys). KEY_NOT_FOUND in the

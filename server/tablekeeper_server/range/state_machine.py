@@ -66,11 +66,17 @@ def sequence_counter_key(pkey: bytes) -> bytes:
 SESSION_PREFIX = system_key(b"ss/")
 _MEMBER_PREFIX = system_key(b"se/")
 _OWNER_PREFIX = system_key(b"sk/")
+_SESSION_ROLE_PREFIX = system_key(b"sr/")
 
 
 def session_key(session_id: int) -> bytes:
     """Holds a live session (a number record: its TTL in ms)."""
     return SESSION_PREFIX + _SEQ.pack(session_id)
+
+
+def session_role_key(session_id: int) -> bytes:
+    """Holds the role that created a session (only when authentication named one)."""
+    return _SESSION_ROLE_PREFIX + _SEQ.pack(session_id)
 
 
 def _members_prefix(session_id: int) -> bytes:
@@ -623,6 +629,9 @@ class RangeStateMachine:
     ) -> session_pb2.SessionResponse:
         if command.WhichOneof("op") == "create_ttl_ms":
             view.put(session_key(revision), _number_record(revision, command.create_ttl_ms))
+            if command.role:
+                role = StoredRecord(0, revision, 0, False, 0, command.role.encode())
+                view.put(session_role_key(revision), role)
             view.sessions += 1
             return session_pb2.SessionResponse(
                 header=_header(Code.SUCCESS), session_id=revision, ttl_ms=command.create_ttl_ms
@@ -644,6 +653,7 @@ class RangeStateMachine:
                 view.delete(_owner_key(key))
         _flush_writes(view, writes, revision, now)  # also drops the keys' index entries
         view.delete(skey)
+        view.delete(session_role_key(session_id))
         view.sessions -= 1
         return session_pb2.SessionResponse(header=_header(Code.SUCCESS), session_id=session_id)
 
@@ -653,6 +663,15 @@ class RangeStateMachine:
         for key, raw in self.store.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)):
             (session_id,) = _SEQ.unpack_from(key, len(SESSION_PREFIX))
             out.append((int(session_id), decode_record(raw).number))
+        return out
+
+    def session_roles(self) -> dict[int, str]:
+        """session id -> the role that created it, for sessions created with one."""
+        out = {}
+        end = prefix_end(_SESSION_ROLE_PREFIX)
+        for key, raw in self.store.scan(_SESSION_ROLE_PREFIX, end):
+            (session_id,) = _SEQ.unpack_from(key, len(_SESSION_ROLE_PREFIX))
+            out[int(session_id)] = decode_record(raw).value.decode()
         return out
 
     # ------------------------------------------------------------------ reads

@@ -148,6 +148,8 @@ class GrpcServer:
         self._watch = WatchServicer(registry, limits, forwarder)
         watch_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
         self._sessions = SessionsServicer(registry, metrics, forwarder)
+        if access is not None:
+            self._sessions.is_superuser = access.is_superuser
         session_pb2_grpc.add_SessionsServicer_to_server(self._sessions, self._server)
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)

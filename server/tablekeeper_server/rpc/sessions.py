@@ -10,11 +10,12 @@ from typing import Any, TypeAlias
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.errors import BadRequestError, UnavailableError
+from tablekeeper_server.errors import BadRequestError, PermissionDeniedError, UnavailableError
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.proxy import SESSIONS_SERVICE, Forwarder, local_or_forward
 from tablekeeper_server.rpc.status import serve, stream_errors
+from tablekeeper_server.security.auth import current_role
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
 
@@ -42,6 +43,8 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
         self._metrics = metrics
         self._forwarder = forwarder
         self._shutdown = asyncio.Event()
+        self.is_superuser: Callable[[str | None], bool] = lambda role: False
+        """Superusers may use any session (set when permissions are on)."""
 
     async def _routed(
         self,
@@ -71,7 +74,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     ) -> session_pb2.SessionResponse:
         async def handle() -> session_pb2.SessionResponse:
             range_ = await self._range(request.stream_id, request.pkey)
-            return await range_.sessions.create(request.ttl_ms)
+            return await range_.sessions.create(request.ttl_ms, current_role())
 
         async def routed() -> session_pb2.SessionResponse:
             return await self._routed("Create", request, context, handle)
@@ -83,12 +86,24 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     ) -> session_pb2.SessionResponse:
         async def handle() -> session_pb2.SessionResponse:
             range_ = await self._range(request.stream_id, request.pkey)
+            self._check_owner(range_, request.session_id)
             return await range_.sessions.close(request.session_id, "closed")
 
         async def routed() -> session_pb2.SessionResponse:
             return await self._routed("Close", request, context, handle)
 
         return await serve("CloseSession", context, self._metrics, routed, _error, _code)
+
+    def _check_owner(self, range_: Range, session_id: int) -> None:
+        """A session created by an authenticated role is kept alive or closed only by that
+        role (or a superuser): its id alone is no credential."""
+        owner = range_.sessions.role_of(session_id)
+        role = current_role()
+        if owner is None or role is None or role == owner or self.is_superuser(role):
+            return
+        raise PermissionDeniedError(
+            f"session {session_id} belongs to role {owner!r}; role {role!r} may not use it"
+        )
 
     def shutdown(self) -> None:
         """End every keep-alive stream (the server is stopping; clients reconnect)."""
@@ -113,6 +128,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
                     except StopAsyncIteration:
                         return
                     range_ = await self._range(request.stream_id, request.pkey)
+                    self._check_owner(range_, request.session_id)
                     ttl_ms = range_.sessions.keep_alive(request.session_id)
                     yield session_pb2.SessionResponse(session_id=request.session_id, ttl_ms=ttl_ms)
             finally:

@@ -23,6 +23,7 @@ from tablekeeper_server.errors import (
     Code,
     CompactedError,
     CorruptionError,
+    PermissionDeniedError,
     ResourceLimitError,
     RouteNotFoundError,
     TableKeeperError,
@@ -94,6 +95,10 @@ async def serve(
         _record(metrics, method, -429, started)
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
         raise  # unreachable: abort raises
+    except PermissionDeniedError as exc:
+        _record(metrics, method, -403, started)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, _ascii(exc.message))
+        raise  # unreachable: abort raises
     except TableKeeperError as exc:
         code = exc.code
         context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(exc.message)),))
@@ -121,6 +126,8 @@ async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable
         await context.abort(grpc.StatusCode.DATA_LOSS, _ascii(exc.message))
     except ResourceLimitError as exc:
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
+    except PermissionDeniedError as exc:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, _ascii(exc.message))
     except TableKeeperError as exc:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _ascii(exc.message))
     except Exception as exc:
@@ -148,6 +155,8 @@ async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
             status = grpc.StatusCode.OUT_OF_RANGE
         elif isinstance(exc, (WatcherTooSlowError, ResourceLimitError)):
             status = grpc.StatusCode.RESOURCE_EXHAUSTED
+        elif isinstance(exc, PermissionDeniedError):
+            status = grpc.StatusCode.PERMISSION_DENIED
         elif isinstance(exc, (RouteNotFoundError, UnavailableError)):
             status = grpc.StatusCode.UNAVAILABLE
         elif isinstance(exc, BadRequestError):

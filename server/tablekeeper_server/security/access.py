@@ -150,6 +150,9 @@ class AccessControl:
         self._clock = clock
         self._cache: dict[tuple[str, str, int], tuple[float, str, int]] = {}
 
+    def is_superuser(self, role: str | None) -> bool:
+        return self._is_superuser(role)
+
     def forget(self) -> None:
         """Drop cached decisions (a grant or revoke went through this server)."""
         self._cache.clear()

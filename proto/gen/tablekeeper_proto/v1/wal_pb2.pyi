@@ -90,22 +90,28 @@ class SessionCommand(_message.Message):
     CREATE_TTL_MS_FIELD_NUMBER: _builtins.int
     CLOSE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
     create_ttl_ms: _builtins.int
     """Create a session with this TTL; its id is the command's revision."""
     close_id: _builtins.int
     """End this session and delete its ephemeral keys."""
     reason: _builtins.str
     """Why a session ended (for the server log): "closed" or "expired"."""
+    role: _builtins.str
+    """With create: the authenticated role that created it (empty: authentication off). Only that
+    role (or a superuser) may keep it alive or close it.
+    """
     def __init__(
         self,
         *,
         create_ttl_ms: _builtins.int = ...,
         close_id: _builtins.int = ...,
         reason: _builtins.str = ...,
+        role: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["create_ttl_ms", "close_id"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
