@@ -18,6 +18,7 @@ import resource
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -42,6 +43,8 @@ from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient
 from tablekeeper_server.rpc.server import GrpcServer
 from tablekeeper_server.security.access import AccessControl
+from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
+from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
 log = logging.getLogger("tablekeeper.server")
@@ -273,8 +276,9 @@ async def serve(config: ServerConfig) -> None:
         else:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
-        etcd = await _start_etcd(config, registry) if config.etcd_port else None
-        oxia = await _start_oxia(config, registry) if config.oxia_port else None
+        front = _FrontEndSecurity(tls, authenticator, metrics)
+        etcd = await _start_etcd(config, registry, front) if config.etcd_port else None
+        oxia = await _start_oxia(config, registry, front) if config.oxia_port else None
     except BaseException:
         await server.stop(0)
         if coordinator is not None:
@@ -321,7 +325,24 @@ async def serve(config: ServerConfig) -> None:
     log.info("stopped cleanly")
 
 
-async def _start_etcd(config: ServerConfig, registry: ContainerRegistry) -> EtcdServer:
+@dataclass(frozen=True)
+class _FrontEndSecurity:
+    """TLS and authentication of the etcd and Oxia ports: the gRPC port's certificate and
+    credentials. Any authenticated role may use them (per-namespace permissions do not apply)."""
+
+    tls: ServerTls | None
+    authenticator: Authenticator | None
+    metrics: ServerMetrics
+
+    def interceptors(self) -> list[AuthInterceptor]:
+        if self.authenticator is None:
+            return []
+        return [AuthInterceptor(self.authenticator, self.metrics.auth_failed)]
+
+
+async def _start_etcd(
+    config: ServerConfig, registry: ContainerRegistry, front: _FrontEndSecurity
+) -> EtcdServer:
     """The etcd v3 API on `--etcd-port`, over the keyspace table (created on first start)."""
     etcd = EtcdServer(
         registry,
@@ -329,13 +350,17 @@ async def _start_etcd(config: ServerConfig, registry: ContainerRegistry) -> Etcd
         port=config.etcd_port,
         advertised_host=config.advertised_host,
         value_bytes_max=config.limits.value_bytes_max,
+        tls=front.tls,
+        interceptors=front.interceptors(),
     )
     await etcd.start()
     log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)
     return etcd
 
 
-async def _start_oxia(config: ServerConfig, registry: ContainerRegistry) -> OxiaServer:
+async def _start_oxia(
+    config: ServerConfig, registry: ContainerRegistry, front: _FrontEndSecurity
+) -> OxiaServer:
     """Oxia's client protocol on `--oxia-port` (namespace `default` created on first start)."""
     oxia = OxiaServer(
         registry,
@@ -344,6 +369,8 @@ async def _start_oxia(config: ServerConfig, registry: ContainerRegistry) -> Oxia
         advertised_host=config.advertised_host,
         key_bytes_max=config.limits.key_bytes_max,
         value_bytes_max=config.limits.value_bytes_max,
+        tls=front.tls,
+        interceptors=front.interceptors(),
     )
     await oxia.start()
     log.info("Oxia client protocol on %s:%d", config.bind_host, oxia.port)

@@ -531,3 +531,61 @@ def test_a_session_belongs_to_the_role_that_created_it(
     assert as_role("admin", "close") == grpc.StatusCode.OK  # a superuser may
     with Client(token_server.service, tls=tls, token=alice) as client:
         assert client.table("sec", "t").get("owned", "eph") is None  # closed: key gone
+
+
+def test_the_etcd_and_oxia_ports_use_the_same_tls_and_tokens(tmp_path: Path, certs: Path) -> None:
+    """With security on, the etcd and Oxia front-ends serve TLS with the server's certificate
+    and refuse calls without credentials, as the gRPC port does."""
+    from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
+    from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
+    from tests.support.server import free_port
+
+    etcd_port, oxia_port = free_port(), free_port()
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            *tls_args(certs),
+            *("--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"),
+            *("--etcd-port", str(etcd_port), "--oxia-port", str(oxia_port)),
+        ],
+        tls_files=(certs / "ca.pem", None, None),
+    ).start()
+    try:
+        credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        token = (("authorization", f"Bearer {admin(certs)}"),)
+
+        def etcd_put(metadata: Any) -> grpc.StatusCode:
+            with grpc.secure_channel(f"127.0.0.1:{etcd_port}", credentials) as channel:
+                kv_stub = rpc_pb2_grpc.KVStub(channel)
+                try:
+                    kv_stub.Put(
+                        rpc_pb2.PutRequest(key=b"k", value=b"v"), metadata=metadata, timeout=10
+                    )
+                except grpc.RpcError as exc:
+                    return exc.code()
+            return grpc.StatusCode.OK
+
+        def oxia_assignments(metadata: Any) -> grpc.StatusCode:
+            with grpc.secure_channel(f"127.0.0.1:{oxia_port}", credentials) as channel:
+                stub = client_pb2_grpc.OxiaClientStub(channel)
+                request = client_pb2.ShardAssignmentsRequest(namespace="default")
+                try:
+                    stream = stub.GetShardAssignments(request, metadata=metadata, timeout=10)
+                    next(iter(stream))
+                    stream.cancel()
+                except grpc.RpcError as exc:
+                    return exc.code()
+            return grpc.StatusCode.OK
+
+        assert etcd_put(None) == grpc.StatusCode.UNAUTHENTICATED
+        assert etcd_put(token) == grpc.StatusCode.OK
+        assert oxia_assignments(None) == grpc.StatusCode.UNAUTHENTICATED
+        assert oxia_assignments(token) == grpc.StatusCode.OK
+        with grpc.insecure_channel(f"127.0.0.1:{etcd_port}") as plaintext:  # TLS only
+            with pytest.raises(grpc.RpcError) as refused:
+                rpc_pb2_grpc.KVStub(plaintext).Range(
+                    rpc_pb2.RangeRequest(key=b"k"), metadata=token, timeout=10
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop()

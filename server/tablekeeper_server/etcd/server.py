@@ -3,6 +3,9 @@ the root of an endpoint of their own)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -18,6 +21,8 @@ from tablekeeper_server.etcd.servicers import (
     MaintenanceServicer,
     WatchServicer,
 )
+from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.security.tls import ServerTls
 
 
 class EtcdServer:
@@ -29,23 +34,21 @@ class EtcdServer:
         port: int,
         advertised_host: str,
         value_bytes_max: int,
+        tls: ServerTls | None = None,
+        interceptors: Sequence[Any] = (),
         progress_interval_s: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.keyspace = Keyspace(registry)
         message_max = value_bytes_max + 2 * 1024 * 1024
         self._server = grpc.aio.server(
+            interceptors=list(interceptors),
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
-        try:
-            self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
-        except RuntimeError:  # grpc's way of saying the bind failed
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
+        self.port = listen(self._server, bind_host, port, tls)
         client_url = f"http://{advertised_host}:{self.port}"
         rpc_pb2_grpc.add_KVServicer_to_server(
             KVServicer(self.keyspace, value_bytes_max), self._server

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import grpc
 
 from tablekeeper_proto.oxia import client_pb2_grpc
@@ -10,6 +13,8 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
+from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.security.tls import ServerTls
 
 
 class OxiaServer:
@@ -22,23 +27,21 @@ class OxiaServer:
         advertised_host: str,
         key_bytes_max: int,
         value_bytes_max: int,
+        tls: ServerTls | None = None,
+        interceptors: Sequence[Any] = (),
         clock: Clock | None = None,
     ) -> None:
         self.namespaces = Namespaces(registry)
         message_max = value_bytes_max + 2 * 1024 * 1024
         self._server = grpc.aio.server(
+            interceptors=list(interceptors),
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
-        try:
-            self.port = self._server.add_insecure_port(f"{bind_host}:{port}")
-        except RuntimeError:  # grpc's way of saying the bind failed
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
+        self.port = listen(self._server, bind_host, port, tls)
         self._servicer = OxiaServicer(
             self.namespaces,
             f"{advertised_host}:{self.port}",

@@ -18,6 +18,7 @@ from tablekeeper_proto.v1 import (
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.rpc.listen import listen
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
     MalformedRequestInterceptor,
@@ -101,17 +102,7 @@ class GrpcServer:
                 ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_MAX),
             ],
         )
-        try:
-            address = f"{bind_host}:{port}"
-            self.port = (
-                self._server.add_secure_port(address, tls.credentials())
-                if tls is not None
-                else self._server.add_insecure_port(address)
-            )
-        except RuntimeError:  # grpc's way of saying the bind failed
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot listen on {bind_host}:{port} (port in use, or no such address)")
+        self.port = listen(self._server, bind_host, port, tls)
         self.endpoint = f"{advertised_host}:{self.port}"
         self.forwarder: Forwarder | None = None
         if owner_of is None:
