@@ -52,6 +52,8 @@ class Target:
     messages: dict[str, list[dict[str, Any]]]
     """op -> request messages (JSON), sent round-robin"""
     ops_per_call: dict[str, int]
+    transport: tuple[str, ...] = ("--insecure",)
+    """ghz flags for reaching it (plaintext; or a CA and credentials, see security.py)"""
 
 
 @dataclass
@@ -178,7 +180,7 @@ def ghz(
 ) -> dict[str, Any]:
     argv = [
         str(args.ghz),
-        "--insecure",
+        *target.transport,
         "--protoset",
         str(target.protoset),
         "--call",

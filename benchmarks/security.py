@@ -15,7 +15,6 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -23,59 +22,14 @@ sys.path.insert(0, str(REPO))
 from benchmarks.native import (  # noqa: E402
     GHZ_DEFAULT,
     Cell,
-    Target,
-    cpu_s,
+    prefill,
+    run_cell,
     tablekeeper_target,
 )
 from tablekeeper import Client, TlsConfig  # noqa: E402
 from tablekeeper_server.security.certs import write_authority  # noqa: E402
 from tablekeeper_server.security.tokens import create_token  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
-
-
-def ghz(args: argparse.Namespace, target: Target, op: str, concurrency: int, *, secure: bool,
-        total: int | None = None) -> dict[str, Any]:  # fmt: skip
-    import subprocess
-
-    data = args.work / f"{target.name}-{op}.json"
-    data.write_text(json.dumps(target.messages[op]))
-    argv = [str(args.ghz), "--protoset", str(target.protoset), "--call", target.calls[op]]
-    argv += ["--data-file", str(data), "--concurrency", str(concurrency)]
-    argv += ["--connections", str(min(concurrency, 4)), "--format", "json", "--timeout", "30s"]
-    if secure:
-        argv += ["--cacert", str(args.certs / "ca.pem")]
-        argv += ["--metadata", json.dumps({"authorization": f"Bearer {args.token}"})]
-    else:
-        argv += ["--insecure"]
-    if total is not None:
-        argv += ["--total", str(total)]
-    else:
-        argv += ["--duration", f"{args.duration}s", "--duration-stop", "wait"]
-    out = subprocess.run([*argv, target.address], capture_output=True, text=True, timeout=600)
-    if not out.stdout:
-        raise RuntimeError(f"ghz failed: {out.stderr}")
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
-def cell(args: argparse.Namespace, target: Target, op: str, c: int, secure: bool) -> Cell:
-    ghz(args, target, op, c, secure=secure, total=max(200, 20 * c))  # warm-up
-    before = cpu_s(target.pid)
-    result = ghz(args, target, op, c, secure=secure)
-    used = cpu_s(target.pid) - before
-    latencies = {int(i["percentage"]): i["latency"] / 1e6 for i in result["latencyDistribution"]}
-    codes = result.get("statusCodeDistribution") or {}
-    ok = int(codes.get("OK", 0))
-    return Cell(
-        target=target.name,
-        op=op,
-        concurrency=c,
-        ops_per_s=float(result["rps"]) * ok / max(1, result["count"]),
-        p50_ms=latencies[50],
-        p99_ms=latencies[99],
-        cpu_us_per_op=used / ok * 1e6 if ok else None,
-        errors=sum(int(n) for code, n in codes.items() if code != "OK"),
-    )
 
 
 def main() -> int:
@@ -87,6 +41,7 @@ def main() -> int:
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--ranges", type=int, default=4)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--connections", type=int, default=4, help="ghz connections at most")
     parser.add_argument("--ghz", type=Path, default=GHZ_DEFAULT)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tk-security-") as tmp:
@@ -120,20 +75,27 @@ def main() -> int:
                     "token": create_token(secret, "admin"),
                 },
             )  # fmt: skip
-            targets["secure"] = replace(secure_target, name="secure")
+            targets["secure"] = replace(
+                secure_target,
+                name="secure",
+                transport=(
+                    *("--cacert", str(args.certs / "ca.pem")),
+                    *("--metadata", json.dumps({"authorization": f"Bearer {args.token}"})),
+                ),
+            )
             with Client(
                 secure.service,
                 tls=TlsConfig(ca=args.certs / "ca.pem"),
                 token=create_token(secret, "admin"),
             ) as admin:
                 admin.grant("bench", "bench", ["read", "write"])
-            for name, target in targets.items():  # prefill (the secure one warms its caches)
-                ghz(args, target, "put", 16, secure=name == "secure", total=args.keys)
+            for target in targets.values():  # prefill (the secure one warms its caches)
+                prefill(args, target)
             cells: list[Cell] = []
             for op in args.ops.split(","):
                 for c in (int(x) for x in args.concurrency.split(",")):
                     for name, target in targets.items():
-                        result = cell(args, target, op, c, secure=name == "secure")
+                        result = run_cell(args, target, op, c)
                         cells.append(replace(result, target=name))
                         print(
                             f"{name:>7} {op} c={c:<3} {result.ops_per_s:>8,.0f} ops/s "
