@@ -167,4 +167,10 @@ class ServerProcess:
         self.process.wait()
 
     def restart(self) -> ServerProcess:
+        """Stop the process gracefully if it runs (after `kill` it does not), then start it again
+        on the same ports and data directory. Starting beside a running process would leave the
+        old one serving (and answering the health probe) while the new one cannot take the data
+        directory: no restart at all."""
+        if self.process is not None and self.process.poll() is None:
+            self.stop()
         return self.start()
