@@ -204,6 +204,12 @@ class CorruptionError(TableKeeperError):
     code = Code.UNEXPECTED
 
 
+class StoreCorruptionError(CorruptionError):
+    """A range's local store (a RocksDB file) failed a checksum: the range stops serving and,
+    when it reopens, sets the store aside and rebuilds it from its checkpoint and log, which
+    hold everything the store did."""
+
+
 class CompactedError(TableKeeperError):
     """A watch asked for changes older than the range's event history still holds."""
 
