@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tablekeeper_server.errors import StoreCorruptionError
 from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tablekeeper_server.storage.rocksdb import RocksKvStore
@@ -107,3 +108,34 @@ def test_random_operations_match_a_dict(store: KvStore) -> None:
             (k, v) for k, v in model.items() if low <= k < high
         )
     assert list(store.scan(b"", b"\xff" * 3)) == sorted(model.items())
+
+
+def test_a_sound_store_reports_no_damage(store: KvStore) -> None:
+    write(store, *(("put", b"k%04d" % i, b"v" * 100) for i in range(100)))
+    assert [k for k, _ in store.scan(b"", b"\xff")] == [b"k%04d" % i for i in range(100)]
+    assert store.damage is None
+
+
+def test_rocksdb_reports_a_flipped_byte_as_damage_on_get_and_scan(tmp_path: Path) -> None:
+    """A block failing its checksum is `StoreCorruptionError` (UNEXPECTED on the wire), never a
+    silently short scan, and the store remembers it (its range rebuilds it)."""
+    path = tmp_path / "db"
+    store = RocksKvStore(path)
+    write(
+        store, *(("put", b"k%05d" % i, bytes(random.Random(i).randbytes(100))) for i in range(2000))
+    )
+    store.close()
+    sst = max(path.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    data[len(data) // 4] ^= 0xFF  # a data block (index and footer are at the end)
+    sst.write_bytes(bytes(data))
+    for read in ("scan", "get"):
+        store = RocksKvStore(path)
+        with pytest.raises(StoreCorruptionError, match="Corruption"):
+            if read == "scan":
+                list(store.scan(b"", b"\xff"))
+            else:
+                for i in range(2000):
+                    store.get(b"k%05d" % i)
+        assert store.damage is not None and "checksum" in store.damage
+        store.close()

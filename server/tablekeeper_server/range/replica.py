@@ -14,6 +14,12 @@ Reads are served from the store, which holds exactly the acknowledged state.
 Recovery (`open`): the log backend fences earlier writers and cuts a torn tail; the store's
 applied position says where to resume; the log is replayed from there.
 
+A damaged store (a block failing its checksum, `StoreCorruptionError`): the call that found it
+gets the error (UNEXPECTED), the range stops serving (`failed`; its container reopens it on the
+next request), and closing it sets the local store aside. Reopening then rebuilds the store from
+the newest checkpoint plus the log, which together hold every acknowledged write (the log is
+truncated only up to a kept checkpoint). Recovery itself does the same when it meets the damage.
+
 Watches: the state machine writes every change into the range's bounded event history (same
 store batch, see `range.events`) and reports the changes of each applied batch; the writer task
 hands them to `self.watch` (`range.watch.WatchHub`) right after apply, before answering callers.
@@ -43,6 +49,7 @@ from tablekeeper_server.errors import (
     IndeterminateError,
     LogFencedError,
     StorageUnavailableError,
+    StoreCorruptionError,
     TableKeeperError,
     UnavailableError,
 )
@@ -132,6 +139,8 @@ class Range:
         self._accepting = False
         self._writer_exited = False
         self._failure: str | None = None
+        self._damaged = False
+        """The store was found damaged: closing sets it aside, to be rebuilt on reopen."""
         self._fenced = False
         self._in_flight = 0
         self.watch = WatchHub(name.log_name)
@@ -163,20 +172,30 @@ class Range:
             restored = True
         store = self._open_store(restored)
         try:
-            writer = self._log_backend.open_writer(
-                self.name.log_name, min_last_sequence=self._applied_of(store)
-            )
             try:
+                applied = self._applied_of(store)
+            except StoreCorruptionError as exc:
+                if checkpointer is None or restored:
+                    raise
+                store = self._rebuild_store(store, checkpointer, exc.message)
+                restored = True
+                applied = self._applied_of(store)
+            writer = self._log_backend.open_writer(self.name.log_name, min_last_sequence=applied)
+            try:
+                sm = self._replay(store, writer)
+            except StoreCorruptionError as exc:
+                # Checkpoint plus log hold everything (without a checkpoint the log was never
+                # truncated and the rebuilt store replays all of it).
+                if checkpointer is None or restored:
+                    raise
+                store = self._rebuild_store(store, checkpointer, exc.message)
                 sm = self._replay(store, writer)
             except LogGapError as gap:
                 if checkpointer is None or restored or not checkpointer.has_checkpoints():
                     raise
                 # The local store is older than what the log still holds (a stale data
                 # directory): a checkpoint covers the gap.
-                store.close()
-                checkpointer.set_aside_local_store(gap.message)
-                checkpointer.restore()
-                store = self._open_store(True)
+                store = self._rebuild_store(store, checkpointer, gap.message)
                 sm = self._replay(store, writer)
         except BaseException:
             # Release the store (RocksDB's LOCK) so the next open attempt reports the real
@@ -185,6 +204,17 @@ class Range:
                 store.close()
             raise
         self._store, self._sm, self._writer = store, sm, writer
+
+    def _rebuild_store(
+        self, store: KvStore, checkpointer: RangeCheckpointer, reason: str
+    ) -> KvStore:
+        """Close `store`, set it aside and open one restored from the newest checkpoint (an
+        empty one if there is none yet: then the log still holds everything)."""
+        with contextlib.suppress(Exception):
+            store.close()
+        checkpointer.set_aside_local_store(reason)
+        checkpointer.restore()
+        return self._open_store(True)
 
     def _open_store(self, restored: bool) -> KvStore:
         try:
@@ -292,7 +322,17 @@ class Range:
         if self._store is not None:
             store = self._store
             self._store = None
-            await asyncio.to_thread(_flush_and_close, store)
+            damage = store.damage
+            if damage is None and not self._damaged:
+                await asyncio.to_thread(_flush_and_close, store)
+                return
+            # Nothing of a damaged store is worth a flush: set it aside, so that reopening
+            # rebuilds it from the checkpoint and the log.
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(store.close)
+            if self._checkpointer is not None:
+                reason = damage or self._failure or "damaged"
+                await asyncio.to_thread(self._checkpointer.set_aside_local_store, reason)
 
     @property
     def applied_sequence(self) -> int:
@@ -310,6 +350,7 @@ class Range:
         appended, so retrying elsewhere is safe. Raises `IndeterminateError` if the log failed
         during the append that carried this command.
         """
+        self._notice_damage()
         if not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         command.timestamp_ms = self._clock.now_ms()
@@ -327,13 +368,18 @@ class Range:
         self, request: kv_rpc_pb2.RangeRequest, budget: ReadBudget | None = None
     ) -> kv_rpc_pb2.RangeResponse:
         """Serve a Range request from the applied state; `budget`: see `ReadBudget`."""
-        if self._sm is None or not self._accepting:
-            raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
-        return self._sm.read(request, self._clock.now_ms(), budget)
+        sm = self.applied_state()
+        try:
+            return sm.read(request, self._clock.now_ms(), budget)
+        except StoreCorruptionError:
+            self._notice_damage()
+            raise
 
     def applied_state(self) -> RangeStateMachine:
         """The applied state, for front-ends that read it their own way (the etcd API). Read it
-        synchronously on the range's loop: what it holds is exactly `applied_sequence`."""
+        synchronously on the range's loop: what it holds is exactly `applied_sequence`. (A
+        read that finds the store damaged raises `StoreCorruptionError`; the range notices.)"""
+        self._notice_damage()
         if self._sm is None or not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         return self._sm
@@ -409,6 +455,11 @@ class Range:
                 responses = sm.apply_batch(
                     [(first_sequence + i, p.command) for i, p in enumerate(group)]
                 )
+            except StoreCorruptionError as exc:
+                # The group is in the log: rebuilding the store (on reopen) applies it.
+                self._damaged = True
+                self._fail(group, f"apply found the store damaged: {exc}", indeterminate=True)
+                return
             except Exception as exc:
                 log.exception("range %s: apply failed", self.name.log_name)
                 self._fail(group, f"apply failed: {exc}", indeterminate=True)
@@ -455,8 +506,24 @@ class Range:
             and len(self.sessions) == 0
         )
 
+    def _notice_damage(self) -> None:
+        """Stop serving once any reader found the store damaged (see module doc)."""
+        store = self._store
+        if self._damaged or store is None or store.damage is None:
+            return
+        self._damaged = True
+        self._accepting = False
+        self._failure = (
+            f"range {self.name.log_name} failed: its store is damaged ({store.damage}); it is "
+            "rebuilt from its checkpoint and log when the range reopens"
+        )
+        log.error(self._failure)
+        self.watch.close(self._failure)
+        # The writer stops at close's sentinel; what is queued meanwhile is answered then.
+
     @property
     def failed(self) -> bool:
+        self._notice_damage()
         return self._failure is not None
 
     @property

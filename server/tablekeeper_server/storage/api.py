@@ -36,6 +36,10 @@ class StoreOpener(Protocol):
 
 
 class KvStore(Protocol):
+    damage: str | None
+    """Why the store is damaged, once any call found it so (and raised `StoreCorruptionError`);
+    None while it is sound. The range owning a damaged store stops serving and rebuilds it."""
+
     def get(self, key: bytes) -> bytes | None: ...
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:

@@ -28,6 +28,7 @@ class MemoryKvStore:
         self._data: dict[bytes, bytes] = {}
         self._keys: list[bytes] = []
         self.closed = False
+        self.damage: str | None = None
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)

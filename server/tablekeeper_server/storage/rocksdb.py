@@ -6,7 +6,10 @@ RocksDB still has. LZ4 compression and a modest write buffer keep many ranges pe
 
 Errors: rocksdict raises plain exceptions. Those that report exhausted resources (no space, no
 file descriptors, a held LOCK, permissions) become `StorageUnavailableError` (retryable: the store
-is fine and opens once the resource is back); any other failure to open is `CorruptionError`.
+is fine and opens once the resource is back). RocksDB's "Corruption" status (a block failing its
+checksum, found by a read, a scan, a write or a background compaction) and any other failure to
+open is `StoreCorruptionError`; the store then keeps the reason in `damage`, so the range that
+owns it stops serving and rebuilds it from its checkpoint and log (`Range`).
 
 Closing: rocksdict releases RocksDB (and its LOCK file) only when the last Python object sharing
 the database is gone: the `Rdict`, but also every iterator and column-family handle. `close`
@@ -24,7 +27,12 @@ from typing import NoReturn
 
 import rocksdict
 
-from tablekeeper_server.errors import CorruptionError, StorageUnavailableError, UnavailableError
+from tablekeeper_server.errors import (
+    CorruptionError,
+    StorageUnavailableError,
+    StoreCorruptionError,
+    UnavailableError,
+)
 from tablekeeper_server.storage.api import WriteBatch
 
 _WRITE_BUFFER_BYTES = 16 * 1024 * 1024
@@ -40,14 +48,10 @@ def _options() -> rocksdict.Options:
     return opts
 
 
-def _raise_classified(what: str, path: Path, exc: Exception) -> NoReturn:
-    """Re-raise a RocksDB failure as `StorageUnavailableError` when it is resource exhaustion;
-    otherwise unchanged."""
-    if isinstance(exc, (CorruptionError, UnavailableError)):
-        raise exc
-    if StorageUnavailableError.is_resource_error(exc):
-        raise StorageUnavailableError(f"RocksDB at {path}: {what} failed: {exc}") from exc
-    raise exc
+def _is_corruption(exc: Exception) -> bool:
+    """RocksDB's `Status::Corruption`, which rocksdict raises as a plain exception whose text
+    starts with the status name."""
+    return str(exc).startswith("Corruption")
 
 
 class RocksKvStore:
@@ -65,7 +69,7 @@ class RocksKvStore:
         except Exception as exc:  # rocksdict raises plain exceptions for corruption and locks
             if StorageUnavailableError.is_resource_error(exc):
                 raise StorageUnavailableError(f"cannot open RocksDB at {path}: {exc}") from exc
-            raise CorruptionError(f"cannot open RocksDB at {path}: {exc}") from exc
+            raise StoreCorruptionError(f"cannot open RocksDB at {path}: {exc}") from exc
         self._db: rocksdict.Rdict | None = db
         self._iterators: dict[int, rocksdict.RdictIter] = {}
         """The iterators of unfinished scans, the only references to them (see module doc)."""
@@ -73,6 +77,20 @@ class RocksKvStore:
         self._write_opts = rocksdict.WriteOptions()
         # A property at runtime; rocksdict's stub declares it a method.
         self._write_opts.disable_wal = True  # type: ignore[method-assign,assignment]
+        self.damage: str | None = None
+        """Why the store is damaged, once a call found it so (it stays damaged)."""
+
+    def _raise_classified(self, what: str, exc: Exception) -> NoReturn:
+        """Re-raise a RocksDB failure: `StorageUnavailableError` for resource exhaustion,
+        `StoreCorruptionError` (remembered in `damage`) for a failed checksum, else unchanged."""
+        if isinstance(exc, (CorruptionError, UnavailableError)):
+            raise exc
+        if StorageUnavailableError.is_resource_error(exc):
+            raise StorageUnavailableError(f"RocksDB at {self.path}: {what} failed: {exc}") from exc
+        if _is_corruption(exc):
+            self.damage = f"RocksDB at {self.path}: {what} failed: {exc}"
+            raise StoreCorruptionError(self.damage) from exc
+        raise exc
 
     @property
     def db(self) -> rocksdict.Rdict:
@@ -85,7 +103,7 @@ class RocksKvStore:
         try:
             value = self.db.get(key)
         except Exception as exc:
-            _raise_classified("read", self.path, exc)
+            self._raise_classified("read", exc)
         return None if value is None else bytes(value)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -100,6 +118,10 @@ class RocksKvStore:
                 if it is None:
                     raise UnavailableError(f"RocksDB at {self.path} closed during a scan")
                 if not it.valid():
+                    try:  # the end of the range, or a block that failed its checksum
+                        it.status()
+                    except Exception as exc:
+                        self._raise_classified("scan", exc)
                     break
                 item = it.key(), it.value()
                 del it  # between items, the store holds the only reference
@@ -119,7 +141,7 @@ class RocksKvStore:
         try:
             self.db.write(batch, self._write_opts)
         except Exception as exc:
-            _raise_classified("write", self.path, exc)
+            self._raise_classified("write", exc)
 
     def estimate_num_keys(self) -> int:
         value = self.db.property_int_value("rocksdb.estimate-num-keys")
@@ -129,13 +151,13 @@ class RocksKvStore:
         try:
             self.db.flush()
         except Exception as exc:
-            _raise_classified("flush", self.path, exc)
+            self._raise_classified("flush", exc)
 
     def create_checkpoint(self, dest: Path) -> None:
         try:
             rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))
         except Exception as exc:
-            _raise_classified("checkpoint", self.path, exc)
+            self._raise_classified("checkpoint", exc)
 
     def live_file_names(self) -> list[str]:
         return sorted(str(f["name"]).lstrip("/") for f in self.db.live_files())
@@ -151,6 +173,6 @@ class RocksKvStore:
         try:
             db.close()
         except Exception as exc:
-            _raise_classified("close", self.path, exc)
+            self._raise_classified("close", exc)
         finally:
             del db  # a traceback of the error must not keep the handle alive
