@@ -164,3 +164,35 @@ def test_range_and_txn_responses_stay_within_the_bound(
         assert response.ByteSize() <= RESPONSE_BYTES_MAX + 4096
         assert any(r.response_range.more for r in response.responses[:10])
         assert _get(stub, table_id, b"w").kvs[0].value == b"written"
+
+        # Writes whose previous values (prev_kv) would carry more than the bound are refused
+        # before they are logged: RESOURCE_EXHAUSTED naming the flag, nothing changed.
+        txn = kv.TxnRequest(header=_routing(table_id, b"p"))
+        for key in keys[:30]:  # 120 KB of previous values, twice the bound
+            txn.success.add().request_put.CopyFrom(
+                kv.PutRequest(key=key.encode(), value=b"new", prev_kv=True)
+            )
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Txn(txn, timeout=TIMEOUT_S)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "prev_kv" in (raised.value.details() or "")
+        assert _get(stub, table_id, b"k000").kvs[0].value == b"v" * 4000
+        span = kv.DeleteRangeRequest(
+            key=b"k", range_end=b"k\xff", prev_kv=True, header=_routing(table_id, b"p")
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Delete(span, timeout=TIMEOUT_S)
+        assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _get(stub, table_id, b"k059").count == 1
+        # Within the bound, the previous values come back whole.
+        few = kv.TxnRequest(header=_routing(table_id, b"p"))
+        for key in keys[:5]:
+            few.success.add().request_put.CopyFrom(
+                kv.PutRequest(key=key.encode(), value=b"new", prev_kv=True)
+            )
+        response = stub.Txn(few, timeout=TIMEOUT_S)
+        assert response.header.code == 0
+        assert [r.response_put.prev_kv.value for r in response.responses] == [b"v" * 4000] * 5
+        # Without prev_kv the same span deletes, whatever its size.
+        span.prev_kv = False
+        assert stub.Delete(span, timeout=TIMEOUT_S).deleted == 60

@@ -453,3 +453,30 @@ def test_a_key_larger_than_a_page_is_read_in_a_txn_when_the_bound_allows() -> No
     assert response.header.code == Code.SUCCESS and m.sm.last_rejections == {}
     first = response.responses[0].response_range  # type: ignore[union-attr]
     assert [x.key for x in first.kvs] == [b"a"] and first.more
+
+
+def test_prev_kvs_over_the_bound_are_refused_before_logging_and_bounded_in_apply() -> None:
+    bound = 20_000
+    m = history_machine(response_bytes_max=bound)
+    keys = _fill(m, 10, 4000)  # 40 KB of values, twice the bound
+    before = dump(m.sm)
+    wide = txn([], [op_put(k, b"new", prev_kv=True) for k in keys])
+    span = delete(b"", b"\xff", prev=True)
+    for command in (wide, span):
+        command.timestamp_ms = NOW
+        with pytest.raises(ResourceLimitError, match="prev_kv"):
+            m.sm.check_prev_kvs(command)  # a dry run: it wrote nothing
+        assert dump(m.sm) == before
+    narrow = txn([], [op_put(k, b"new", prev_kv=True) for k in keys[:3]])
+    narrow.timestamp_ms = NOW
+    m.sm.check_prev_kvs(narrow)  # fits: no error
+    m.sm.check_prev_kvs(delete(b"", b"\xff"))  # no prev_kv: nothing to bound
+    # Should values grow between the check and the apply, apply still applies everything (its
+    # decision cannot depend on the flag) and leaves out the previous values past the bound.
+    response = m.one(wide)
+    assert isinstance(response, kv.TxnResponse) and response.header.code == Code.SUCCESS
+    assert response.ByteSize() <= bound + 1024
+    carried = [r.response_put.prev_kv.value for r in response.responses]
+    assert 0 < sum(1 for v in carried if v) < len(keys)
+    assert all(m.get(k).kvs[0].value == b"new" for k in keys)
+    assert without_position(replay(m.log, response_bytes_max=10**9)) == without_position(m.sm)

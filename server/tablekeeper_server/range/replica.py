@@ -347,13 +347,17 @@ class Range:
         """Append `command` durably, apply it, and return its response.
 
         Raises `UnavailableError` if the range is not accepting (closing or failed): nothing was
-        appended, so retrying elsewhere is safe. Raises `IndeterminateError` if the log failed
+        appended, so retrying elsewhere is safe. Raises `ResourceLimitError` if its previous
+        values (prev_kv) would not fit in one response (nothing appended; see
+        `RangeStateMachine.check_prev_kvs`). Raises `IndeterminateError` if the log failed
         during the append that carried this command.
         """
         self._notice_damage()
         if not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         command.timestamp_ms = self._clock.now_ms()
+        if self._sm is not None:
+            self._sm.check_prev_kvs(command)  # ResourceLimitError before anything is logged
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(command.SerializeToString(), command, future))
         self._in_flight += 1

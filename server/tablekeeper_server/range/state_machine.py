@@ -315,6 +315,33 @@ class RangeStateMachine:
         """Commands of the last `apply_batch` (by index) whose caller is to get this error
         instead of the response (which is then a bare response with the error's code). Only a
         command that changed nothing is rejected this way."""
+        self._prev_kvs: _PrevKvBudget | None = None
+        """What the previous values (`prev_kv`) of the command being applied may still carry."""
+
+    def check_prev_kvs(self, command: wal_pb2.WalCommand) -> None:
+        """Refuse, before it is logged, a write whose previous values (`prev_kv` of a
+        DeleteRange over a span, or of a txn's puts and deletes) would carry more than
+        `response_bytes_max` bytes: `ResourceLimitError`, nothing logged.
+
+        It is a dry run of the command against the applied state, stopped as soon as the
+        bound is passed. Apply itself never refuses for it (its decision would depend on the
+        server's flag, and replay must reach the same state): should a write between this
+        check and the apply make the previous values larger, apply leaves out those past the
+        bound, with a warning in the log."""
+        if not _asks_prev_kvs(command):
+            return
+        view = _ApplyView(self.store, None, self.sessions)  # discarded: nothing is written
+        self._prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=True)
+        try:
+            self._apply_one(view, self.applied_sequence, self.applied_sequence + 1, command)
+        except _OverBudgetError:
+            raise ResourceLimitError(
+                f"the previous values (prev_kv) this write would return exceed "
+                f"{self.response_bytes_max} bytes (--max-response-bytes); ask without prev_kv, "
+                "or delete a smaller span"
+            ) from None
+        finally:
+            self._prev_kvs = None
 
     # ------------------------------------------------------------------ writes
 
@@ -369,6 +396,8 @@ class RangeStateMachine:
     def _apply_one(
         self, view: _ApplyView, previous: int, revision: int, command: wal_pb2.WalCommand
     ) -> Response | _Rejected:
+        if self._prev_kvs is None or not self._prev_kvs.stop:  # not a dry run
+            self._prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=False)
         now = command.timestamp_ms
         op = command.WhichOneof("op")
         if op == "put":
@@ -459,9 +488,30 @@ class RangeStateMachine:
         response = kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
         if req.sequential:
             response.key = lkey
-        if req.prev_kv and prev is not None:
+        if req.prev_kv and prev is not None and self._prev_kv_fits(lkey, prev):
             response.prev_kv.CopyFrom(to_key_value(lkey, prev))
         return response
+
+    def _prev_kv_fits(self, lkey: bytes, record: StoredRecord) -> bool:
+        """Whether the previous value of `lkey` fits in what this command's prev_kvs may still
+        carry (and takes its room). A dry run stops at the first that does not."""
+        budget = self._prev_kvs
+        if budget is None:
+            return True
+        row_bytes = _row_bytes(lkey, record, False)
+        if row_bytes <= budget.remaining:
+            budget.remaining -= row_bytes
+            return True
+        if budget.stop:
+            raise _OverBudgetError
+        if not budget.exceeded:
+            log.warning(
+                "a write's previous values exceed %d bytes (--max-response-bytes): they grew "
+                "after its check; the ones past the bound are left out of its response",
+                self.response_bytes_max,
+            )
+        budget.exceeded = True
+        return False
 
     def _increment(
         self,
@@ -521,7 +571,7 @@ class RangeStateMachine:
                 writes[key] = None
                 if raw_prev.is_live(now):
                     response.deleted = 1
-                    if req.prev_kv:
+                    if req.prev_kv and self._prev_kv_fits(req.key, raw_prev):
                         response.prev_kvs.append(to_key_value(req.key, raw_prev))
             return response
         start, end = key_span(prefix, req.key, req.range_end)
@@ -530,8 +580,9 @@ class RangeStateMachine:
             writes[key] = None
             if record.is_live(now):
                 deleted += 1
-                if req.prev_kv:
-                    response.prev_kvs.append(to_key_value(key[len(prefix) :], record))
+                lkey = key[len(prefix) :]
+                if req.prev_kv and self._prev_kv_fits(lkey, record):
+                    response.prev_kvs.append(to_key_value(lkey, record))
         response.deleted = deleted
         return response
 
@@ -802,6 +853,35 @@ class ReadBudget:
     def __init__(self, total: int) -> None:
         self.remaining = total
         self.exceeded = False
+
+
+class _PrevKvBudget(ReadBudget):
+    """`ReadBudget` for the previous values of one command; `stop`: a dry run (`check_prev_kvs`),
+    which ends at the first value past the bound."""
+
+    __slots__ = ("stop",)
+
+    def __init__(self, total: int, *, stop: bool) -> None:
+        super().__init__(total)
+        self.stop = stop
+
+
+class _OverBudgetError(Exception):
+    """A dry run's previous values passed the bound."""
+
+
+def _asks_prev_kvs(command: wal_pb2.WalCommand) -> bool:
+    """Whether `command` may return more previous values than one value (which the value size
+    limit bounds): a DeleteRange over a span, or a txn, asking for them."""
+    op = command.WhichOneof("op")
+    if op == "delete_range":
+        return command.delete_range.prev_kv and bool(command.delete_range.range_end)
+    if op == "txn":
+        return any(
+            o.request_put.prev_kv or o.request_delete_range.prev_kv
+            for o in (*command.txn.success, *command.txn.failure)
+        )
+    return False
 
 
 class _Rejected:
