@@ -10,6 +10,8 @@ Key layout (BookKeeper's, longs as 8 bytes big-endian):
     0x02 ns_id 0x04 stream_id       StreamProperties
     0x05 stream_id                  namespace id (reverse index)
     0x02 ns_id 0x06 role            permission bits of the role on the namespace
+    0x07 user                       the user's password hash (`security.passwords`); a user's
+                                    name is its role
 
 Writes are serialized by a lock and committed as one txn each, so a create is all-or-nothing.
 """
@@ -270,6 +272,14 @@ class RootCatalog:
         raw = self._kv.get(_permission_key(ns_id, role))
         return raw[0] if raw else 0
 
+    def role_permissions_on(self, ns_name: str, role: str) -> int:
+        """The role's permission bits on a namespace by name (0 if there is no such namespace)."""
+        try:
+            ns_id = self._namespace_id(ns_name)
+        except NamespaceNotFoundError:
+            return 0
+        return self.role_permissions(ns_id, role)
+
     async def change_permissions(self, ns_name: str, role: str, add: int, remove: int) -> int:
         """Add then remove permission bits of `role` on the namespace; returns the new bits."""
         async with self._lock:
@@ -282,9 +292,56 @@ class RootCatalog:
                 await self._kv.commit(deletes=[key])
             return bits
 
+    # ------------------------------------------------------------------ users
+    # Users with passwords, for front-ends whose clients log in (etcd's Authenticate). A user's
+    # name is its role: what it may do is the role's permissions. Only hashes are stored.
+
+    def user(self, name: str) -> bytes | None:
+        """The user's stored password hash, or None if there is no such user."""
+        return self._kv.get(_user_key(name))
+
+    def users(self) -> list[str]:
+        """Every user's name, sorted."""
+        rows = self._kv.scan(_USERS, _USERS_END)
+        return [key[len(_USERS) :].decode() for key, _ in rows]
+
+    async def add_user(self, name: str, password_hash: bytes) -> bool:
+        """Add a user; False (nothing written) if it exists already."""
+        async with self._lock:
+            key = _user_key(name)
+            if self._kv.get(key) is not None:
+                return False
+            return await self._kv.commit(absent=[key], puts=[(key, password_hash)])
+
+    async def set_user_password(self, name: str, password_hash: bytes) -> bool:
+        """Replace a user's password hash; False (nothing written) if there is no such user."""
+        async with self._lock:
+            key = _user_key(name)
+            if self._kv.get(key) is None:
+                return False
+            await self._kv.commit(puts=[(key, password_hash)])
+            return True
+
+    async def delete_user(self, name: str) -> bool:
+        """Delete a user (its role's permissions stay); False if there is no such user."""
+        async with self._lock:
+            key = _user_key(name)
+            if self._kv.get(key) is None:
+                return False
+            await self._kv.commit(deletes=[key])
+            return True
+
 
 def _permission_key(ns_id: int, role: str) -> bytes:
     return _ns_key(ns_id) + b"\x06" + role.encode()
+
+
+_USERS = b"\x07"
+_USERS_END = b"\x07\xff"  # inclusive; UTF-8 names never hold 0xff
+
+
+def _user_key(name: str) -> bytes:
+    return _USERS + name.encode()
 
 
 __all__ = ["RootCatalog", "TableKeeperError"]

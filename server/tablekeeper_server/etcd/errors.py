@@ -40,6 +40,18 @@ ERRORS: dict[str, tuple[grpc.StatusCode, str]] = {
     "request_too_large": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large"),
     "stopped": (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped"),
     "timeout": (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out"),
+    "user_empty": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty"),
+    "user_exists": (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name already exists"),
+    "user_not_found": (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found"),
+    "auth_failed": (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "etcdserver: authentication failed, invalid user ID or password",
+    ),
+    "auth_not_enabled": (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "etcdserver: authentication is not enabled",
+    ),
+    "invalid_auth_token": (grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token"),
 }
 
 # etcd's watch cancel reason for a start revision older than the history.

@@ -1,5 +1,7 @@
 """The etcd v3 API's own gRPC server, on `--etcd-port` (etcd's clients expect its services at
-the root of an endpoint of their own)."""
+the root of an endpoint of their own). With authentication on, it takes the server's credentials
+plus tokens from its own `Authenticate` (`etcd.auth`), and checks the caller's permissions on
+namespace `etcd` (`security.access`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from grpc_health.v1.health import aio as health_aio
 
 from tablekeeper_proto.etcd import rpc_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.etcd.auth import AuthServicer
+from tablekeeper_server.etcd.errors import ERRORS
 from tablekeeper_server.etcd.keyspace import Keyspace
 from tablekeeper_server.etcd.servicers import (
     PROGRESS_INTERVAL_S,
@@ -22,6 +26,7 @@ from tablekeeper_server.etcd.servicers import (
     WatchServicer,
 )
 from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.security.frontend import secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
 
@@ -39,9 +44,17 @@ class EtcdServer:
         progress_interval_s: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self.keyspace = Keyspace(registry)
+        # etcd's clients send their token as `token` metadata and re-authenticate only when
+        # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.
+        self.security = secure_front_end(
+            interceptors,
+            lambda role, namespace: registry.root.role_permissions_on(namespace, role),
+            raw_token_key="token",
+            invalid_token_message=ERRORS["invalid_auth_token"][1],
+        )
         message_max = value_bytes_max + 2 * 1024 * 1024
         self._server = grpc.aio.server(
-            interceptors=list(interceptors),
+            interceptors=self.security.interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
@@ -60,6 +73,9 @@ class EtcdServer:
         rpc_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(client_url), self._server)
         rpc_pb2_grpc.add_MaintenanceServicer_to_server(
             MaintenanceServicer(self.keyspace), self._server
+        )
+        rpc_pb2_grpc.add_AuthServicer_to_server(
+            AuthServicer(self.keyspace, self.security), self._server
         )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -14,6 +14,7 @@ from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
 from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.security.frontend import secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
 
@@ -32,9 +33,13 @@ class OxiaServer:
         clock: Clock | None = None,
     ) -> None:
         self.namespaces = Namespaces(registry)
+        # Permissions are checked on namespace `oxia`, which holds every Oxia namespace's table.
+        self.security = secure_front_end(
+            interceptors, lambda role, namespace: registry.root.role_permissions_on(namespace, role)
+        )
         message_max = value_bytes_max + 2 * 1024 * 1024
         self._server = grpc.aio.server(
-            interceptors=list(interceptors),
+            interceptors=self.security.interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),

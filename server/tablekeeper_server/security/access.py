@@ -7,6 +7,12 @@ Permissions are bits per (namespace, role), kept in the root range (`RootCatalog
 Superusers (`--superuser-roles`, and servers calling each other) may do everything, and only they
 create or delete namespaces and call the server-wide admin RPCs (status, checkpoint).
 
+The etcd and Oxia front-ends are checked against the TableKeeper namespace their data lives in:
+`etcd` (the keyspace is table `etcd/keyspace`) and `oxia` (Oxia namespace N is table `oxia/N`, so
+one grant covers every Oxia namespace). Reads need `read`; writes, leases and sessions `write`;
+what a client calls to connect (etcd's MemberList and Status, Oxia's shard assignments) only
+authentication; managing etcd users is for superusers.
+
 `RULES` maps every method to what it needs; a method missing from it is refused, so a new RPC
 cannot slip through unchecked. Decisions are cached for `cache_s` per (role, namespace or
 table): a grant or revoke made on this server applies at once (the cache is cleared), one made
@@ -91,10 +97,47 @@ def _get_stream(request: Any) -> list[Target]:
     return [Target(Permission.READ, stream_id=request.stream_id)]
 
 
+def _etcd(needed: Permission) -> Rule:
+    return lambda r: [Target(needed, namespace=ETCD_NAMESPACE)]
+
+
+def _etcd_with_prev(request: Any) -> list[Target]:
+    """A put or delete; returning the previous value (`prev_kv`) reads too, as in etcd."""
+    needed = Permission.WRITE | (Permission.READ if request.prev_kv else Permission(0))
+    return [Target(needed, namespace=ETCD_NAMESPACE)]
+
+
+def _etcd_txn_needs(txn: Any) -> Permission:
+    needed = Permission.READ if len(txn.compare) else Permission(0)
+    for op in (*txn.success, *txn.failure):
+        kind = op.WhichOneof("request")
+        if kind == "request_range":
+            needed |= Permission.READ
+        elif kind in ("request_put", "request_delete_range"):
+            needed |= Permission.WRITE
+            if getattr(op, kind).prev_kv:
+                needed |= Permission.READ
+        elif kind == "request_txn":
+            needed |= _etcd_txn_needs(op.request_txn)
+    return needed
+
+
+def _etcd_txn(request: Any) -> list[Target]:
+    """Compares and range ops read; puts and deletes write (an empty txn reads)."""
+    return [Target(_etcd_txn_needs(request) or Permission.READ, namespace=ETCD_NAMESPACE)]
+
+
+def _oxia(needed: Permission) -> Rule:
+    return lambda r: [Target(needed, namespace=OXIA_NAMESPACE)]
+
+
+ETCD_NAMESPACE = "etcd"
+OXIA_NAMESPACE = "oxia"
 _ROOT = "/bookkeeper.proto.storage.RootRangeService/"
 _TABLE = "/bookkeeper.proto.kv.rpc.TableService/"
 _TK = "/tablekeeper.v1.TableKeeper/"
 _ADMIN = "/tablekeeper.v1.Admin/"
+_OXIA = "/io.streamnative.oxia.proto.OxiaClient/"
 RULES: dict[str, Rule] = {
     _ROOT + "CreateNamespace": SUPERUSER,
     _ROOT + "DeleteNamespace": SUPERUSER,
@@ -128,6 +171,55 @@ RULES: dict[str, Rule] = {
     _ADMIN + "Revoke": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
     _ADMIN + "ListPermissions": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
     _ADMIN + "CheckAccess": SUPERUSER,  # servers asking the root's owner
+    # The etcd v3 API (--etcd-port).
+    "/etcdserverpb.KV/Range": _etcd(Permission.READ),
+    "/etcdserverpb.KV/Put": _etcd_with_prev,
+    "/etcdserverpb.KV/DeleteRange": _etcd_with_prev,
+    "/etcdserverpb.KV/Txn": _etcd_txn,
+    "/etcdserverpb.KV/Compact": _etcd(Permission.WRITE),
+    "/etcdserverpb.Watch/Watch": _etcd(Permission.READ),
+    "/etcdserverpb.Lease/LeaseGrant": _etcd(Permission.WRITE),
+    "/etcdserverpb.Lease/LeaseRevoke": _etcd(Permission.WRITE),
+    "/etcdserverpb.Lease/LeaseKeepAlive": _etcd(Permission.WRITE),
+    "/etcdserverpb.Lease/LeaseTimeToLive": _etcd(Permission.READ),
+    "/etcdserverpb.Lease/LeaseLeases": _etcd(Permission.READ),
+    "/etcdserverpb.Cluster/MemberList": ANY,
+    "/etcdserverpb.Maintenance/Alarm": ANY,
+    "/etcdserverpb.Maintenance/Status": ANY,
+    "/etcdserverpb.Auth/Authenticate": ANY,  # needs no credentials at all (auth.py)
+    "/etcdserverpb.Auth/AuthStatus": ANY,
+    **{
+        "/etcdserverpb.Auth/" + method: SUPERUSER
+        for method in (
+            "AuthEnable",
+            "AuthDisable",
+            "UserAdd",
+            "UserGet",
+            "UserList",
+            "UserDelete",
+            "UserChangePassword",
+            "UserGrantRole",
+            "UserRevokeRole",
+            "RoleAdd",
+            "RoleGet",
+            "RoleList",
+            "RoleDelete",
+            "RoleGrantPermission",
+            "RoleRevokePermission",
+        )
+    },
+    # The Oxia client protocol (--oxia-port).
+    _OXIA + "GetShardAssignments": ANY,
+    _OXIA + "Write": _oxia(Permission.WRITE),
+    _OXIA + "WriteStream": _oxia(Permission.WRITE),
+    _OXIA + "Read": _oxia(Permission.READ),
+    _OXIA + "List": _oxia(Permission.READ),
+    _OXIA + "RangeScan": _oxia(Permission.READ),
+    _OXIA + "GetSequenceUpdates": _oxia(Permission.READ),
+    _OXIA + "GetNotifications": _oxia(Permission.READ),
+    _OXIA + "CreateSession": _oxia(Permission.WRITE),
+    _OXIA + "KeepAlive": _oxia(Permission.WRITE),
+    _OXIA + "CloseSession": _oxia(Permission.WRITE),
 }
 
 AccessLookup = Callable[[str, str, int], Awaitable[tuple[str, int]]]

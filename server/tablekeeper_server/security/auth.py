@@ -3,10 +3,13 @@
 The role of a call is, in this order:
 1. the subject of the bearer token in its `authorization: Bearer <JWT>` metadata (a token that
    does not verify is refused, even if a certificate or the anonymous role could have served);
+   on the etcd port also a bare JWT in `token` metadata, where etcd's clients put the token
+   its `Authenticate` gave them;
 2. the common name of its verified client certificate (mTLS);
 3. the anonymous role (`--anonymous-role`), for clients that cannot send tokens (the BookKeeper
    clients); its permissions are granted like any role's.
-Otherwise the call fails with UNAUTHENTICATED. Health checks need no credentials.
+Otherwise the call fails with UNAUTHENTICATED. Health checks need no credentials, nor does
+etcd's `Authenticate` (it is how a client gets credentials).
 
 Then, with permissions on (`security.access`), the call's permissions are checked against the
 one table of what each RPC needs. Servicers read the call's role from `current_role()`.
@@ -29,12 +32,13 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.security.access import AccessControl, PermissionDeniedError
-from tablekeeper_server.security.tokens import TokenError, TokenVerifier
+from tablekeeper_server.security.tokens import SERVER_ROLE, TokenError, TokenVerifier
 
 log = logging.getLogger(__name__)
 
 AUTHORIZATION_KEY = "authorization"
 UNAUTHENTICATED_METHODS_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+UNAUTHENTICATED_METHODS = frozenset({"/etcdserverpb.Auth/Authenticate"})
 _ROLE: contextvars.ContextVar[str | None] = contextvars.ContextVar("tablekeeper_role", default=None)
 
 
@@ -57,9 +61,25 @@ class Authenticator:
     certificate_roles: bool
     """mTLS is on: a verified client certificate's common name is a role."""
     anonymous_role: str | None = None
+    superuser_roles: tuple[str, ...] = ()
+    """Roles allowed everything (`--superuser-roles`; a server's own role is one too)."""
+    raw_token_key: str | None = None
+    """Metadata key that may carry a bare token (etcd's clients send `token: <JWT>`)."""
+    invalid_token_message: str | None = None
+    """What to answer for a token that does not verify, instead of why (etcd's clients fetch a
+    new token only when told exactly `etcdserver: invalid auth token`); the reason is logged."""
+
+    def is_superuser(self, role: str | None) -> bool:
+        return role == SERVER_ROLE or role in self.superuser_roles
 
     def role_of(self, metadata: dict[str, Any], auth_context: dict[str, list[bytes]]) -> str:
         header = metadata.get(AUTHORIZATION_KEY)
+        if header is None and self.raw_token_key is not None:
+            raw = metadata.get(self.raw_token_key)
+            if raw is not None:
+                return self._verified_role(
+                    raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+                )
         if header is not None:
             if isinstance(header, bytes):
                 header = header.decode("ascii", "replace")
@@ -68,17 +88,7 @@ class Authenticator:
                 raise AuthenticationError(
                     "the authorization metadata must be 'Bearer <token>'", "malformed"
                 )
-            if self.verifier is None:
-                raise AuthenticationError(
-                    "this server does not accept tokens (no --auth-secret-key or "
-                    "--auth-public-key); use a client certificate",
-                    "tokens_off",
-                )
-            try:
-                return self.verifier.role_of(token.strip())
-            except TokenError as exc:
-                reason = "expired" if "expired" in str(exc) else "invalid_token"
-                raise AuthenticationError(str(exc), reason) from None
+            return self._verified_role(token)
         if self.certificate_roles:
             names = auth_context.get("x509_common_name") or []
             if names:
@@ -91,6 +101,23 @@ class Authenticator:
             "anonymous",
         )
 
+    def _verified_role(self, token: str) -> str:
+        if self.verifier is None:
+            raise AuthenticationError(
+                self.invalid_token_message
+                or "this server does not accept tokens (no --auth-secret-key or "
+                "--auth-public-key); use a client certificate",
+                "tokens_off",
+            )
+        try:
+            return self.verifier.role_of(token.strip())
+        except TokenError as exc:
+            reason = "expired" if "expired" in str(exc) else "invalid_token"
+            if self.invalid_token_message is not None:
+                log.info("token refused (%s): %s", reason, exc)
+                raise AuthenticationError(self.invalid_token_message, reason) from None
+            raise AuthenticationError(str(exc), reason) from None
+
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates every call (but health checks) before its handler runs, and with `access`
@@ -101,10 +128,37 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         authenticator: Authenticator,
         on_failure: Callable[[str], None] = lambda r: None,
         access: AccessControl | None = None,
+        *,
+        unavailable_code: grpc.StatusCode = grpc.StatusCode.NOT_FOUND,
     ) -> None:
+        """`unavailable_code`: the answer when permissions cannot be checked right now (the
+        root range is not open); NOT_FOUND is what BookKeeper clients retry."""
         self._authenticator = authenticator
         self._on_failure = on_failure
         self._access = access
+        self._unavailable_code = unavailable_code
+
+    @property
+    def authenticator(self) -> Authenticator:
+        return self._authenticator
+
+    def with_access(
+        self,
+        authenticator: Authenticator,
+        access: AccessControl,
+        *,
+        unavailable_code: grpc.StatusCode = grpc.StatusCode.NOT_FOUND,
+    ) -> AuthInterceptor:
+        """The same interceptor (failures counted alike), authenticating with `authenticator`
+        and checking permissions with `access`: how a front-end adapts the one it is given."""
+        return AuthInterceptor(
+            authenticator, self._on_failure, access, unavailable_code=unavailable_code
+        )
+
+    def count_failure(self, reason: str) -> None:
+        """Count a refused authentication that happened outside the interceptor (a wrong
+        password in etcd's Authenticate)."""
+        self._on_failure(reason)
 
     async def intercept_service(
         self,
@@ -113,7 +167,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method: str = handler_call_details.method
-        if handler is None or method.startswith(UNAUTHENTICATED_METHODS_PREFIXES):
+        if (
+            handler is None
+            or method in UNAUTHENTICATED_METHODS
+            or method.startswith(UNAUTHENTICATED_METHODS_PREFIXES)
+        ):
             return handler
         return _wrap(handler, method, self._authenticate, self._authorize)
 
@@ -139,7 +197,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             pass  # the servicer answers "not found" as it always does
         except (RouteNotFoundError, UnavailableError) as exc:
             # The root range is not reachable right now: retryable, as BookKeeper clients expect.
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"cannot check permissions: {exc}")
+            await context.abort(self._unavailable_code, f"cannot check permissions: {exc}")
 
 
 Authenticate = Callable[[str, Any], Awaitable[str]]

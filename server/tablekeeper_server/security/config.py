@@ -72,6 +72,7 @@ class SecurityConfig:
             verifier,
             certificate_roles=self.tls_client_ca is not None,
             anonymous_role=self.anonymous_role,
+            superuser_roles=self.superuser_roles,
         )
 
 

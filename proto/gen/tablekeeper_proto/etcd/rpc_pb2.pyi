@@ -3,8 +3,9 @@
 isort:skip_file
 The etcd v3 gRPC API as TableKeeper serves it on `--etcd-port` (server/tablekeeper_server/etcd).
 Package, service, message and field numbers are etcd's (etcdserverpb), written for the subset
-TableKeeper implements: KV, Watch, Lease, and what clients call on connect from Cluster
-(MemberList) and Maintenance (Status, Alarm). Methods not declared answer UNIMPLEMENTED.
+TableKeeper implements: KV, Watch, Lease, what clients call on connect from Cluster
+(MemberList) and Maintenance (Status, Alarm), and Auth (users and tokens; etcd's own roles and
+key-range permissions answer UNIMPLEMENTED). Methods not declared answer UNIMPLEMENTED.
 """
 
 from collections import abc as _abc
@@ -12,6 +13,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from tablekeeper_proto.etcd import auth_pb2 as _auth_pb2
 from tablekeeper_proto.etcd import kv_pb2 as _kv_pb2
 import builtins as _builtins
 import sys
@@ -1188,3 +1190,709 @@ class StatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class AuthEnableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthEnableRequest: _TypeAlias = AuthEnableRequest  # noqa: Y015
+
+@_typing.final
+class AuthDisableRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthDisableRequest: _TypeAlias = AuthDisableRequest  # noqa: Y015
+
+@_typing.final
+class AuthStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthStatusRequest: _TypeAlias = AuthStatusRequest  # noqa: Y015
+
+@_typing.final
+class AuthenticateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    password: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        password: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateRequest: _TypeAlias = AuthenticateRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserAddRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    HASHEDPASSWORD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    password: _builtins.str
+    hashedPassword: _builtins.str
+    """A bcrypt hash computed by the client (etcd 3.5+); TableKeeper refuses it (it keeps scrypt
+    hashes of its own making).
+    """
+    @_builtins.property
+    def options(self) -> _auth_pb2.UserAddOptions: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        password: _builtins.str = ...,
+        options: _auth_pb2.UserAddOptions | None = ...,
+        hashedPassword: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hashedPassword", b"hashedPassword", "name", b"name", "options", b"options", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserAddRequest: _TypeAlias = AuthUserAddRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserGetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserGetRequest: _TypeAlias = AuthUserGetRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserDeleteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserDeleteRequest: _TypeAlias = AuthUserDeleteRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserChangePasswordRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    HASHEDPASSWORD_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    password: _builtins.str
+    hashedPassword: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        password: _builtins.str = ...,
+        hashedPassword: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hashedPassword", b"hashedPassword", "name", b"name", "password", b"password"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserChangePasswordRequest: _TypeAlias = AuthUserChangePasswordRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserGrantRoleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    user: _builtins.str
+    role: _builtins.str
+    def __init__(
+        self,
+        *,
+        user: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserGrantRoleRequest: _TypeAlias = AuthUserGrantRoleRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserRevokeRoleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    role: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserRevokeRoleRequest: _TypeAlias = AuthUserRevokeRoleRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleAddRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleAddRequest: _TypeAlias = AuthRoleAddRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleGetRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleGetRequest: _TypeAlias = AuthRoleGetRequest  # noqa: Y015
+
+@_typing.final
+class AuthUserListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserListRequest: _TypeAlias = AuthUserListRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleListRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleListRequest: _TypeAlias = AuthRoleListRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleDeleteRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleDeleteRequest: _TypeAlias = AuthRoleDeleteRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleGrantPermissionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    PERM_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def perm(self) -> _auth_pb2.Permission: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        perm: _auth_pb2.Permission | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["perm", b"perm"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "perm", b"perm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleGrantPermissionRequest: _TypeAlias = AuthRoleGrantPermissionRequest  # noqa: Y015
+
+@_typing.final
+class AuthRoleRevokePermissionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROLE_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    RANGE_END_FIELD_NUMBER: _builtins.int
+    role: _builtins.str
+    key: _builtins.bytes
+    range_end: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        role: _builtins.str = ...,
+        key: _builtins.bytes = ...,
+        range_end: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "range_end", b"range_end", "role", b"role"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleRevokePermissionRequest: _TypeAlias = AuthRoleRevokePermissionRequest  # noqa: Y015
+
+@_typing.final
+class AuthEnableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthEnableResponse: _TypeAlias = AuthEnableResponse  # noqa: Y015
+
+@_typing.final
+class AuthDisableResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthDisableResponse: _TypeAlias = AuthDisableResponse  # noqa: Y015
+
+@_typing.final
+class AuthStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    ENABLED_FIELD_NUMBER: _builtins.int
+    AUTHREVISION_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    authRevision: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        enabled: _builtins.bool = ...,
+        authRevision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authRevision", b"authRevision", "enabled", b"enabled", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthStatusResponse: _TypeAlias = AuthStatusResponse  # noqa: Y015
+
+@_typing.final
+class AuthenticateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthenticateResponse: _TypeAlias = AuthenticateResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserAddResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserAddResponse: _TypeAlias = AuthUserAddResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserGetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "roles", b"roles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserGetResponse: _TypeAlias = AuthUserGetResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserDeleteResponse: _TypeAlias = AuthUserDeleteResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserChangePasswordResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserChangePasswordResponse: _TypeAlias = AuthUserChangePasswordResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserGrantRoleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserGrantRoleResponse: _TypeAlias = AuthUserGrantRoleResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserRevokeRoleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserRevokeRoleResponse: _TypeAlias = AuthUserRevokeRoleResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleAddResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleAddResponse: _TypeAlias = AuthRoleAddResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleGetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    PERM_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    @_builtins.property
+    def perm(self) -> _containers.RepeatedCompositeFieldContainer[_auth_pb2.Permission]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        perm: _abc.Iterable[_auth_pb2.Permission] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "perm", b"perm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleGetResponse: _TypeAlias = AuthRoleGetResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    ROLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    @_builtins.property
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        roles: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "roles", b"roles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleListResponse: _TypeAlias = AuthRoleListResponse  # noqa: Y015
+
+@_typing.final
+class AuthUserListResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    @_builtins.property
+    def users(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        users: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthUserListResponse: _TypeAlias = AuthUserListResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleDeleteResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleDeleteResponse: _TypeAlias = AuthRoleDeleteResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleGrantPermissionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleGrantPermissionResponse: _TypeAlias = AuthRoleGrantPermissionResponse  # noqa: Y015
+
+@_typing.final
+class AuthRoleRevokePermissionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuthRoleRevokePermissionResponse: _TypeAlias = AuthRoleRevokePermissionResponse  # noqa: Y015

@@ -770,3 +770,763 @@ class Maintenance:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AuthStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AuthEnable = channel.unary_unary(
+                '/etcdserverpb.Auth/AuthEnable',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableResponse.FromString,
+                _registered_method=True)
+        self.AuthDisable = channel.unary_unary(
+                '/etcdserverpb.Auth/AuthDisable',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableResponse.FromString,
+                _registered_method=True)
+        self.AuthStatus = channel.unary_unary(
+                '/etcdserverpb.Auth/AuthStatus',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusResponse.FromString,
+                _registered_method=True)
+        self.Authenticate = channel.unary_unary(
+                '/etcdserverpb.Auth/Authenticate',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateResponse.FromString,
+                _registered_method=True)
+        self.UserAdd = channel.unary_unary(
+                '/etcdserverpb.Auth/UserAdd',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddResponse.FromString,
+                _registered_method=True)
+        self.UserGet = channel.unary_unary(
+                '/etcdserverpb.Auth/UserGet',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetResponse.FromString,
+                _registered_method=True)
+        self.UserList = channel.unary_unary(
+                '/etcdserverpb.Auth/UserList',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListResponse.FromString,
+                _registered_method=True)
+        self.UserDelete = channel.unary_unary(
+                '/etcdserverpb.Auth/UserDelete',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteResponse.FromString,
+                _registered_method=True)
+        self.UserChangePassword = channel.unary_unary(
+                '/etcdserverpb.Auth/UserChangePassword',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordResponse.FromString,
+                _registered_method=True)
+        self.UserGrantRole = channel.unary_unary(
+                '/etcdserverpb.Auth/UserGrantRole',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleResponse.FromString,
+                _registered_method=True)
+        self.UserRevokeRole = channel.unary_unary(
+                '/etcdserverpb.Auth/UserRevokeRole',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleResponse.FromString,
+                _registered_method=True)
+        self.RoleAdd = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleAdd',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddResponse.FromString,
+                _registered_method=True)
+        self.RoleGet = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleGet',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetResponse.FromString,
+                _registered_method=True)
+        self.RoleList = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleList',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListResponse.FromString,
+                _registered_method=True)
+        self.RoleDelete = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleDelete',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteResponse.FromString,
+                _registered_method=True)
+        self.RoleGrantPermission = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleGrantPermission',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionResponse.FromString,
+                _registered_method=True)
+        self.RoleRevokePermission = channel.unary_unary(
+                '/etcdserverpb.Auth/RoleRevokePermission',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionResponse.FromString,
+                _registered_method=True)
+
+
+class AuthServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def AuthEnable(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuthDisable(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AuthStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Authenticate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserAdd(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserChangePassword(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserGrantRole(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UserRevokeRole(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleAdd(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleGrantPermission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RoleRevokePermission(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AuthServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AuthEnable': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuthEnable,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableResponse.SerializeToString,
+            ),
+            'AuthDisable': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuthDisable,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableResponse.SerializeToString,
+            ),
+            'AuthStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuthStatus,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusResponse.SerializeToString,
+            ),
+            'Authenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Authenticate,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateResponse.SerializeToString,
+            ),
+            'UserAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserAdd,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddResponse.SerializeToString,
+            ),
+            'UserGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserGet,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetResponse.SerializeToString,
+            ),
+            'UserList': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserList,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListResponse.SerializeToString,
+            ),
+            'UserDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserDelete,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteResponse.SerializeToString,
+            ),
+            'UserChangePassword': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserChangePassword,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordResponse.SerializeToString,
+            ),
+            'UserGrantRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserGrantRole,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleResponse.SerializeToString,
+            ),
+            'UserRevokeRole': grpc.unary_unary_rpc_method_handler(
+                    servicer.UserRevokeRole,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleResponse.SerializeToString,
+            ),
+            'RoleAdd': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleAdd,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddResponse.SerializeToString,
+            ),
+            'RoleGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleGet,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetResponse.SerializeToString,
+            ),
+            'RoleList': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleList,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListResponse.SerializeToString,
+            ),
+            'RoleDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleDelete,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteResponse.SerializeToString,
+            ),
+            'RoleGrantPermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleGrantPermission,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionResponse.SerializeToString,
+            ),
+            'RoleRevokePermission': grpc.unary_unary_rpc_method_handler(
+                    servicer.RoleRevokePermission,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'etcdserverpb.Auth', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('etcdserverpb.Auth', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Auth:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def AuthEnable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/AuthEnable',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthEnableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuthDisable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/AuthDisable',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthDisableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuthStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/AuthStatus',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Authenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/Authenticate',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserAdd',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserAddResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserGet',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserList',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserDelete',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserChangePassword(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserChangePassword',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserChangePasswordResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserGrantRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserGrantRole',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserGrantRoleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UserRevokeRole(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/UserRevokeRole',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthUserRevokeRoleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleAdd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleAdd',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleAddResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleGet',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleList',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleDelete',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleDeleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleGrantPermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleGrantPermission',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleGrantPermissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RoleRevokePermission(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Auth/RoleRevokePermission',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.AuthRoleRevokePermissionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -3,8 +3,9 @@
 isort:skip_file
 The etcd v3 gRPC API as TableKeeper serves it on `--etcd-port` (server/tablekeeper_server/etcd).
 Package, service, message and field numbers are etcd's (etcdserverpb), written for the subset
-TableKeeper implements: KV, Watch, Lease, and what clients call on connect from Cluster
-(MemberList) and Maintenance (Status, Alarm). Methods not declared answer UNIMPLEMENTED.
+TableKeeper implements: KV, Watch, Lease, what clients call on connect from Cluster
+(MemberList) and Maintenance (Status, Alarm), and Auth (users and tokens; etcd's own roles and
+key-range permissions answer UNIMPLEMENTED). Methods not declared answer UNIMPLEMENTED.
 """
 
 from collections import abc as _abc
@@ -220,3 +221,169 @@ class MaintenanceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_rpc_pb2.StatusResponse, _abc.Awaitable[_rpc_pb2.StatusResponse]]: ...
 
 def add_MaintenanceServicer_to_server(servicer: MaintenanceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class AuthStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AuthAsyncStub: ...
+    AuthEnable: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthEnableRequest, _rpc_pb2.AuthEnableResponse]
+    AuthDisable: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthDisableRequest, _rpc_pb2.AuthDisableResponse]
+    AuthStatus: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthStatusRequest, _rpc_pb2.AuthStatusResponse]
+    Authenticate: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthenticateRequest, _rpc_pb2.AuthenticateResponse]
+    UserAdd: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserAddRequest, _rpc_pb2.AuthUserAddResponse]
+    UserGet: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserGetRequest, _rpc_pb2.AuthUserGetResponse]
+    UserList: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserListRequest, _rpc_pb2.AuthUserListResponse]
+    UserDelete: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserDeleteRequest, _rpc_pb2.AuthUserDeleteResponse]
+    UserChangePassword: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserChangePasswordRequest, _rpc_pb2.AuthUserChangePasswordResponse]
+    UserGrantRole: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserGrantRoleRequest, _rpc_pb2.AuthUserGrantRoleResponse]
+    UserRevokeRole: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserRevokeRoleRequest, _rpc_pb2.AuthUserRevokeRoleResponse]
+    RoleAdd: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleAddRequest, _rpc_pb2.AuthRoleAddResponse]
+    RoleGet: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleGetRequest, _rpc_pb2.AuthRoleGetResponse]
+    RoleList: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleListRequest, _rpc_pb2.AuthRoleListResponse]
+    RoleDelete: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleDeleteRequest, _rpc_pb2.AuthRoleDeleteResponse]
+    RoleGrantPermission: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleGrantPermissionRequest, _rpc_pb2.AuthRoleGrantPermissionResponse]
+    RoleRevokePermission: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleRevokePermissionRequest, _rpc_pb2.AuthRoleRevokePermissionResponse]
+
+@_typing.type_check_only
+class AuthAsyncStub(AuthStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    AuthEnable: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthEnableRequest, _rpc_pb2.AuthEnableResponse]  # type: ignore[assignment]
+    AuthDisable: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthDisableRequest, _rpc_pb2.AuthDisableResponse]  # type: ignore[assignment]
+    AuthStatus: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthStatusRequest, _rpc_pb2.AuthStatusResponse]  # type: ignore[assignment]
+    Authenticate: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthenticateRequest, _rpc_pb2.AuthenticateResponse]  # type: ignore[assignment]
+    UserAdd: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserAddRequest, _rpc_pb2.AuthUserAddResponse]  # type: ignore[assignment]
+    UserGet: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserGetRequest, _rpc_pb2.AuthUserGetResponse]  # type: ignore[assignment]
+    UserList: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserListRequest, _rpc_pb2.AuthUserListResponse]  # type: ignore[assignment]
+    UserDelete: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserDeleteRequest, _rpc_pb2.AuthUserDeleteResponse]  # type: ignore[assignment]
+    UserChangePassword: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserChangePasswordRequest, _rpc_pb2.AuthUserChangePasswordResponse]  # type: ignore[assignment]
+    UserGrantRole: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserGrantRoleRequest, _rpc_pb2.AuthUserGrantRoleResponse]  # type: ignore[assignment]
+    UserRevokeRole: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthUserRevokeRoleRequest, _rpc_pb2.AuthUserRevokeRoleResponse]  # type: ignore[assignment]
+    RoleAdd: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleAddRequest, _rpc_pb2.AuthRoleAddResponse]  # type: ignore[assignment]
+    RoleGet: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleGetRequest, _rpc_pb2.AuthRoleGetResponse]  # type: ignore[assignment]
+    RoleList: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleListRequest, _rpc_pb2.AuthRoleListResponse]  # type: ignore[assignment]
+    RoleDelete: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleDeleteRequest, _rpc_pb2.AuthRoleDeleteResponse]  # type: ignore[assignment]
+    RoleGrantPermission: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleGrantPermissionRequest, _rpc_pb2.AuthRoleGrantPermissionResponse]  # type: ignore[assignment]
+    RoleRevokePermission: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AuthRoleRevokePermissionRequest, _rpc_pb2.AuthRoleRevokePermissionResponse]  # type: ignore[assignment]
+
+class AuthServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def AuthEnable(
+        self,
+        request: _rpc_pb2.AuthEnableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthEnableResponse, _abc.Awaitable[_rpc_pb2.AuthEnableResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AuthDisable(
+        self,
+        request: _rpc_pb2.AuthDisableRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthDisableResponse, _abc.Awaitable[_rpc_pb2.AuthDisableResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AuthStatus(
+        self,
+        request: _rpc_pb2.AuthStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthStatusResponse, _abc.Awaitable[_rpc_pb2.AuthStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Authenticate(
+        self,
+        request: _rpc_pb2.AuthenticateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthenticateResponse, _abc.Awaitable[_rpc_pb2.AuthenticateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserAdd(
+        self,
+        request: _rpc_pb2.AuthUserAddRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserAddResponse, _abc.Awaitable[_rpc_pb2.AuthUserAddResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserGet(
+        self,
+        request: _rpc_pb2.AuthUserGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserGetResponse, _abc.Awaitable[_rpc_pb2.AuthUserGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserList(
+        self,
+        request: _rpc_pb2.AuthUserListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserListResponse, _abc.Awaitable[_rpc_pb2.AuthUserListResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserDelete(
+        self,
+        request: _rpc_pb2.AuthUserDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserDeleteResponse, _abc.Awaitable[_rpc_pb2.AuthUserDeleteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserChangePassword(
+        self,
+        request: _rpc_pb2.AuthUserChangePasswordRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserChangePasswordResponse, _abc.Awaitable[_rpc_pb2.AuthUserChangePasswordResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserGrantRole(
+        self,
+        request: _rpc_pb2.AuthUserGrantRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserGrantRoleResponse, _abc.Awaitable[_rpc_pb2.AuthUserGrantRoleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UserRevokeRole(
+        self,
+        request: _rpc_pb2.AuthUserRevokeRoleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthUserRevokeRoleResponse, _abc.Awaitable[_rpc_pb2.AuthUserRevokeRoleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleAdd(
+        self,
+        request: _rpc_pb2.AuthRoleAddRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleAddResponse, _abc.Awaitable[_rpc_pb2.AuthRoleAddResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleGet(
+        self,
+        request: _rpc_pb2.AuthRoleGetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleGetResponse, _abc.Awaitable[_rpc_pb2.AuthRoleGetResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleList(
+        self,
+        request: _rpc_pb2.AuthRoleListRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleListResponse, _abc.Awaitable[_rpc_pb2.AuthRoleListResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleDelete(
+        self,
+        request: _rpc_pb2.AuthRoleDeleteRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleDeleteResponse, _abc.Awaitable[_rpc_pb2.AuthRoleDeleteResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleGrantPermission(
+        self,
+        request: _rpc_pb2.AuthRoleGrantPermissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleGrantPermissionResponse, _abc.Awaitable[_rpc_pb2.AuthRoleGrantPermissionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RoleRevokePermission(
+        self,
+        request: _rpc_pb2.AuthRoleRevokePermissionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.AuthRoleRevokePermissionResponse, _abc.Awaitable[_rpc_pb2.AuthRoleRevokePermissionResponse]]: ...
+
+def add_AuthServicer_to_server(servicer: AuthServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
