@@ -198,3 +198,55 @@ def _get(endpoint: str, key: str) -> bytes:
 
 def _keys(endpoint: str, prefix: str) -> list[str]:
     return _etcdctl(endpoint, "get", "--prefix", prefix, "--keys-only").split()
+
+
+def test_username_and_password_over_tls(etcdgo: Callable[..., Program], tmp_path: Path) -> None:
+    """clientv3 with Username/Password: it calls Authenticate and sends the token (`token`
+    metadata) with every call, streams included; what it may do is the user's permissions on
+    namespace etcd. A wrong password fails the connect with etcd's error."""
+    import grpc
+
+    from tablekeeper import Client, TlsConfig
+    from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
+    from tablekeeper_server.security.certs import write_authority
+    from tablekeeper_server.security.tokens import create_token
+
+    certs = tmp_path / "certs"
+    write_authority(certs, hosts=["127.0.0.1", "localhost"], clients=[])
+    secret = (certs / "secret.key").read_bytes().strip()
+    port = free_port()
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            *("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")),
+            *("--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"),
+            *("--etcd-port", str(port)),
+        ],
+        tls_files=(certs / "ca.pem", None, None),
+    ).start()
+    try:
+        endpoint = f"127.0.0.1:{port}"
+        admin = (("authorization", f"Bearer {create_token(secret, 'admin')}"),)
+        credentials = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+        with grpc.secure_channel(endpoint, credentials) as channel:
+            rpc_pb2_grpc.AuthStub(channel).UserAdd(
+                rpc_pb2.AuthUserAddRequest(name="gopher", password="s3cret"), metadata=admin
+            )
+        login = ("-endpoint", endpoint, "-cacert", str(certs / "ca.pem"), "-prefix", "/go/")
+
+        wrong = etcdgo("auth", *login, "-user", "gopher", "-password", "nope")
+        assert wrong.process.wait(TIMEOUT_S) != 0
+        assert "invalid user ID or password" in "\n".join(wrong.lines)
+
+        denied = etcdgo("auth", *login, "-user", "gopher", "-password", "s3cret")
+        assert denied.process.wait(TIMEOUT_S) != 0
+        assert "lacks write on namespace 'etcd'" in denied.wait_line("DENIED put")
+
+        tls = TlsConfig(ca=certs / "ca.pem")
+        with Client(server.service, tls=tls, token=create_token(secret, "admin")) as client:
+            client.grant("etcd", "gopher", ["read", "write"])
+        lines = etcdgo("auth", *login, "-user", "gopher", "-password", "s3cret").finish()
+        assert "PUT-GET ok" in lines and "LEASE ok" in lines, lines
+        assert any(line.startswith("WATCH /go/") for line in lines), lines
+    finally:
+        server.stop()
