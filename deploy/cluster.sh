@@ -58,6 +58,15 @@ Options of start (recorded in DIR/cluster.env; later commands reuse them):
                             use this running Pulsar instead of starting one (both needed)
   --timeout SECS            how long start waits for the cluster to be ready (default ${TIMEOUT},
                             env TK_CLUSTER_START_TIMEOUT)
+  --tls                     serve TLS, fixed at the first start: a throw-away CA (DIR/tls/ca.pem,
+                            made with python -m tablekeeper_server.security.certs, valid 30 days),
+                            a server certificate for 127.0.0.1 and localhost, a client certificate
+                            'admin' and an HMAC secret (DIR/tls/secret.key); the servers call each
+                            other over TLS. Clients: --tls-ca DIR/tls/ca.pem (or
+                            TABLEKEEPER_TLS_CA). Tokens too: add
+                            -- --auth-secret-key DIR/tls/secret.key --superuser-roles admin
+                            and export TABLEKEEPER_TOKEN=\$(tablekeeper token create
+                            --secret-key DIR/tls/secret.key --subject admin) before 'start'.
   -- SERVER_ARGS...         extra arguments for the servers started by this command
   -h, --help                this help
 
@@ -82,7 +91,7 @@ SERVER_ARGS=()
 # O_*: options given on this command line (empty = not given).
 O_CLUSTER="" O_CONTAINERS="" O_ZK_SESSION_TIMEOUT="" O_BASE_PORT="" O_CHECKPOINT_INTERVAL=""
 O_PULSAR_NAMESPACE="" O_ZK_PORT="" O_ZK="" O_PULSAR_PORT="" O_PULSAR_HTTP_PORT=""
-O_PULSAR_BOOKIE_PORT="" O_PULSAR_URL="" O_PULSAR_ADMIN_URL=""
+O_PULSAR_BOOKIE_PORT="" O_PULSAR_URL="" O_PULSAR_ADMIN_URL="" O_TLS=""
 
 need() { [[ $2 -ge 2 ]] || die "$1 needs a value"; }
 while [[ $# -gt 0 ]]; do
@@ -117,6 +126,7 @@ while [[ $# -gt 0 ]]; do
         --pulsar-url=*) O_PULSAR_URL="${1#*=}"; shift ;;
         --pulsar-admin-url) need "$1" $#; O_PULSAR_ADMIN_URL="$2"; shift 2 ;;
         --pulsar-admin-url=*) O_PULSAR_ADMIN_URL="${1#*=}"; shift ;;
+        --tls) O_TLS=1; shift ;;
         --timeout) need "$1" $#; TIMEOUT="$2"; shift 2 ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         --) shift; SERVER_ARGS=("$@"); break ;;
@@ -128,7 +138,7 @@ done
 if [[ "$CMD" == start ]]; then
     [[ -n "$COUNT" ]] || { usage >&2; die "start needs the number of servers: start N"; }
     (( COUNT >= 1 )) || die "start N needs N >= 1"
-elif [[ -n "$O_CLUSTER$O_CONTAINERS$O_ZK_SESSION_TIMEOUT$O_BASE_PORT$O_CHECKPOINT_INTERVAL$O_PULSAR_NAMESPACE$O_ZK_PORT$O_ZK$O_PULSAR_PORT$O_PULSAR_HTTP_PORT$O_PULSAR_BOOKIE_PORT$O_PULSAR_URL$O_PULSAR_ADMIN_URL" || ${#SERVER_ARGS[@]} -gt 0 ]]; then
+elif [[ -n "$O_CLUSTER$O_CONTAINERS$O_ZK_SESSION_TIMEOUT$O_BASE_PORT$O_CHECKPOINT_INTERVAL$O_PULSAR_NAMESPACE$O_ZK_PORT$O_ZK$O_PULSAR_PORT$O_PULSAR_HTTP_PORT$O_PULSAR_BOOKIE_PORT$O_PULSAR_URL$O_PULSAR_ADMIN_URL$O_TLS" || ${#SERVER_ARGS[@]} -gt 0 ]]; then
     die "$CMD takes only --dir (the cluster's settings are recorded there)"
 fi
 is_uint "$TIMEOUT" || die "bad --timeout: $TIMEOUT"
@@ -163,6 +173,7 @@ ENV_FILE="$DIR/cluster.env"
 SERVERS_DIR="$DIR/servers"
 ZK_DIR="$DIR/zookeeper"
 PULSAR_DIR="$DIR/pulsar"
+TLS_DIR="$DIR/tls"
 
 # --- settings ----------------------------------------------------------------
 
@@ -170,7 +181,7 @@ PULSAR_DIR="$DIR/pulsar"
 # match, except the ones that only affect servers started from now on.
 CLUSTER="" CONTAINERS="" ZK_SESSION_TIMEOUT="" BASE_PORT="" CHECKPOINT_INTERVAL=""
 PULSAR_NAMESPACE="" ZK_MODE="" ZK_PORT="" ZK_CONNECT="" PULSAR_MODE="" PULSAR_PORT=""
-PULSAR_HTTP_PORT="" PULSAR_BOOKIE_PORT="" PULSAR_URL="" PULSAR_ADMIN_URL=""
+PULSAR_HTTP_PORT="" PULSAR_BOOKIE_PORT="" PULSAR_URL="" PULSAR_ADMIN_URL="" TLS=""
 RECORDED=0
 if [[ -f "$ENV_FILE" ]]; then
     # shellcheck disable=SC1090
@@ -183,6 +194,7 @@ describe() { # describe NAME VALUE: how the option that set it reads on the comm
         ZK_MODE) [[ "$2" == own ]] && echo "its own ZooKeeper (--zk-port)" || echo "a running ZooKeeper (--zk)" ;;
         PULSAR_MODE) [[ "$2" == own ]] && echo "its own Pulsar (--pulsar-*-port)" || echo "a running Pulsar (--pulsar-url)" ;;
         ZK_CONNECT) echo "--zk $2" ;;
+        TLS) [[ "$2" == 1 ]] && echo "--tls" || echo "plaintext (no --tls)" ;;
         *) echo "--$(echo "$1" | tr 'A-Z_' 'a-z-') $2" ;;
     esac
 }
@@ -207,6 +219,13 @@ resolve_settings() {
     settle ZK_SESSION_TIMEOUT "$O_ZK_SESSION_TIMEOUT" "$D_ZK_SESSION_TIMEOUT" soft
     settle BASE_PORT "$O_BASE_PORT" "$D_BASE_PORT" soft
     settle CHECKPOINT_INTERVAL "$O_CHECKPOINT_INTERVAL" "" soft
+    # A cluster is TLS or not from its first start (its servers must all speak the same): a
+    # recorded plaintext cluster refuses --tls; a later start without --tls keeps what was recorded.
+    if [[ -n "$O_TLS" ]]; then
+        settle TLS 1 0
+    elif [[ -z "$TLS" ]]; then
+        TLS=0
+    fi
     if [[ -n "$O_ZK" ]]; then
         settle ZK_MODE external external
         settle ZK_CONNECT "$O_ZK" ""
@@ -237,7 +256,7 @@ write_settings() {
         echo "# Written by deploy/cluster.sh start: the settings of this cluster."
         for name in CLUSTER CONTAINERS PULSAR_NAMESPACE ZK_SESSION_TIMEOUT BASE_PORT \
             CHECKPOINT_INTERVAL ZK_MODE ZK_PORT ZK_CONNECT PULSAR_MODE PULSAR_PORT \
-            PULSAR_HTTP_PORT PULSAR_BOOKIE_PORT PULSAR_URL PULSAR_ADMIN_URL; do
+            PULSAR_HTTP_PORT PULSAR_BOOKIE_PORT PULSAR_URL PULSAR_ADMIN_URL TLS; do
             printf '%s=%q\n' "$name" "${!name}"
         done
     } >"$tmp"
@@ -345,6 +364,10 @@ start_server() { # start_server I: start server I (its recorded ports, else two 
         --host 127.0.0.1 --port "$GRPC_PORT" --metrics-port "$METRICS_PORT"
         --data-dir "$sdir/data")
     [[ -z "$CHECKPOINT_INTERVAL" ]] || args+=(--checkpoint-interval "$CHECKPOINT_INTERVAL")
+    if [[ "$TLS" == 1 ]]; then
+        args+=(--tls-cert "$TLS_DIR/server.pem" --tls-key "$TLS_DIR/server-key.pem"
+            --tls-ca "$TLS_DIR/ca.pem")
+    fi
     args+=("${SERVER_ARGS[@]}")
     rm -f "$sdir/server.pid"
     echo "=== $(date -Is) starting server $i: $TABLEKEEPER ${args[*]}" >>"$sdir/server.log"
@@ -357,6 +380,15 @@ start_server() { # start_server I: start server I (its recorded ports, else two 
     pid="$(cat "$sdir/server.pid" 2>/dev/null || true)"
     [[ -n "$pid" ]] || die "server $i did not launch (see $sdir/server.log)"
     log "server $i: pid $pid, bk://127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT, log $sdir/server.log"
+}
+
+# The throw-away CA, certificates and HMAC secret of a --tls cluster (made once, kept in DIR/tls).
+make_certificates() {
+    [[ -f "$TLS_DIR/ca.pem" && -f "$TLS_DIR/server.pem" && -f "$TLS_DIR/server-key.pem" ]] && return 0
+    [[ -x "$PYTHON" ]] || die "$PYTHON not found: it makes the certificates (set TK_PYTHON)"
+    "$PYTHON" -m tablekeeper_server.security.certs "$TLS_DIR" --hosts 127.0.0.1,localhost \
+        --clients admin >&2 9>&- || die "could not make the certificates in $TLS_DIR"
+    log "TLS: a throw-away CA and certificates in $TLS_DIR (for local use only)"
 }
 
 server_log_tails() { # the end of every server's log, to stderr
@@ -373,6 +405,19 @@ cluster_status() { # cluster_status [--wait S]: `tablekeeper cluster status` of 
     "$TABLEKEEPER" cluster status --zk "$ZK_CONNECT" --cluster "$CLUSTER" "$@" 9>&-
 }
 
+# TLS cluster: `cluster status` asks the servers over plaintext (which they refuse), so
+# deploy/tls_ready.py asks them again over TLS. Prints the problems; true when there are none.
+tls_ready() { # tls_ready I...
+    local i report
+    local -a expect=()
+    for i in "$@"; do
+        server_ports "$i" || true
+        expect+=(--expect "127.0.0.1:$GRPC_PORT")
+    done
+    report="$(cluster_status -o json --wait 0 2>/dev/null)" || true
+    "$PYTHON" "$SCRIPT_DIR/tls_ready.py" --ca "$TLS_DIR/ca.pem" "${expect[@]}" <<<"$report" 9>&-
+}
+
 wait_ready() { # wait_ready I...: until servers I... are live and every container is served
     local deadline=$((SECONDS + TIMEOUT)) out="" rc i missing
     while true; do
@@ -385,6 +430,18 @@ wait_ready() { # wait_ready I...: until servers I... are live and every containe
                     "(what started keeps running: '$0 stop --dir $DIR' stops it)"
             fi
         done
+        if [[ "$TLS" == 1 ]]; then
+            out="$(tls_ready "$@" 2>&1)" && return 0
+            if (( SECONDS >= deadline )); then
+                echo "--- not ready (asked over TLS):" >&2
+                echo "$out" >&2
+                server_log_tails
+                die "cluster not ready after ${TIMEOUT}s" \
+                    "(what started keeps running: '$0 stop --dir $DIR' stops it)"
+            fi
+            sleep 1
+            continue
+        fi
         rc=0
         out="$(cluster_status --wait 0 2>&1)" || rc=$?
         missing=""
@@ -452,6 +509,7 @@ do_start() {
 
     "$TABLEKEEPER" cluster init --zk "$ZK_CONNECT" --cluster "$CLUSTER" --containers "$CONTAINERS" \
         9>&- >&2 || die "tablekeeper cluster init failed"
+    [[ "$TLS" != 1 ]] || make_certificates
 
     local i started=() all=()
     for i in $(seq 1 "$COUNT"); do
@@ -482,7 +540,19 @@ do_start() {
     mapfile -t uris < <(service_uris)
     local joined
     joined="bk://$(printf '%s\n' "${uris[@]}" | sed 's|^bk://||' | paste -sd, -)"
-    cat >&2 <<EOF
+    if [[ "$TLS" == 1 ]]; then
+        cat >&2 <<EOF
+cluster.sh: TLS is on (a throw-away CA in $TLS_DIR); use any of the URIs below, or all at once:
+  export TABLEKEEPER_SERVICE=$joined
+  export TABLEKEEPER_TLS_CA=$TLS_DIR/ca.pem      # or --tls-ca $TLS_DIR/ca.pem on each command
+  $TABLEKEEPER ns create app
+  python: tablekeeper.Client("$joined", tls=tablekeeper.TlsConfig(ca="$TLS_DIR/ca.pem"))
+  a client certificate (servers run with -- --tls-client-ca): $TLS_DIR/admin.pem, admin-key.pem
+  status: $0 status --dir $DIR
+  stop:   $0 stop --dir $DIR
+EOF
+    else
+        cat >&2 <<EOF
 cluster.sh: use any of the URIs below, or all of them at once:
   export TABLEKEEPER_SERVICE=$joined
   $TABLEKEEPER ns create app
@@ -490,6 +560,7 @@ cluster.sh: use any of the URIs below, or all of them at once:
   status: $0 status --dir $DIR
   stop:   $0 stop --dir $DIR
 EOF
+    fi
     printf '%s\n' "${uris[@]}"
 }
 
@@ -560,6 +631,9 @@ do_status() {
         echo "pulsar: $PULSAR_URL $PULSAR_ADMIN_URL (not started by this script)"
     fi
     echo "pulsar namespace: $PULSAR_NAMESPACE"
+    if [[ "$TLS" == 1 ]]; then
+        echo "tls: on, CA $TLS_DIR/ca.pem (the plaintext status below cannot ask the servers)"
+    fi
     if [[ "$zk_up" == 1 ]]; then
         cluster_status || down=$((down + 1))
     else
