@@ -182,9 +182,8 @@ def test_expired_and_foreign_tokens_get_etcds_invalid_auth_token(secured: Secure
     with secured.channel(secured.etcd) as channel:
         kv = rpc_pb2_grpc.KVStub(channel)
         for token in (expired, foreign, "not-a-token"):
-            refused = failure(
-                lambda t=token: kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=(("token", t),))
-            )
+            request = rpc_pb2.RangeRequest(key=b"k")
+            refused = failure(functools.partial(kv.Range, request, metadata=(("token", token),)))
             assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
             assert refused.details() == "etcdserver: invalid auth token"
     log = secured.server.log_path.read_text(errors="replace")
