@@ -369,3 +369,26 @@ def test_oxia_calls_need_read_or_write_on_namespace_oxia(secured: Secured) -> No
         assert write(caller, b"v1").puts[0].status == client_pb2.OK
         got = read(caller)
         assert got.status == client_pb2.OK and got.value == b"v1"
+
+
+def test_an_etcd_watch_needs_read(secured: Secured) -> None:
+    """A bidirectional stream is authorized message by message: a watch by a role without read
+    ends PERMISSION_DENIED; with read it gets its events."""
+    role = unique("watcher")
+    key = unique("/watched/").encode()
+    with secured.channel(secured.etcd) as channel:
+        watch = rpc_pb2_grpc.WatchStub(channel)
+        create = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=key))
+
+        def first_response() -> rpc_pb2.WatchResponse:
+            stream = watch.Watch(iter([create]), metadata=secured.bearer(role), timeout=10)
+            response: rpc_pb2.WatchResponse = next(iter(stream))
+            stream.cancel()
+            return response
+
+        denied = failure(first_response)
+        assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "lacks read on namespace 'etcd'" in denied.details()
+        with secured.client() as client:
+            client.grant("etcd", role, ["read"])
+        assert first_response().created
