@@ -12,6 +12,7 @@ from tablekeeper_server.security.config import (
     add_security_arguments,
     security_config_from_args,
 )
+from tablekeeper_server.workers import WorkerSlot, resolve_workers
 
 LOG_BACKENDS = ("local", "pulsar")
 CHECKPOINT_STORES = ("dir", "pulsar")
@@ -39,6 +40,10 @@ class ServerConfig:
     oxia_port: int = 0
     """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
     containers: int = 8
+    workers: int = 1
+    """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
+    worker: WorkerSlot | None = None
+    """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
     recently used idle ones are closed to open more. Root and meta ranges are not counted."""
@@ -97,6 +102,10 @@ class ServerConfig:
             raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
+        if self.workers < 1:
+            raise ValueError("--workers must be at least 1 (0 = one per core)")
+        if self.workers > 1:
+            self._validate_workers()
         self.limits.check()
         self.security.validate()
         if self.checkpoint_interval_s < 0:
@@ -120,6 +129,19 @@ class ServerConfig:
                 raise ValueError("--etcd-port is not available in cluster mode yet")
             if self.oxia_port:
                 raise ValueError("--oxia-port is not available in cluster mode yet")
+
+    def _validate_workers(self) -> None:
+        if self.cluster_mode:
+            raise ValueError(
+                "--workers is for a standalone server (in cluster mode, run more servers)"
+            )
+        if self.containers < self.workers:
+            raise ValueError(f"--workers {self.workers} needs at least as many --containers")
+        if self.etcd_port or self.oxia_port:
+            raise ValueError(
+                "the etcd and Oxia ports are served by one process: use --workers 1 with "
+                "--etcd-port or --oxia-port"
+            )
 
     def _validate_cluster(self) -> None:
         if not self.cluster or "/" in self.cluster:
@@ -200,6 +222,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="server processes sharing the containers, each with its own port and core; "
+        "0 = one per core (default 1; the etcd and Oxia ports need 1)",
     )
     parser.add_argument(
         "--max-open-ranges",
@@ -336,6 +365,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         etcd_port=args.etcd_port,
         oxia_port=args.oxia_port,
         containers=args.containers,
+        workers=resolve_workers(args.workers),
+        worker=WorkerSlot.from_env(),
         max_open_ranges=args.max_open_ranges,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
         security=security_config_from_args(args),

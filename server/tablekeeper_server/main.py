@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
@@ -46,6 +47,7 @@ from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tablekeeper_server.workers import supervise, worker_argv
 
 log = logging.getLogger("tablekeeper.server")
 
@@ -161,7 +163,9 @@ async def _join_cluster(config: ServerConfig) -> tuple[ZkCoordinator, int]:
 
 async def serve(config: ServerConfig) -> None:
     files_limit = _raise_open_files_limit(config.max_open_ranges)
-    lock_fd = _lock_data_dir(config.data_dir)
+    worker = config.worker
+    # A worker's supervisor holds the data directory's lock (see `workers`).
+    lock_fd = _lock_data_dir(config.data_dir) if worker is None else None
     coordinator: ZkCoordinator | None = None
     num_containers = config.containers
     if config.cluster_mode:
@@ -186,7 +190,9 @@ async def serve(config: ServerConfig) -> None:
         range_limit=OpenRangeLimit(config.max_open_ranges),
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
-    registry = ContainerRegistry(env, [] if coordinator else list(range(num_containers)))
+    # A worker: its share.
+    hosted = [c for c in range(num_containers) if worker is None or worker.owns(c)]
+    registry = ContainerRegistry(env, [] if coordinator else hosted)
     metrics.register_range_stats(
         lambda: [_range_stats(r, env.clock) for r in registry.all_ranges()]
     )
@@ -211,7 +217,11 @@ async def serve(config: ServerConfig) -> None:
         log_description,
         checkpoint_store.describe(),
         num_containers,
-        f", cluster {config.cluster} at {config.zk_hosts}" if coordinator else "",
+        f", cluster {config.cluster} at {config.zk_hosts}"
+        if coordinator
+        else f", worker {worker.index} of {worker.count} hosting {hosted}"
+        if worker
+        else "",
     )
     tls = config.security.server_tls()
     authenticator = config.security.authenticator()
@@ -227,21 +237,26 @@ async def serve(config: ServerConfig) -> None:
     )
     if access is not None:
         admin.on_permissions_changed = access.forget
+    if worker is not None:  # container j belongs to worker j
+        admin.sibling_containers = [j for j in range(worker.count) if j != worker.index]
     # The port is fixed by configuration (never 0), so the endpoint we register is known now.
     member = (
         ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
         if coordinator is not None
         else None
     )
+    owner_of = member.owner_of if member is not None else None
+    if worker is not None:
+        owner_of = worker.owner_of
     server = GrpcServer(
         registry,
         bind_host=config.bind_host,
-        port=config.port,
+        port=config.port if worker is None else worker.port,
         advertised_host=config.advertised_host,
         limits=config.limits,
         metrics=metrics,
         admin=admin,
-        owner_of=member.owner_of if member is not None else None,
+        owner_of=owner_of,
         tls=tls,
         authenticator=authenticator,
         access=access,
@@ -255,13 +270,16 @@ async def serve(config: ServerConfig) -> None:
         server.forwarder.draining = lambda: cluster_member.draining
         registry.remote = RemoteCatalogClient(server.forwarder)
         registry.still_owns = member.still_owns
+    elif worker is not None:
+        assert server.forwarder is not None
+        registry.remote = RemoteCatalogClient(server.forwarder)
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
     try:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
         # now, not after the server already serves).
-        if config.metrics_port:
+        if config.metrics_port and (worker is None or worker.index == 0):
             metrics_tls = config.security.metrics_tls
             start_http_server(
                 config.metrics_port,
@@ -284,6 +302,8 @@ async def serve(config: ServerConfig) -> None:
         if coordinator is not None:
             await asyncio.to_thread(coordinator.stop)
         raise
+    if worker is not None and worker.index == 0:
+        await _wait_for_workers(worker.siblings(), tls)
     await server.set_serving()
     log.info(
         "serving on %s:%d (metrics on %s)",
@@ -321,8 +341,36 @@ async def serve(config: ServerConfig) -> None:
     await registry.stop()
     await asyncio.to_thread(close_log)
     await asyncio.to_thread(close_checkpoint_store)
-    os.close(lock_fd)
+    if lock_fd is not None:
+        os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None:
+    """Until every other worker reports SERVING (worker 0 reports it only then, so a client
+    that waited for the server finds every container open)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc  # only workers need it
+
+    for endpoint in endpoints:
+        waited = 0
+        while True:
+            channel = (
+                grpc.aio.secure_channel(endpoint, tls.channel_credentials())
+                if tls is not None
+                else grpc.aio.insecure_channel(endpoint)
+            )
+            async with channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                try:
+                    answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.aio.AioRpcError:
+                    pass
+            waited += 1
+            if waited % 50 == 0:
+                log.info("waiting for worker %s to serve", endpoint)
+            await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -407,11 +455,26 @@ async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: floa
 
 
 def run(config: ServerConfig) -> int:
+    worker = config.worker
     logging.basicConfig(
         level=getattr(logging, config.log_level, logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s "
+        + (f"[worker {worker.index}] " if worker is not None else "")
+        + "%(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if config.workers > 1 and worker is None:
+        lock_fd = _lock_data_dir(config.data_dir)
+        try:
+            return supervise(
+                workers=config.workers,
+                bind_host=config.bind_host,
+                advertised_host=config.advertised_host,
+                port=config.port,
+                argv=worker_argv(),
+            )
+        finally:
+            os.close(lock_fd)
     try:
         asyncio.run(serve(config))
     except CorruptionError as exc:

@@ -136,10 +136,11 @@ class ContainerRegistry:
         return root
 
     def _heal(self, container: StorageContainer) -> None:
-        """Standalone: a failed catalog range of `container` (out of disk space, say) starts
-        reopening; until it is back its requests get a retryable error. Cluster mode leaves
-        that to the cluster member, which reopens the whole container."""
-        if self.remote is None and self.still_owns is None:
+        """Standalone (and a worker of `--workers`): a failed catalog range of `container` (out
+        of disk space, say) starts reopening; until it is back its requests get a retryable
+        error. Cluster mode leaves that to the cluster member, which reopens the whole
+        container."""
+        if self.still_owns is None:
             container.heal_catalogs()
 
     async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties:
@@ -228,11 +229,14 @@ class ContainerRegistry:
             except Exception:
                 log.exception("could not remove the data of deleted table %d", props.stream_id)
 
-    async def open_table_ranges(self, stream_id: int) -> list[Range]:
-        """Open every range of a table (for checkpoints and status of a whole table)."""
+    async def open_table_ranges(self, stream_id: int, *, hosted_only: bool = False) -> list[Range]:
+        """Open every range of a table (for checkpoints and status of a whole table); with
+        `hosted_only`, those in the containers hosted here."""
         route = await self._route(stream_id)
         ranges = []
         for range_props in route.ranges.values():
+            if hosted_only and range_props.storage_container_id not in self.containers:
+                continue
             container = self.container(range_props.storage_container_id)
             ranges.append(
                 await container.data_range(
@@ -244,9 +248,16 @@ class ContainerRegistry:
     def all_ranges(self) -> list[Range]:
         return [r for c in list(self.containers.values()) for r in c.ranges.values()]
 
-    async def checkpoint(self, stream_id: int = 0, *, force: bool = True) -> list[Range]:
-        """Checkpoint one table's ranges (`stream_id`), or every open range (0)."""
-        ranges = await self.open_table_ranges(stream_id) if stream_id else self.all_ranges()
+    async def checkpoint(
+        self, stream_id: int = 0, *, force: bool = True, hosted_only: bool = False
+    ) -> list[Range]:
+        """Checkpoint one table's ranges (`stream_id`), or every open range (0). `hosted_only`:
+        of the table's ranges, those in containers hosted here (the others are not an error)."""
+        ranges = (
+            await self.open_table_ranges(stream_id, hosted_only=hosted_only)
+            if stream_id
+            else self.all_ranges()
+        )
         for range_ in ranges:
             await self.checkpoint_range(range_, force=force)
         return ranges

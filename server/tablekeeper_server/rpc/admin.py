@@ -12,7 +12,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import BadRequestError, InvalidNamespaceNameError
 from tablekeeper_server.range.replica import Range
-from tablekeeper_server.rpc.proxy import RemoteCatalogClient, local_or_forward
+from tablekeeper_server.rpc.proxy import RemoteCatalogClient, local_or_forward, was_forwarded
 from tablekeeper_server.rpc.status import serve, serve_admin
 from tablekeeper_server.security.access import Permission, parse_permissions, permission_names
 
@@ -71,14 +71,46 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._interval_s = interval_s
         self.on_permissions_changed: Callable[[], None] = lambda: None
         """Called after a grant or revoke made here (drops cached access decisions)."""
+        self.sibling_containers: list[int] = []
+        """A worker of `--workers`: one container of each other worker. Checkpoint and Status
+        cover the whole host: what is here, plus each other worker's answer (asked through
+        that container's route)."""
+
+    async def _siblings(
+        self, method: str, request: Any, response_type: Any, context: Any
+    ) -> list[Any]:
+        """Each other worker's answer to `method` (none when this call came from one)."""
+        remote = self._registry.remote
+        if not self.sibling_containers or was_forwarded(context):
+            return []
+        assert isinstance(remote, RemoteCatalogClient)
+        return [
+            await remote.forwarder.forward(
+                container_id,
+                _ADMIN_SERVICE + method,
+                request,
+                response_type,
+                lambda _: 0,
+                idempotent=True,
+                context=context,
+            )
+            for container_id in self.sibling_containers
+        ]
 
     async def Checkpoint(  # noqa: N802
         self, request: admin_pb2.CheckpointRequest, context: Any
     ) -> admin_pb2.CheckpointResponse:
         async def handle() -> admin_pb2.CheckpointResponse:
-            ranges = await self._registry.checkpoint(request.stream_id)
+            hosted_only = bool(self.sibling_containers)  # the other workers do theirs
+            ranges = await self._registry.checkpoint(request.stream_id, hosted_only=hosted_only)
             clock = self._registry.env.clock
-            return admin_pb2.CheckpointResponse(ranges=[range_status(r, clock) for r in ranges])
+            response = admin_pb2.CheckpointResponse(ranges=[range_status(r, clock) for r in ranges])
+            others = await self._siblings(
+                "Checkpoint", request, admin_pb2.CheckpointResponse, context
+            )
+            for other in others:
+                response.ranges.extend(other.ranges)
+            return response
 
         return await serve_admin("Checkpoint", context, handle)
 
@@ -90,12 +122,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             self._registry.all_ranges(),
             key=lambda r: (r.name.container_id, r.name.stream_id, r.name.range_id),
         )
-        return admin_pb2.StatusResponse(
+        response = admin_pb2.StatusResponse(
             ranges=[range_status(r, clock) for r in ranges],
             num_storage_containers=self._registry.env.num_containers,
             checkpoint_store=self._checkpoint_store,
             checkpoint_interval_s=self._interval_s,
         )
+        for other in await self._siblings("Status", request, admin_pb2.StatusResponse, context):
+            response.ranges.extend(other.ranges)
+        return response
 
     async def ListNamespaces(  # noqa: N802
         self, request: admin_pb2.ListNamespacesRequest, context: Any

@@ -1,0 +1,221 @@
+"""`tablekeeper server --workers N`: N server processes that share this host's containers.
+
+One Python process serves about one core (the interpreter's lock); a host with more cores runs
+more processes. The supervisor (the process started by `tablekeeper server`) holds the data
+directory's lock, picks a port for each worker, starts them and watches them:
+
+- worker `i` hosts containers `c` with `c % N == i` (worker 0 has the root range) and listens on
+  its own port; worker 0 on `--port`, the others on free loopback ports picked at start;
+- `GetStorageContainerEndpoint` names each container's worker, so clients that route (the SDK,
+  the BookKeeper Java client) go straight to it; a request that reaches the wrong worker (the
+  BookKeeper Python client sends everything to `--port`) is forwarded, as in cluster mode;
+- worker 0 reports SERVING once every worker does, so a client that waited for it finds all of
+  them;
+- a worker that dies (a crash, kill -9) is started again on the same port and recovers its
+  containers from their logs; SIGTERM/SIGINT stop every worker gracefully; SIGHUP is passed on
+  (TLS certificates are re-read).
+
+The workers own disjoint containers, hence disjoint range logs, stores and checkpoints in the
+shared data directory; nothing is shared between the processes but that directory.
+Not in worker mode: cluster mode (`--zk`), and the etcd and Oxia ports (their keyspaces are
+served in one process; see README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+log = logging.getLogger("tablekeeper.workers")
+
+ENV_VAR = "TABLEKEEPER_WORKER"
+"""How the supervisor tells a worker process its slot (internal; JSON)."""
+RESTART_DELAY_S = 1.0
+CRASH_LOOP_RESTARTS = 5
+"""A worker that dies this many times in a row, each within `CRASH_LOOP_WINDOW_S` of its start,
+stops the server (something is wrong that restarting does not fix)."""
+CRASH_LOOP_WINDOW_S = 30.0
+EXIT_REFUSED = 3
+"""A worker's exit status when it refuses to start on damaged data (`main.run`): not restarted."""
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Which worker this process is, and every worker's endpoint (`host:port`), by index."""
+
+    index: int
+    endpoints: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.endpoints)
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoints[self.index].rsplit(":", 1)[1])
+
+    def owns(self, container_id: int) -> bool:
+        return container_id % self.count == self.index
+
+    def owner_of(self, container_id: int) -> str:
+        return self.endpoints[container_id % self.count]
+
+    def siblings(self) -> list[str]:
+        return [e for i, e in enumerate(self.endpoints) if i != self.index]
+
+    def to_env(self) -> str:
+        return json.dumps({"index": self.index, "endpoints": list(self.endpoints)})
+
+    @classmethod
+    def from_env(cls) -> WorkerSlot | None:
+        raw = os.environ.get(ENV_VAR)
+        if not raw:
+            return None
+        doc = json.loads(raw)
+        return cls(int(doc["index"]), tuple(str(e) for e in doc["endpoints"]))
+
+
+def _end_with_parent() -> None:
+    """In a worker, before it runs: get SIGTERM when the supervisor dies, even by kill -9 (Linux
+    `prctl(PR_SET_PDEATHSIG)`), so no worker outlives it holding ports and containers."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def resolve_workers(requested: int) -> int:
+    """`--workers 0` means one per core."""
+    return requested if requested > 0 else max(1, os.cpu_count() or 1)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _Worker:
+    def __init__(self, slot: WorkerSlot, argv: list[str]) -> None:
+        self.slot = slot
+        self._argv = argv
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.quick_deaths = 0
+
+    def start(self) -> None:
+        env = dict(os.environ, **{ENV_VAR: self.slot.to_env()})
+        self.process = subprocess.Popen(self._argv, env=env, preexec_fn=_end_with_parent)
+        self.started_at = time.monotonic()
+        log.info(
+            "worker %d started (pid %d) on %s",
+            self.slot.index,
+            self.process.pid,
+            self.slot.endpoints[self.slot.index],
+        )
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signum)
+
+
+def supervise(
+    *, workers: int, bind_host: str, advertised_host: str, port: int, argv: list[str]
+) -> int:
+    """Run `workers` worker processes (each `argv`, told its slot in the environment) until
+    SIGTERM/SIGINT; return the exit status. The caller holds the data directory's lock."""
+    ports = [port] + [_free_port(bind_host) for _ in range(workers - 1)]
+    endpoints = tuple(f"{advertised_host}:{p}" for p in ports)
+    children = [_Worker(WorkerSlot(i, endpoints), argv) for i in range(workers)]
+    stopping: list[int] = []
+
+    def on_stop(signum: int, _: FrameType | None) -> None:
+        if not stopping:
+            log.info("stopping %d workers (%s)", workers, signal.Signals(signum).name)
+        stopping.append(signum)
+        for child in children:
+            child.signal(signal.SIGTERM)
+
+    def on_hup(signum: int, _: FrameType | None) -> None:
+        for child in children:
+            child.signal(signum)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
+    log.info("starting %d workers: %s", workers, ", ".join(endpoints))
+    for child in children:
+        child.start()
+    status = 0
+    while True:
+        running = 0
+        for child in children:
+            process = child.process
+            if process is None:
+                continue
+            code = process.poll()
+            if code is None:
+                running += 1
+                continue
+            if stopping:
+                if code != 0:
+                    log.warning("worker %d exited with status %d", child.slot.index, code)
+                    status = status or code
+                child.process = None
+                continue
+            status = _after_death(child, code)
+            if status:
+                on_stop(signal.SIGTERM, None)
+            else:
+                running += 1
+        if stopping and running == 0:
+            break
+        time.sleep(0.1)
+    log.info("all workers stopped")
+    return status
+
+
+def _after_death(child: _Worker, code: int) -> int:
+    """A worker exited on its own: start it again (0), or say why the server must stop."""
+    index = child.slot.index
+    if code == EXIT_REFUSED:
+        log.error("worker %d refused to start on damaged data: stopping the server", index)
+        return EXIT_REFUSED
+    lived = time.monotonic() - child.started_at
+    child.quick_deaths = child.quick_deaths + 1 if lived < CRASH_LOOP_WINDOW_S else 1
+    if child.quick_deaths >= CRASH_LOOP_RESTARTS:
+        log.error(
+            "worker %d died %d times within %.0fs of starting: stopping the server",
+            index,
+            child.quick_deaths,
+            CRASH_LOOP_WINDOW_S,
+        )
+        return 2
+    log.warning(
+        "worker %d exited with status %d after %.1fs; starting it again (its containers "
+        "recover from their logs)",
+        index,
+        code,
+        lived,
+    )
+    time.sleep(RESTART_DELAY_S)
+    child.start()
+    return 0
+
+
+def worker_argv() -> list[str]:
+    """The command line that started this process, to start each worker with."""
+    return [sys.executable, *sys.argv]
