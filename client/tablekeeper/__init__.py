@@ -9,6 +9,8 @@
         print(users.get("user-1", "name").value)
 
 `AsyncClient` / `AsyncTable` are the asyncio versions (many requests in flight on one channel).
+Every exception is in `tablekeeper.errors` (each says whether it is `retryable` and whether a
+write's outcome is unknown); the value types are in `tablekeeper.types`.
 """
 
 from tablekeeper._transport import RetryPolicy
@@ -17,6 +19,7 @@ from tablekeeper.errors import (
     BadRequestError,
     BadRevisionError,
     BadVersionError,
+    CompactedError,
     IllegalOpError,
     InternalServerError,
     InvalidKeyError,
@@ -35,11 +38,13 @@ from tablekeeper.errors import (
     UnauthenticatedError,
     UnavailableError,
     UnexpectedError,
+    WatchCancelledError,
 )
 from tablekeeper.security import TlsConfig
 from tablekeeper.session import AsyncSession, Session
-from tablekeeper.table import AsyncTable, AsyncTxn, KeyValue, TableInfo, TxnResult
-from tablekeeper.watch import AsyncWatch, CompactedError, Watch, WatchCancelledError, WatchEvent
+from tablekeeper.table import AsyncTable, AsyncTxn
+from tablekeeper.types import KeyValue, TableInfo, TxnResult, WatchEvent
+from tablekeeper.watch import AsyncWatch, Watch
 
 __all__ = [
     "DEFAULT_SERVICE",

@@ -35,16 +35,17 @@ from typing import Any
 import grpc
 
 from tablekeeper._routes import RouteCache
-from tablekeeper._transport import (
-    RetryPolicy,
-    error_for_status,
-    retryable_rpc_error,
-    trailer_message,
+from tablekeeper._transport import RetryPolicy, trailer_message
+from tablekeeper.errors import (
+    error_for_code,
+    error_for_result,
+    error_for_rpc_error,
+    should_resend,
 )
-from tablekeeper.errors import UnavailableError, error_for_code
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
-_NOT_SERVED_HERE = 500
+_NOT_SERVED_HERE = StatusCode.INTERNAL_SERVER_ERROR
 """The header code of a Batch result marked retryable because its range is not served there."""
 UNARY_METHODS = {"put": "Put", "increment": "Increment", "delete_range": "Delete", "range": "Range"}
 
@@ -126,19 +127,18 @@ class Coalescer:
                 self._routes.failed(target)
             expired = time.monotonic() >= deadline
             if outcome.transport is not None:
-                if expired or not retryable_rpc_error(outcome.transport, idempotent):
-                    error = outcome.transport
-                    raise error_for_status(error) from error
+                failed = error_for_rpc_error(outcome.transport, idempotent=idempotent)
+                if expired or not should_resend(failed, idempotent):
+                    raise failed from outcome.transport
             else:
                 code = outcome.response.header.code
                 if code == 0:
                     return outcome.response
-                exc = error_for_code(code, outcome.error)
                 if outcome.retryable and expired:
                     # "Not served here (yet)" until the deadline: as a unary NOT_FOUND would.
-                    raise UnavailableError(f"NOT_FOUND: {outcome.error}".strip())
-                retry = outcome.retryable or (idempotent and exc.retryable)
-                if expired or not retry:
+                    raise error_for_result(code, outcome.error, retryable=True)
+                exc = error_for_code(code, outcome.error)
+                if expired or not (outcome.retryable or should_resend(exc, idempotent)):
                     raise exc
             await asyncio.sleep(random.uniform(0, backoff))
             backoff = min(self._policy.max_backoff_s, backoff * 2)

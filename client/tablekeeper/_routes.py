@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from tablekeeper._transport import _CONNECT_FAILURE_HINTS, RetryPolicy, call
-from tablekeeper.errors import TableKeeperError
-from tablekeeper.routing import RangeInfo, RangeRouter
+from tablekeeper._transport import RetryPolicy, call
+from tablekeeper.errors import TableKeeperError, never_sent
+from tablekeeper.routing import RangeRouter
+from tablekeeper.types import RangeInfo
 from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc
 
 T = TypeVar("T")
@@ -72,10 +73,7 @@ def wrong_location(error: grpc.aio.AioRpcError) -> bool:
 
 
 def _connect_failure(error: grpc.aio.AioRpcError) -> bool:
-    details = (error.details() or "").lower()
-    return error.code() == grpc.StatusCode.UNAVAILABLE and any(
-        hint in details for hint in _CONNECT_FAILURE_HINTS
-    )
+    return never_sent(error.code(), error.details())
 
 
 def _endpoint_target(endpoint: Any) -> str:

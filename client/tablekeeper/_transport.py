@@ -1,9 +1,10 @@
 """Channels, the error-wrapping call helper, and the retry loop.
 
-Retry rules: a call is retried only when that is safe. Reads may always be retried. A write is
-retried only when it certainly was not applied: the server answered gRPC NOT_FOUND ("this
-range is not served here / not ready / shutting down", sent before anything is appended), or
-the connection could not be established at all.
+Retry rules (`errors.should_resend`, by the error tables): a call is retried only when that is
+safe. Reads may be retried after any transient failure. A write is retried only when it
+certainly was not applied: the server answered gRPC NOT_FOUND ("this range is not served here /
+not ready / shutting down", sent before anything is appended), or the connection could not be
+established at all.
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ from typing import Any, TypeVar
 import grpc
 
 from tablekeeper.errors import (
-    PermissionDeniedError,
-    ResourceLimitError,
+    ERROR_METADATA_KEY,
     TableKeeperError,
-    UnauthenticatedError,
-    UnavailableError,
     error_for_code,
+    error_for_rpc_error,
+    should_resend,
 )
 
 T = TypeVar("T")
 DEFAULT_PORT = 4181
-ERROR_METADATA_KEY = "tk-error"
-_CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +131,8 @@ def new_channel(
 
 def retryable_rpc_error(error: grpc.aio.AioRpcError, idempotent: bool) -> bool:
     """Whether a failed call may be sent again: NOT_FOUND means "not served here, nothing
-    applied"; a failure to connect means it never left; other errors only for reads."""
-    code = error.code()
-    if code == grpc.StatusCode.NOT_FOUND:
-        return True
-    if code == grpc.StatusCode.UNAVAILABLE:
-        if idempotent:
-            return True
-        details = (error.details() or "").lower()
-        return any(hint in details for hint in _CONNECT_FAILURE_HINTS)
-    return idempotent and code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+    applied"; a failure to connect means it never left; other transient errors only for reads."""
+    return should_resend(error_for_rpc_error(error, idempotent=idempotent), idempotent)
 
 
 async def call(
@@ -166,30 +156,18 @@ async def call(
             rpc = method(request, metadata=metadata, timeout=policy.call_timeout_s)
             response = await rpc
         except grpc.aio.AioRpcError as error:
-            if not retryable_rpc_error(error, idempotent) or time.monotonic() >= deadline:
-                raise error_for_status(error) from error
+            failed = error_for_rpc_error(error, idempotent=idempotent)
+            if not should_resend(failed, idempotent) or time.monotonic() >= deadline:
+                raise failed from error
         else:
             code = status_of(response)
             if code == 0:
                 return response
             exc = error_for_code(code, await trailer_message(rpc))
-            if not (idempotent and exc.retryable) or time.monotonic() >= deadline:
+            if not should_resend(exc, idempotent) or time.monotonic() >= deadline:
                 raise exc
         await asyncio.sleep(random.uniform(0, backoff))
         backoff = min(policy.max_backoff_s, backoff * 2)
-
-
-_BY_GRPC_STATUS: dict[grpc.StatusCode, type[TableKeeperError]] = {
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceLimitError,
-}
-
-
-def error_for_status(error: grpc.aio.AioRpcError) -> TableKeeperError:
-    """The SDK error for a failed call that is not retried (any other status: unavailable)."""
-    cls = _BY_GRPC_STATUS.get(error.code(), UnavailableError)
-    return cls(f"{error.code().name}: {error.details() or ''}".strip())
 
 
 async def trailer_message(rpc: Any) -> str:

@@ -5,6 +5,9 @@ increments. Used by `tablekeeper.spark`; usable on its own with an `AsyncClient`
   `tablekeeper.routing.RangeRouter` tells which of them holds a pkey.
 - `scan_range` pages through every key of one range (TableKeeper's `ScanRange`), whatever its
   pkey, so a table can be read range by range in parallel.
+
+Each function takes the `AsyncClient` (or its `ClientContext`) whose channels, routes and retry
+policy it uses.
 - `BatchSender` sends many independent ops per `Batch` RPC and retries exactly what is safe:
   ops the server reports as certainly not applied (`retryable`) always; a whole call that failed
   in an unknown state only when its ops are idempotent (puts, marker-guarded txns), never for
@@ -22,64 +25,53 @@ import struct
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import grpc
 
+from tablekeeper._context import ClientContext, ContextSource, context_of
 from tablekeeper._routes import Target
-from tablekeeper._transport import call, error_for_status, retryable_rpc_error
 from tablekeeper.errors import (
-    TableKeeperError,
+    BatchOpError,
     TableNotFoundError,
     UnavailableError,
     error_for_code,
+    error_for_rpc_error,
+    should_resend,
 )
-from tablekeeper.routing import RangeInfo
-from tablekeeper.table import KeyValue
+from tablekeeper.types import KeyValue, RangeInfo, TableLayout
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
-
-if TYPE_CHECKING:
-    from tablekeeper.client import AsyncClient
 
 MARKER_PREFIX = b"\xfftk-once\x00"
 """Every lkey of an effectively-once marker starts with this. 0xff never occurs in UTF-8, so no
 string lkey can collide with a marker; readers hide these keys."""
 TXN_INCREMENTS_MAX = 1000
+"""Increments per marker txn (the server allows 1024 compares and ops per txn)."""
 BATCH_OPS_MAX = 1000
 """Ops per `Batch` RPC this module sends (the server refuses more than `--max-batch-ops`,
 10,000 by default); more ops for one server go in several Batches."""
-_NOT_SERVED_HERE = 500
-"""Increments per marker txn (the server allows 1024 compares and ops per txn)."""
+_NOT_SERVED_HERE = StatusCode.INTERNAL_SERVER_ERROR
+"""The header code of a Batch result marked retryable because its range is not served there."""
 _SC_METADATA_KEY = "bk-rt-sc-id-bin"
 _ID = struct.Struct(">q")
 _MARKER_TAIL = struct.Struct(">II")
 
 
-@dataclass(frozen=True, slots=True)
-class TableLayout:
-    """A table and its ranges."""
-
-    namespace: str
-    name: str
-    table_id: int
-    container_id: int
-    ranges: list[RangeInfo]
-
-
-async def table_layout(client: AsyncClient, namespace: str, name: str) -> TableLayout:
+async def table_layout(client: ContextSource, namespace: str, name: str) -> TableLayout:
     """The table's id and its active ranges. Raises `TableNotFoundError`."""
+    context = context_of(client)
     request = storage_pb2.GetStreamRequest(
         stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
     )
-    props = (await client._root("GetStream", request, idempotent=True)).stream_props
-    stub = client._stub("meta", storage_pb2_grpc.MetaRangeServiceStub)
-    response = await call(
+    props = (await context.root("GetStream", request, idempotent=True)).stream_props
+    stub = context.stub("meta", storage_pb2_grpc.MetaRangeServiceStub)
+    response = await context.call(
         stub.GetActiveRanges,
         storage_pb2.GetActiveRangesRequest(stream_id=props.stream_id),
         metadata=((_SC_METADATA_KEY, _ID.pack(props.storage_container_id)),),
         idempotent=True,
-        policy=client.retry,
         status_of=lambda r: r.code,
     )
     ranges = [
@@ -103,7 +95,7 @@ def sorted_ranges(ranges: Iterable[RangeInfo]) -> list[RangeInfo]:
 
 
 async def scan_range(
-    client: AsyncClient,
+    client: ContextSource,
     table_id: int,
     range_id: int,
     *,
@@ -116,7 +108,8 @@ async def scan_range(
     Each page is a consistent read; the scan as a whole is not a snapshot (keys written during
     the scan may or may not be seen). Pages are retried on transport errors (reads are safe).
     """
-    method = client._method(
+    context = context_of(client)
+    method = context.routed(
         "tk", tablekeeper_pb2_grpc.TableKeeperStub, "ScanRange", table_id, range_id=range_id
     )
     cursor = start_after
@@ -126,13 +119,8 @@ async def scan_range(
         )
         if cursor is not None:
             request.start_after.pkey, request.start_after.lkey = cursor
-        response = await call(
-            method,
-            request,
-            metadata=None,
-            idempotent=True,
-            policy=client.retry,
-            status_of=lambda r: r.header.code,
+        response = await context.call(
+            method, request, idempotent=True, status_of=lambda r: r.header.code
         )
         page = [KeyValue.from_proto(row.pkey, row.kv) for row in response.rows]
         if page:
@@ -165,18 +153,6 @@ def increment_op(table_id: int, pkey: bytes, lkey: bytes, amount: int) -> tablek
     return op
 
 
-class BatchOpError(TableKeeperError):
-    """An op of a batch failed on its own (e.g. a put on a number key): `pkey`, `lkey` say which."""
-
-    def __init__(self, error: TableKeeperError, pkey: bytes, lkey: bytes, reason: str) -> None:
-        super().__init__(
-            f"{type(error).__name__} on pkey={pkey!r} lkey={lkey!r}: {reason or error}",
-            code=error.code,
-        )
-        self.pkey = pkey
-        self.lkey = lkey
-
-
 def _op_key(op: tablekeeper_pb2.BatchOp) -> tuple[bytes, bytes]:
     inner = getattr(op, str(op.WhichOneof("op")))
     if isinstance(inner, kv_rpc_pb2.TxnRequest):
@@ -194,8 +170,8 @@ class BatchSender:
     unknown outcome raises `UnavailableError`: the caller must not resend those ops.
     """
 
-    def __init__(self, client: AsyncClient, *, idempotent: bool) -> None:
-        self._client = client
+    def __init__(self, client: ContextSource, *, idempotent: bool) -> None:
+        self._context = context_of(client)
         self._idempotent = idempotent
 
     async def send(
@@ -203,7 +179,7 @@ class BatchSender:
     ) -> list[tablekeeper_pb2.BatchResult]:
         """Apply every op; returns their results in order. Raises `BatchOpError` for the first op
         that failed for a reason of its own, `UnavailableError` if the deadline passes."""
-        results = await send_batch(self._client, ops, idempotent=self._idempotent)
+        results = await send_batch(self._context, ops, idempotent=self._idempotent)
         not_accepted = 0
         for op, result in zip(ops, results, strict=True):
             code = _inner(result).header.code
@@ -224,7 +200,7 @@ def _inner(result: tablekeeper_pb2.BatchResult) -> Any:
 
 
 async def send_batch(
-    client: AsyncClient, ops: Sequence[tablekeeper_pb2.BatchOp], *, idempotent: bool
+    client: ContextSource, ops: Sequence[tablekeeper_pb2.BatchOp], *, idempotent: bool
 ) -> list[tablekeeper_pb2.BatchResult]:
     """Send `ops` as one `Batch` per server that owns some of their ranges (see `_routes`).
 
@@ -233,7 +209,8 @@ async def send_batch(
     ops may be applied twice), else `UnavailableError`. Returns one result per op, in order
     (an op still not accepted at the deadline keeps its `retryable` result).
     """
-    policy = client.retry
+    context = context_of(client)
+    policy = context.retry
     results: dict[int, tablekeeper_pb2.BatchResult] = {}
     pending = list(range(len(ops)))
     deadline = time.monotonic() + policy.deadline_s
@@ -242,10 +219,10 @@ async def send_batch(
         groups: dict[str | None, list[tuple[int, Target]]] = {}
         for index in pending:
             header = getattr(ops[index], str(ops[index].WhichOneof("op"))).header
-            target = await client._routes.locate(header.stream_id, header.r_key)
+            target = await context.routes.locate(header.stream_id, header.r_key)
             groups.setdefault(target.endpoint, []).append((index, target))
         answers = await asyncio.gather(
-            *(_send_group(client, endpoint, ops, group) for endpoint, group in groups.items()),
+            *(_send_group(context, endpoint, ops, group) for endpoint, group in groups.items()),
             return_exceptions=True,
         )
         expired = time.monotonic() >= deadline
@@ -253,9 +230,10 @@ async def send_batch(
         for group, answer in zip(groups.values(), answers, strict=True):
             if isinstance(answer, grpc.aio.AioRpcError):
                 for _, target in group:
-                    client._routes.failed(target, answer)
-                if expired or not retryable_rpc_error(answer, idempotent):
-                    raise error_for_status(answer) from answer
+                    context.routes.failed(target, answer)
+                failed = error_for_rpc_error(answer, idempotent=idempotent)
+                if expired or not should_resend(failed, idempotent):
+                    raise failed from answer
                 pending += [index for index, _ in group]
             elif isinstance(answer, BaseException):
                 raise answer
@@ -265,7 +243,7 @@ async def send_batch(
                     code = _inner(result).header.code
                     if code and result.retryable:
                         if code == _NOT_SERVED_HERE:  # else: a read over the response bound
-                            client._routes.failed(target)
+                            context.routes.failed(target)
                         pending.append(index)
         if pending:
             if expired:
@@ -277,19 +255,19 @@ async def send_batch(
 
 
 async def _send_group(
-    client: AsyncClient,
+    context: ClientContext,
     endpoint: str | None,
     ops: Sequence[tablekeeper_pb2.BatchOp],
     group: list[tuple[int, Target]],
 ) -> tablekeeper_pb2.BatchResponse:
     """One endpoint's ops, in Batches of at most `BATCH_OPS_MAX`; their results in order."""
-    stub = client._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint)
+    stub = context.stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint)
     response = tablekeeper_pb2.BatchResponse()
     for start in range(0, len(group), BATCH_OPS_MAX):
         chunk = group[start : start + BATCH_OPS_MAX]
         request = tablekeeper_pb2.BatchRequest(ops=[ops[index] for index, _ in chunk])
         part: tablekeeper_pb2.BatchResponse = await stub.Batch(
-            request, timeout=client.retry.call_timeout_s
+            request, timeout=context.retry.call_timeout_s
         )
         response.results.extend(part.results)
     return response
@@ -408,7 +386,8 @@ def check_once_results(
                     if request.HasField("request_increment")
                     else request.request_put.key
                 )
-                reason = "the key holds bytes, not a number" if code == 400 else result.error
+                bytes_not_number = code == StatusCode.BAD_REQUEST
+                reason = "the key holds bytes, not a number" if bytes_not_number else result.error
                 raise BatchOpError(error_for_code(code), op.txn.header.r_key, key, reason)
     return outcome
 

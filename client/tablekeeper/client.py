@@ -1,30 +1,32 @@
 """`AsyncClient` (grpc.aio; the one implementation) and `Client`, its synchronous twin, which
-runs an `AsyncClient` on a private event-loop thread."""
+runs an `AsyncClient` on a private event-loop thread.
+
+The client makes namespaces, tables and admin calls itself; everything else (tables, watches,
+sessions, bulk access) works through its `ClientContext` (`_context`), which owns the channels,
+the route cache, the coalescer and the retry policy.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from tablekeeper._coalesce import Coalescer
-from tablekeeper._routes import RouteCache, RoutedMethod, RouteStats
-from tablekeeper._transport import RetryPolicy, call, new_channel, parse_service_uri
+from tablekeeper._context import ClientContext
+from tablekeeper._loop import LoopThread
+from tablekeeper._routes import RouteCache, RouteStats
+from tablekeeper._transport import RetryPolicy, parse_service_uri
 from tablekeeper.errors import TableKeeperError
 from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
-from tablekeeper.table import AsyncTable, AsyncTxn, CompareOp, Key, KeyValue, TableInfo, TxnResult
+from tablekeeper.table import AsyncTable, AsyncTxn
+from tablekeeper.types import CompareOp, Key, KeyValue, NamespaceInfo, TableInfo, TxnResult
 from tablekeeper.watch import Watch
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.bookkeeper import storage_pb2, stream_pb2
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tablekeeper_pb2_grpc
 
-T = TypeVar("T")
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"
-_ROOT_METADATA = (("bk-rt-sc-id-bin", b"\x00" * 8),)
-_MESSAGE_BYTES_MAX = 64 * 1024 * 1024
 
 
 def _table_info(namespace: str, props: stream_pb2.StreamProperties) -> TableInfo:
@@ -36,12 +38,6 @@ def _table_info(namespace: str, props: stream_pb2.StreamProperties) -> TableInfo
         ranges=ranges + (ranges % 2),
         ttl_seconds=props.stream_conf.ttl_seconds,
     )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class NamespaceInfo:
-    name: str
-    namespace_id: int
 
 
 class AsyncClient:
@@ -73,107 +69,40 @@ class AsyncClient:
         off, everything goes to `service`, whose servers forward to the owner. Turn it off when
         the servers' advertised addresses are not reachable from this client."""
         self.service = service
-        self.retry = retry or RetryPolicy()
-        self.coalesce = coalesce
-        self._target = parse_service_uri(service)
-        self._channel_options = list(channel_options)
-        self._credentials = tls.credentials() if tls is not None else None
-        self._interceptors = token_interceptors(token) if token is not None else []
-        self._channels: dict[str, Any] = {}
-        self._stubs: dict[tuple[str, str], Any] = {}
-        self._coalescer_instance: Coalescer | None = None
-        self._routes = RouteCache(
-            lambda: self._stub("meta", storage_pb2_grpc.MetaRangeServiceStub),
-            lambda: self._stub("containers", storage_pb2_grpc.StorageContainerServiceStub),
-            self.retry,
-            enabled=direct_routing,
+        self._context = ClientContext(
+            parse_service_uri(service),
+            retry or RetryPolicy(),
+            coalesce=coalesce,
+            direct_routing=direct_routing,
+            channel_options=channel_options,
+            credentials=tls.credentials() if tls is not None else None,
+            interceptors=token_interceptors(token) if token is not None else (),
         )
         self._table_ids: dict[tuple[str, str], int] = {}
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of every call of this client."""
+        return self._context.retry
+
+    @property
+    def coalesce(self) -> bool:
+        return self._context.coalesce
+
+    @property
+    def _routes(self) -> RouteCache:
+        return self._context.routes
+
     def _stub(self, name: str, factory: Any, endpoint: str | None = None) -> Any:
         """The `factory` stub on the channel to `endpoint` (`host:port`; None = the service)."""
-        target = endpoint or self._target
-        stub = self._stubs.get((name, target))
-        if stub is None:
-            channel = self._channels.get(target)
-            if channel is None:
-                channel = self._channels[target] = new_channel(
-                    target,
-                    _MESSAGE_BYTES_MAX,
-                    self._channel_options,
-                    credentials=self._credentials,
-                    interceptors=self._interceptors,
-                )
-            stub = self._stubs[(name, target)] = factory(channel)
-        return stub
-
-    def _method(
-        self,
-        name: str,
-        factory: Any,
-        method: str,
-        stream_id: int,
-        pkey: bytes | None = None,
-        *,
-        range_id: int | None = None,
-    ) -> RoutedMethod:
-        """A unary method for `_transport.call` that goes to the owner of the pkey (or range)."""
-        return RoutedMethod(
-            self._routes,
-            lambda endpoint: self._stub(name, factory, endpoint),
-            method,
-            stream_id,
-            pkey,
-            range_id=range_id,
-        )
+        return self._context.stub(name, factory, endpoint)
 
     def route_stats(self) -> RouteStats:
         """How often routes were fetched and invalidated (a copy)."""
-        return dataclasses.replace(self._routes.stats)
-
-    def _root_stub(self) -> storage_pb2_grpc.RootRangeServiceStub:
-        return self._stub("root", storage_pb2_grpc.RootRangeServiceStub)  # type: ignore[no-any-return]
-
-    def _table_stub(self) -> kv_rpc_pb2_grpc.TableServiceStub:
-        return self._stub("table", kv_rpc_pb2_grpc.TableServiceStub)  # type: ignore[no-any-return]
-
-    def _tablekeeper_stub(self) -> tablekeeper_pb2_grpc.TableKeeperStub:
-        return self._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub)  # type: ignore[no-any-return]
-
-    def _coalescer(self) -> Coalescer | None:
-        if not self.coalesce:
-            return None
-        if self._coalescer_instance is None:
-            self._coalescer_instance = Coalescer(
-                lambda endpoint: (
-                    self._stub("table", kv_rpc_pb2_grpc.TableServiceStub, endpoint),
-                    self._stub("tk", tablekeeper_pb2_grpc.TableKeeperStub, endpoint),
-                ),
-                self._routes,
-                self.retry,
-            )
-        return self._coalescer_instance
-
-    async def _root(self, method: str, request: Any, *, idempotent: bool) -> Any:
-        return await call(
-            getattr(self._root_stub(), method),
-            request,
-            metadata=_ROOT_METADATA,
-            idempotent=idempotent,
-            policy=self.retry,
-            status_of=lambda r: r.code,
-        )
+        return dataclasses.replace(self._context.routes.stats)
 
     async def close(self) -> None:
-        if self._coalescer_instance is not None:
-            await self._coalescer_instance.close()
-            self._coalescer_instance = None
-        await self._routes.close()
-        channels = list(self._channels.values())
-        self._channels.clear()
-        self._stubs.clear()
-        for channel in channels:
-            await channel.close()
+        await self._context.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -190,25 +119,25 @@ class AsyncClient:
 
     async def create_namespace(self, name: str) -> int:
         """Create a namespace; returns its id. Raises `NamespaceExistsError`."""
-        response = await self._root(
+        response = await self._context.root(
             "CreateNamespace", storage_pb2.CreateNamespaceRequest(name=name), idempotent=False
         )
         return int(response.ns_props.namespace_id)
 
     async def get_namespace(self, name: str) -> int:
         """The namespace's id. Raises `NamespaceNotFoundError`."""
-        response = await self._root(
+        response = await self._context.root(
             "GetNamespace", storage_pb2.GetNamespaceRequest(name=name), idempotent=True
         )
         return int(response.ns_props.namespace_id)
 
     async def delete_namespace(self, name: str) -> None:
         """Delete a namespace and every table in it."""
-        await self._root(
+        await self._context.root(
             "DeleteNamespace", storage_pb2.DeleteNamespaceRequest(name=name), idempotent=False
         )
         for key in [key for key in self._table_ids if key[0] == name]:
-            self._routes.forget_table(self._table_ids.pop(key))
+            self._context.routes.forget_table(self._table_ids.pop(key))
 
     async def list_namespaces(self) -> list[NamespaceInfo]:
         """Every namespace, ordered by name (TableKeeper's Admin service; BookKeeper has no
@@ -217,12 +146,10 @@ class AsyncClient:
         return [NamespaceInfo(p.namespace_name, p.namespace_id) for p in response.namespaces]
 
     async def _admin_list(self, method: str, request: Any) -> Any:
-        return await call(
-            getattr(self._stub("admin", admin_pb2_grpc.AdminStub), method),
+        return await self._context.call(
+            getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
             request,
-            metadata=None,
             idempotent=True,
-            policy=self.retry,
             status_of=lambda r: r.code,
         )
 
@@ -252,12 +179,10 @@ class AsyncClient:
         return {grant.role: list(grant.permissions) for grant in response.grants}
 
     async def _admin_change(self, method: str, request: Any) -> Any:
-        return await call(
-            getattr(self._stub("admin", admin_pb2_grpc.AdminStub), method),
+        return await self._context.call(
+            getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
             request,
-            metadata=None,
             idempotent=True,  # setting permissions again gives the same result
-            policy=self.retry,
             status_of=lambda r: r.code,
         )
 
@@ -287,14 +212,14 @@ class AsyncClient:
             ttl_seconds=ttl_seconds,
         )
         request = storage_pb2.CreateStreamRequest(ns_name=namespace, name=name, stream_conf=conf)
-        response = await self._root("CreateStream", request, idempotent=False)
+        response = await self._context.root("CreateStream", request, idempotent=False)
         return self._known(_table_info(namespace, response.stream_props))
 
     async def get_table(self, namespace: str, name: str) -> TableInfo:
         request = storage_pb2.GetStreamRequest(
             stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
         )
-        response = await self._root("GetStream", request, idempotent=True)
+        response = await self._context.root("GetStream", request, idempotent=True)
         return self._known(_table_info(namespace, response.stream_props))
 
     def _known(self, info: TableInfo) -> TableInfo:
@@ -303,18 +228,18 @@ class AsyncClient:
         return info
 
     async def delete_table(self, namespace: str, name: str) -> None:
-        await self._root(
+        await self._context.root(
             "DeleteStream",
             storage_pb2.DeleteStreamRequest(ns_name=namespace, name=name),
             idempotent=False,
         )
         table_id = self._table_ids.pop((namespace, name), None)
         if table_id is not None:
-            self._routes.forget_table(table_id)
+            self._context.routes.forget_table(table_id)
 
     async def table(self, namespace: str, name: str) -> AsyncTable:
         """A handle on an existing table. Raises `TableNotFoundError`."""
-        return AsyncTable(self, await self.get_table(namespace, name))
+        return AsyncTable(self._context, await self.get_table(namespace, name))
 
     async def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
         """Checkpoint one table's ranges now (or every open range if no table is given) and
@@ -324,7 +249,7 @@ class AsyncClient:
             if namespace is None:
                 raise ValueError("a table needs its namespace")
             stream_id = (await self.get_table(namespace, table)).table_id
-        stub = self._stub("admin", admin_pb2_grpc.AdminStub)
+        stub = self._context.stub("admin", admin_pb2_grpc.AdminStub)
         return await stub.Checkpoint(
             admin_pb2.CheckpointRequest(stream_id=stream_id), timeout=self.retry.call_timeout_s * 10
         )
@@ -332,37 +257,20 @@ class AsyncClient:
     async def status(self) -> Any:
         """The server's per-range status (`StatusResponse`): applied positions, WAL sizes,
         checkpoints."""
-        stub = self._stub("admin", admin_pb2_grpc.AdminStub)
+        stub = self._context.stub("admin", admin_pb2_grpc.AdminStub)
         return await stub.Status(admin_pb2.StatusRequest(), timeout=self.retry.call_timeout_s)
 
     async def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
-        return await call(  # type: ignore[no-any-return]
-            self._tablekeeper_stub().ServerInfo,
+        stub: tablekeeper_pb2_grpc.TableKeeperStub = self._context.stub(
+            "tk", tablekeeper_pb2_grpc.TableKeeperStub
+        )
+        response: tablekeeper_pb2.ServerInfoResponse = await self._context.call(
+            stub.ServerInfo,
             tablekeeper_pb2.ServerInfoRequest(),
-            metadata=None,
             idempotent=True,
-            policy=self.retry,
             status_of=lambda r: 0,
         )
-
-
-class _LoopThread:
-    """A private event loop on a daemon thread, for the synchronous API."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="tablekeeper-client", daemon=True
-        )
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        self.loop.close()
+        return response
 
 
 class Client:
@@ -380,7 +288,7 @@ class Client:
         token: Token | None = None,
     ) -> None:
         """Blocking twin of `AsyncClient` (same arguments)."""
-        self._runner = _LoopThread()
+        self._runner = LoopThread()
         self._async = AsyncClient(
             service,
             retry=retry,
@@ -462,7 +370,7 @@ class Client:
 class Txn:
     """Synchronous twin of `AsyncTxn`: same builder methods, blocking `commit()`."""
 
-    def __init__(self, runner: _LoopThread, txn: AsyncTxn) -> None:
+    def __init__(self, runner: LoopThread, txn: AsyncTxn) -> None:
         self._runner = runner
         self._txn = txn
 
@@ -521,7 +429,7 @@ class Txn:
 class Table:
     """Synchronous twin of `AsyncTable`."""
 
-    def __init__(self, runner: _LoopThread, table: AsyncTable) -> None:
+    def __init__(self, runner: LoopThread, table: AsyncTable) -> None:
         self._runner = runner
         self._table = table
         self.info = table.info

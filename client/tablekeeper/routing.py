@@ -12,7 +12,8 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from tablekeeper.types import RangeInfo
 
 HASH_SEED = 383242705
 _M64 = 0xFFFF_FFFF_FFFF_FFFF
@@ -78,16 +79,6 @@ try:
 
 except ImportError:  # pragma: no cover - depends on the installation
     routing_hash = _python_routing_hash
-
-
-@dataclass(frozen=True, slots=True)
-class RangeInfo:
-    """One hash range of a table: pkeys whose routing hash is in [start_hash, end_hash)."""
-
-    range_id: int
-    start_hash: int
-    end_hash: int
-    container_id: int
 
 
 class RangeRouter:

@@ -20,27 +20,26 @@ import logging
 import random
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
+from tablekeeper._context import ClientContext
+from tablekeeper._loop import LoopThread
 from tablekeeper._routes import RoutedMethod
-from tablekeeper._transport import call
 from tablekeeper.errors import UnavailableError
 from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
-
-if TYPE_CHECKING:
-    from tablekeeper.client import _LoopThread
-    from tablekeeper.table import AsyncTable
 
 log = logging.getLogger(__name__)
 
 
 class AsyncSession:
-    def __init__(self, table: AsyncTable, pkey: bytes, ttl_s: float) -> None:
+    def __init__(self, context: ClientContext, table_id: int, pkey: bytes, ttl_s: float) -> None:
+        """A session on the range of `pkey` in the table; see `AsyncTable.session`."""
         if ttl_s < 0.1:
             raise ValueError("ttl_s must be >= 0.1")
-        self._table = table
+        self._context = context
+        self.table_id = table_id
         self.pkey = pkey
         self.ttl_s = ttl_s
         self.id = 0
@@ -51,8 +50,8 @@ class AsyncSession:
 
     def _method(self, name: str) -> RoutedMethod:
         """A Sessions method sent to the owner of the session's range."""
-        return self._table._client._method(
-            "sessions", session_pb2_grpc.SessionsStub, name, self._table.info.table_id, self.pkey
+        return self._context.routed(
+            "sessions", session_pb2_grpc.SessionsStub, name, self.table_id, self.pkey
         )
 
     def on_expired(self, callback: Callable[[AsyncSession], Any]) -> None:
@@ -64,16 +63,14 @@ class AsyncSession:
         if self.id:
             return self
         request = session_pb2.CreateSessionRequest(
-            stream_id=self._table.info.table_id,
+            stream_id=self.table_id,
             pkey=self.pkey,
             ttl_ms=round(self.ttl_s * 1000),
         )
-        response = await call(
+        response = await self._context.call(
             self._method("Create"),
             request,
-            metadata=None,
             idempotent=False,
-            policy=self._table._client.retry,
             status_of=lambda r: r.header.code,
         )
         self.id = int(response.session_id)
@@ -82,18 +79,18 @@ class AsyncSession:
 
     async def _requests(self) -> AsyncIterator[session_pb2.KeepAliveRequest]:
         request = session_pb2.KeepAliveRequest(
-            stream_id=self._table.info.table_id, pkey=self.pkey, session_id=self.id
+            stream_id=self.table_id, pkey=self.pkey, session_id=self.id
         )
         while True:
             yield request
             await asyncio.sleep(self.ttl_s / 3)
 
     async def _keep_alive(self) -> None:
-        client = self._table._client
+        routes = self._context.routes
         backoff = 0.05
         while not self.expired.is_set():
-            target = await client._routes.locate(self._table.info.table_id, self.pkey)
-            stub = client._stub("sessions", session_pb2_grpc.SessionsStub, target.endpoint)
+            target = await routes.locate(self.table_id, self.pkey)
+            stub = self._context.stub("sessions", session_pb2_grpc.SessionsStub, target.endpoint)
             stream = stub.KeepAlive(self._requests())
             try:
                 async for _ in stream:
@@ -104,9 +101,9 @@ class AsyncSession:
                     self._expire()
                     return
                 log.info("session %d keep-alive stream broke: %s", self.id, error.code().name)
-                client._routes.failed(target, error)
+                routes.failed(target, error)
             else:  # the server ended the stream: it is stopping or gave the range away
-                client._routes.failed(target)
+                routes.failed(target)
             finally:
                 stream.cancel()
             await asyncio.sleep(random.uniform(0, backoff))
@@ -129,15 +126,13 @@ class AsyncSession:
             self._task = None
         if self.id and not self.expired.is_set():
             request = session_pb2.CloseSessionRequest(
-                stream_id=self._table.info.table_id, pkey=self.pkey, session_id=self.id
+                stream_id=self.table_id, pkey=self.pkey, session_id=self.id
             )
             with contextlib.suppress(UnavailableError):
-                await call(
+                await self._context.call(
                     self._method("Close"),
                     request,
-                    metadata=None,
                     idempotent=True,  # closing twice is harmless (KEY_NOT_FOUND, ignored)
-                    policy=self._table._client.retry,
                     status_of=lambda r: 0,
                 )
             self.expired.set()
@@ -157,7 +152,7 @@ class AsyncSession:
 class Session:
     """Synchronous twin of `AsyncSession` (its keep-alive runs on the client's loop thread)."""
 
-    def __init__(self, runner: _LoopThread, session: AsyncSession) -> None:
+    def __init__(self, runner: LoopThread, session: AsyncSession) -> None:
         self._runner = runner
         self.async_session = session
 
@@ -186,3 +181,6 @@ class Session:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+__all__ = ["AsyncSession", "Session"]

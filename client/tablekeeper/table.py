@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import struct
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from tablekeeper._transport import call
+from tablekeeper._context import ContextSource, context_of
+from tablekeeper.bulk import send_batch
 from tablekeeper.errors import (
     TableKeeperError,
     TableNotFoundError,
-    UnavailableError,
     error_for_code,
+    error_for_result,
 )
 from tablekeeper.session import AsyncSession
+from tablekeeper.types import CompareOp, Key, KeyValue, TableInfo, TxnResult
 from tablekeeper.watch import AsyncWatch
-from tablekeeper_proto.bookkeeper import kv_pb2, kv_rpc_pb2, kv_rpc_pb2_grpc
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
-if TYPE_CHECKING:
-    from tablekeeper.client import AsyncClient
-
-Key = bytes | str
 _COALESCED = {"Put": "put", "Increment": "increment", "Delete": "delete_range", "Range": "range"}
 _STREAM_ID = struct.Struct(">q")
 
@@ -74,62 +71,12 @@ def _wire_span(start: Key, end: Key | None) -> tuple[bytes, bytes] | None:
     return first, last
 
 
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    pkey: bytes
-    lkey: bytes
-    value: bytes
-    """The stored bytes; for a number, its 8-byte big-endian encoding."""
-    number: int | None
-    """The value of a number key (created by `increment`); None for a bytes key."""
-    version: int
-    """0 when created, +1 per update."""
-    create_revision: int
-    mod_revision: int
-
-    @property
-    def is_number(self) -> bool:
-        return self.number is not None
-
-    @staticmethod
-    def from_proto(pkey: bytes, kv: kv_pb2.KeyValue) -> KeyValue:
-        return KeyValue(
-            pkey=pkey,
-            lkey=kv.key,
-            value=kv.value,
-            number=kv.number_value if kv.is_number else None,
-            version=kv.version,
-            create_revision=kv.create_revision,
-            mod_revision=kv.mod_revision,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class TableInfo:
-    namespace: str
-    name: str
-    table_id: int
-    ranges: int
-    ttl_seconds: int
-
-
 _COMPARE_OPS: dict[str, int] = {
     "==": kv_rpc_pb2.Compare.EQUAL,
     "!=": kv_rpc_pb2.Compare.NOT_EQUAL,
     ">": kv_rpc_pb2.Compare.GREATER,
     "<": kv_rpc_pb2.Compare.LESS,
 }
-CompareOp = Literal["==", "!=", ">", "<"]
-
-
-@dataclass(frozen=True, slots=True)
-class TxnResult:
-    succeeded: bool
-    """Whether every compare held (the `then` ops ran) or not (the `otherwise` ops ran)."""
-    results: list[Any]
-    """One entry per executed op: `KeyValue | None` (previous value) for a put, `list[KeyValue]`
-    for a get or scan, the deleted count for a delete, or a `TableKeeperError` for an op that
-    failed on its own (e.g. a put on a number key) while the others were applied."""
 
 
 class AsyncTxn:
@@ -248,8 +195,9 @@ class AsyncTxn:
 class AsyncTable:
     """A handle on one table. Cheap; share it between tasks."""
 
-    def __init__(self, client: AsyncClient, info: TableInfo) -> None:
-        self._client = client
+    def __init__(self, client: ContextSource, info: TableInfo) -> None:
+        """`client`: the `AsyncClient` (or its context) the table's calls go through."""
+        self._context = context_of(client)
         self.info = info
 
     def _header(self, pkey: bytes) -> kv_rpc_pb2.RoutingHeader:
@@ -261,24 +209,24 @@ class AsyncTable:
             ("bk-rt-sid-bin", _STREAM_ID.pack(self.info.table_id)),
             ("bk-rt-key-bin", pkey),
         )
-        coalescer = self._client._coalescer()
+        context = self._context
+        coalescer = context.coalescer()
         try:
             if coalescer is not None and method in _COALESCED:
                 return await coalescer.call(
                     _COALESCED[method], request, metadata, idempotent=idempotent
                 )
-            return await call(
-                self._client._method(
+            return await context.call(
+                context.routed(
                     "table", kv_rpc_pb2_grpc.TableServiceStub, method, self.info.table_id, pkey
                 ),
                 request,
                 metadata=metadata,
                 idempotent=idempotent,
-                policy=self._client.retry,
                 status_of=lambda r: r.header.code,
             )
         except TableNotFoundError:
-            self._client._routes.forget_table(self.info.table_id)
+            context.routes.forget_table(self.info.table_id)
             raise
 
     async def put(
@@ -335,7 +283,7 @@ class AsyncTable:
     def session(self, pkey: Key, ttl_s: float) -> AsyncSession:
         """A session on the range of `pkey` (not started: `await session.start()` or
         `async with table.session(...) as session:`)."""
-        return AsyncSession(self, _bytes(pkey), ttl_s)
+        return AsyncSession(self._context, self.info.table_id, _bytes(pkey), ttl_s)
 
     async def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
         """The key's current value, or None if it does not exist (or expired)."""
@@ -444,7 +392,8 @@ class AsyncTable:
                 raise ValueError(f"empty key range: start {start!r} is after end {end!r}")
             key, range_end = span
         return AsyncWatch(
-            self,
+            self._context,
+            self.info.table_id,
             _bytes(pkey),
             key,
             range_end,
@@ -480,14 +429,20 @@ class AsyncTable:
                 op.increment.CopyFrom(
                     kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=value, header=header)
                 )
-        from tablekeeper.bulk import send_batch  # bulk builds on this module
-
         out: list[TableKeeperError | None] = []
-        for result in await send_batch(self._client, request.ops, idempotent=False):
+        for result in await send_batch(self._context, request.ops, idempotent=False):
             inner = getattr(result, str(result.WhichOneof("result")))
             code = inner.header.code
-            if code and result.retryable:
-                out.append(UnavailableError(f"NOT_FOUND: {result.error}".strip()))
-            else:
-                out.append(error_for_code(code, result.error) if code else None)
+            out.append(error_for_result(code, result.error, result.retryable) if code else None)
         return out
+
+
+__all__ = [
+    "AsyncTable",
+    "AsyncTxn",
+    "CompareOp",
+    "Key",
+    "KeyValue",
+    "TableInfo",
+    "TxnResult",
+]

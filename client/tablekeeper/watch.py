@@ -19,48 +19,22 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import grpc
 
+from tablekeeper._context import ClientContext
+from tablekeeper._loop import LoopThread
 from tablekeeper._routes import BOOTSTRAP
-from tablekeeper.errors import BadRequestError, TableKeeperError, UnavailableError
+from tablekeeper.errors import (
+    CompactedError,
+    UnavailableError,
+    WatchCancelledError,
+    error_for_rpc_error,
+)
+from tablekeeper.types import KeyValue, WatchEvent
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
-
-if TYPE_CHECKING:
-    from tablekeeper.client import _LoopThread
-    from tablekeeper.table import AsyncTable, KeyValue
-
-
-class CompactedError(TableKeeperError):
-    """The start revision is older than the range's event history holds."""
-
-    code = 901
-
-    def __init__(self, message: str, oldest_revision: int) -> None:
-        super().__init__(message)
-        self.oldest_revision = oldest_revision
-
-
-class WatchCancelledError(TableKeeperError):
-    """The server cancelled the watch (the watcher fell too far behind)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: Literal["put", "delete"]
-    pkey: bytes
-    lkey: bytes
-    kv: KeyValue | None
-    """The new key-value of a put; None for a delete."""
-    prev: KeyValue | None
-    """The previous key-value (when the watch asked for it and the key existed)."""
-    revision: int
-    index: int
-    """Position among the changes of the same revision (a range delete changes many keys)."""
-
 
 _INDEX_MAX = 2**32 - 1
 _RESUMABLE = (
@@ -72,19 +46,13 @@ _RESUMABLE = (
 )
 
 
-def _trailer(error: grpc.aio.AioRpcError, key: str) -> str | None:
-    for k, v in error.trailing_metadata() or ():
-        if k == key:
-            return str(v)
-    return None
-
-
 class AsyncWatch:
     """An async iterator of `WatchEvent`s; also an async context manager (closes the stream)."""
 
     def __init__(
         self,
-        table: AsyncTable,
+        context: ClientContext,
+        table_id: int,
         pkey: bytes,
         key: bytes,
         range_end: bytes,
@@ -92,10 +60,12 @@ class AsyncWatch:
         start_revision: int = 0,
         prev_kv: bool = False,
     ) -> None:
-        self._table = table
+        """A watch of [key, range_end) (range_end b"": the key alone) of `pkey` in the table;
+        see `AsyncTable.watch`."""
+        self._context = context
         self._pkey = pkey
         self._request = watch_pb2.WatchRequest(
-            stream_id=table.info.table_id,
+            stream_id=table_id,
             pkey=pkey,
             key=key,
             range_end=range_end,
@@ -119,10 +89,10 @@ class AsyncWatch:
         return self
 
     async def _open(self) -> None:
-        policy = self._table._client.retry
+        context = self._context
+        policy = context.retry
         deadline = time.monotonic() + policy.deadline_s
         backoff = policy.initial_backoff_s
-        client = self._table._client
         while True:
             request = watch_pb2.WatchRequest()
             request.CopyFrom(self._request)
@@ -131,13 +101,13 @@ class AsyncWatch:
                 # `_last` are skipped if the server repeats them).
                 revision, index = self._last
                 request.start_revision = revision + 1 if index == _INDEX_MAX else revision
-            target = await client._routes.locate(request.stream_id, request.pkey)
-            call = client._stub("watch", watch_pb2_grpc.WatchStub, target.endpoint).Watch(request)
+            target = await context.routes.locate(request.stream_id, request.pkey)
+            call = context.stub("watch", watch_pb2_grpc.WatchStub, target.endpoint).Watch(request)
             try:
                 first = await call.read()
             except grpc.aio.AioRpcError as error:
                 self._raise_final(error)
-                client._routes.failed(target, error)
+                context.routes.failed(target, error)
                 if time.monotonic() >= deadline:
                     raise UnavailableError(
                         f"watch: {error.code().name}: {error.details()}"
@@ -157,21 +127,23 @@ class AsyncWatch:
             return
 
     def _raise_final(self, error: grpc.aio.AioRpcError) -> None:
-        """Raise the error if resuming cannot help."""
+        """Raise the error if resuming cannot help: the error tables' reading of it, except
+        that a watch the server ends with RESOURCE_EXHAUSTED was cancelled (too far behind)."""
         code = error.code()
-        if code == grpc.StatusCode.OUT_OF_RANGE:
-            oldest = int(_trailer(error, "tk-compacted-revision") or 0)
-            raise CompactedError(error.details() or "compacted", oldest) from error
+        if code in _RESUMABLE:
+            return
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
             raise WatchCancelledError(error.details() or "watch cancelled") from error
+        final = error_for_rpc_error(error, idempotent=True)
+        if isinstance(final, CompactedError):
+            raise final from error
         if code == grpc.StatusCode.INVALID_ARGUMENT:
-            raise BadRequestError(error.details() or "bad watch request") from error
-        if code not in _RESUMABLE:
-            raise TableKeeperError(f"watch: {code.name}: {error.details()}") from error
+            message = error.details() or "bad watch request"
+        else:
+            message = f"watch: {code.name}: {error.details()}"
+        raise type(final)(message, code=final.code or None) from error
 
     def _convert(self, event: watch_pb2.WatchEvent) -> WatchEvent:
-        from tablekeeper.table import KeyValue
-
         is_put = event.type == watch_pb2.WatchEvent.PUT
         return WatchEvent(
             type="put" if is_put else "delete",
@@ -200,11 +172,11 @@ class AsyncWatch:
                 if self._closed:
                     raise StopAsyncIteration from None
                 self._raise_final(error)
-                self._table._client._routes.failed(self._target, error)
+                self._context.routes.failed(self._target, error)
                 self._call = None  # resume after the last delivered event
                 continue
             if message is grpc.aio.EOF:  # the server is stopping or gave the range away
-                self._table._client._routes.failed(self._target)
+                self._context.routes.failed(self._target)
                 self._call = None
                 continue
             assert self._last is not None
@@ -236,7 +208,7 @@ class AsyncWatch:
 class Watch:
     """Synchronous twin of `AsyncWatch`: an iterator and a context manager."""
 
-    def __init__(self, runner: _LoopThread, watch: AsyncWatch) -> None:
+    def __init__(self, runner: LoopThread, watch: AsyncWatch) -> None:
         self._runner = runner
         self._watch = watch
 
@@ -276,3 +248,6 @@ class Watch:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+__all__ = ["AsyncWatch", "CompactedError", "Watch", "WatchCancelledError", "WatchEvent"]

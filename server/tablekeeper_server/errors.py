@@ -1,44 +1,54 @@
-"""Server domain errors.
+"""Server domain errors, and the one table of how each travels on the wire.
 
-Every error the server raises on purpose derives from `TableKeeperError`. Each carries a
-`StatusCode` value (BookKeeper's application status, which travels in response bodies) and a
-human-readable message. The mapping to the wire lives in one place: `rpc/status.py`.
+Every error the server raises on purpose derives from `TableKeeperError` and carries a
+human-readable message. `ERROR_TABLE` (at the end of this module) gives each class its
+BookKeeper status code (the generated `StatusCode` enum of storage.proto, which travels in
+response bodies), the gRPC status that streams and the Admin service answer with, whether the
+request may be sent again, and whether a write's outcome is unknown. The classes' `code`,
+`retryable` and `outcome_unknown` attributes are set from it, and the RPC layer
+(`rpc/status.py`, the Batch path, the forwarder) reads nothing else. The SDK keeps its side of
+the same table in `tablekeeper.errors`, keyed by the same status codes.
+
+gRPC statuses are named here by their `grpc.StatusCode` names (the domain layers do not import
+gRPC); `rpc/status.py` resolves them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from dataclasses import dataclass
+from typing import Literal
 
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 
-class Code:
-    """BookKeeper `StatusCode` numbers (storage.proto), as plain ints: no protobuf needed here."""
+Code = StatusCode
+"""BookKeeper's application status codes (storage.proto's `StatusCode`, generated)."""
 
-    SUCCESS = 0
-    FAILURE = 1
-    BAD_REQUEST = 400
-    ILLEGAL_OP = 403
-    INTERNAL_SERVER_ERROR = 500
-    NOT_IMPLEMENTED = 501
-    UNEXPECTED = 600
-    BAD_VERSION = 900
-    BAD_REVISION = 901
-    INVALID_NAMESPACE_NAME = 2000
-    NAMESPACE_EXISTS = 2001
-    NAMESPACE_NOT_FOUND = 2002
-    INVALID_STREAM_NAME = 2100
-    STREAM_EXISTS = 2101
-    STREAM_NOT_FOUND = 2102
-    INVALID_KEY = 6000
-    KEY_EXISTS = 6001
-    KEY_NOT_FOUND = 6002
+GrpcStatusName = Literal[
+    "INVALID_ARGUMENT",
+    "FAILED_PRECONDITION",
+    "NOT_FOUND",
+    "UNAVAILABLE",
+    "RESOURCE_EXHAUSTED",
+    "PERMISSION_DENIED",
+    "OUT_OF_RANGE",
+    "DATA_LOSS",
+    "UNKNOWN",
+]
 
 
 class TableKeeperError(Exception):
-    """Base of all deliberate server errors. `code` is a `Code` value."""
+    """Base of all deliberate server errors. `code` is a `StatusCode` value; `code`,
+    `retryable` and `outcome_unknown` come from `ERROR_TABLE`."""
 
-    code: int = Code.INTERNAL_SERVER_ERROR
-    retryable: bool = False
+    code: StatusCode.ValueType
+    retryable: bool
+    """Nothing was applied and the same request may succeed later (elsewhere, or once a
+    resource is back)."""
+    outcome_unknown: bool
+    """A write may or may not have been applied: resending a non-idempotent one could apply
+    it twice."""
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or type(self).__name__)
@@ -46,7 +56,7 @@ class TableKeeperError(Exception):
 
 
 class BadRequestError(TableKeeperError):
-    code = Code.BAD_REQUEST
+    """The request is malformed or asks for something unsupported; nothing was applied."""
 
 
 class ResourceLimitError(TableKeeperError):
@@ -54,62 +64,55 @@ class ResourceLimitError(TableKeeperError):
     applied; the message names the limit and its flag. gRPC RESOURCE_EXHAUSTED on every RPC
     (unary BookKeeper calls included): retrying the same request cannot succeed."""
 
-    code = Code.BAD_REQUEST
-
 
 class PermissionDeniedError(TableKeeperError):
     """The caller's role may not do this (e.g. close a session another role created). gRPC
     PERMISSION_DENIED on every RPC; the message says what is missing."""
 
-    code = Code.ILLEGAL_OP
-
 
 class IllegalOpError(TableKeeperError):
-    code = Code.ILLEGAL_OP
+    """The operation is not allowed in this state (e.g. a put with a session that is gone)."""
 
 
 class InvalidKeyError(TableKeeperError):
-    code = Code.INVALID_KEY
+    """An empty key, or one over the key size limit."""
 
 
 class KeyNotFoundError(TableKeeperError):
-    code = Code.KEY_NOT_FOUND
+    """The key (or session) does not exist."""
 
 
 class BadVersionError(TableKeeperError):
-    code = Code.BAD_VERSION
+    """A compare-and-set on the key's version failed."""
 
 
 class InvalidNamespaceNameError(TableKeeperError):
-    code = Code.INVALID_NAMESPACE_NAME
+    """A namespace name that is empty, too long or contains '/'."""
 
 
 class NamespaceExistsError(TableKeeperError):
-    code = Code.NAMESPACE_EXISTS
+    """The namespace already exists."""
 
 
 class NamespaceNotFoundError(TableKeeperError):
-    code = Code.NAMESPACE_NOT_FOUND
+    """No such namespace."""
 
 
 class InvalidStreamNameError(TableKeeperError):
-    code = Code.INVALID_STREAM_NAME
+    """A table (stream) name that is empty, too long or contains '/'."""
 
 
 class StreamExistsError(TableKeeperError):
-    code = Code.STREAM_EXISTS
+    """The table (stream) already exists."""
 
 
 class StreamNotFoundError(TableKeeperError):
-    code = Code.STREAM_NOT_FOUND
+    """No such table (stream)."""
 
 
 class RouteNotFoundError(TableKeeperError):
     """The target container or range is not served here (yet). Sent as gRPC NOT_FOUND, which
     BookKeeper clients retry."""
-
-    code = Code.INTERNAL_SERVER_ERROR
-    retryable = True
 
 
 class NotServedHereError(RouteNotFoundError):
@@ -125,9 +128,6 @@ class NotServedHereError(RouteNotFoundError):
 class UnavailableError(TableKeeperError):
     """The server cannot take the request right now (shutting down, log unavailable).
     Nothing was applied; the caller may retry."""
-
-    code = Code.INTERNAL_SERVER_ERROR
-    retryable = True
 
 
 class StorageUnavailableError(UnavailableError):
@@ -158,6 +158,9 @@ class StorageUnavailableError(UnavailableError):
     def __init__(self, message: str = "", *, maybe_persisted: bool = False) -> None:
         super().__init__(message)
         self.maybe_persisted = maybe_persisted
+        if maybe_persisted:  # answered as an `IndeterminateError` (see `wire_rule`)
+            rule = ERROR_TABLE[IndeterminateError]
+            self.code, self.retryable, self.outcome_unknown = rule.status, False, True
 
     @classmethod
     def is_resource_error(cls, exc: BaseException) -> bool:
@@ -174,15 +177,15 @@ class IndeterminateError(TableKeeperError):
     request was forwarded to stopped answering). Retrying a non-idempotent write could apply it
     twice, so callers must not retry blindly."""
 
-    code = Code.UNEXPECTED  # BookKeeper clients do not retry it
-
 
 class ForwardedError(TableKeeperError):
-    """The owner a request was forwarded to answered this status; passed on unchanged."""
+    """The owner a request was forwarded to answered this status; passed on unchanged. Its
+    UNEXPECTED (600) is as uncertain as the owner's, so it keeps "outcome unknown"."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message or f"status {code} from the owner")
-        self.code = code
+        self.code = StatusCode.ValueType(code)
+        self.outcome_unknown = code == StatusCode.UNEXPECTED
 
 
 class LogFencedError(UnavailableError):
@@ -193,15 +196,17 @@ class LogFencedError(UnavailableError):
     def __init__(self, message: str = "", *, maybe_persisted: bool = False) -> None:
         super().__init__(message)
         self.maybe_persisted = maybe_persisted
+        if maybe_persisted:  # answered as an `IndeterminateError` (see `wire_rule`)
+            rule = ERROR_TABLE[IndeterminateError]
+            self.code, self.retryable, self.outcome_unknown = rule.status, False, True
 
 
 class CorruptionError(TableKeeperError):
     """Stored data failed a checksum or structural check. Never retried, never skipped silently.
 
-    UNEXPECTED (600) on the wire: BookKeeper clients and the SDK do not retry it (a retry cannot
-    help and would only re-run recovery); the `tk-error` reason names the file or checkpoint."""
-
-    code = Code.UNEXPECTED
+    UNEXPECTED (600) on the wire (gRPC DATA_LOSS on streams and Admin): BookKeeper clients and
+    the SDK do not retry it (a retry cannot help and would only re-run recovery); the `tk-error`
+    reason names the file or checkpoint."""
 
 
 class StoreCorruptionError(CorruptionError):
@@ -213,8 +218,6 @@ class StoreCorruptionError(CorruptionError):
 class CompactedError(TableKeeperError):
     """A watch asked for changes older than the range's event history still holds."""
 
-    code = Code.BAD_REVISION
-
     def __init__(self, message: str, oldest_revision: int) -> None:
         super().__init__(message)
         self.oldest_revision = oldest_revision
@@ -224,4 +227,79 @@ class WatcherTooSlowError(TableKeeperError):
     """A watcher fell too far behind the range's changes and was cancelled (it may resume from
     the revision the message names)."""
 
-    code = Code.FAILURE
+
+# ---------------------------------------------------------------------------- the error table
+
+
+@dataclass(frozen=True, slots=True)
+class WireRule:
+    """How one class of error travels. See `ERROR_TABLE`."""
+
+    status: StatusCode.ValueType
+    """The BookKeeper status in the response body (unary BookKeeper and TableKeeper calls, and
+    each result of a Batch). Sent with gRPC OK, except when `unary_grpc` is set."""
+    grpc: GrpcStatusName
+    """The gRPC status of streams (Watch, KeepAlive) and of the Admin service and the Batch RPC
+    as a whole, which have no body status; `status` goes with it as `tk-code` metadata."""
+    unary_grpc: GrpcStatusName | None = None
+    """Unary calls answer this gRPC status instead of a body status (what BookKeeper clients
+    expect: NOT_FOUND means "retry, not served here")."""
+    retryable: bool = False
+    """Nothing was applied; the same request may succeed when sent again."""
+    outcome_unknown: bool = False
+    """A write may or may not have been applied."""
+
+
+_NOT_HERE = WireRule(Code.INTERNAL_SERVER_ERROR, "UNAVAILABLE", "NOT_FOUND", retryable=True)
+
+ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
+    # Anything without a row of its own (and `ForwardedError`, whose instance carries the
+    # owner's status) is answered as its nearest base class is.
+    TableKeeperError: WireRule(Code.INTERNAL_SERVER_ERROR, "FAILED_PRECONDITION"),
+    BadRequestError: WireRule(Code.BAD_REQUEST, "INVALID_ARGUMENT"),
+    ResourceLimitError: WireRule(Code.BAD_REQUEST, "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"),
+    PermissionDeniedError: WireRule(Code.ILLEGAL_OP, "PERMISSION_DENIED", "PERMISSION_DENIED"),
+    IllegalOpError: WireRule(Code.ILLEGAL_OP, "FAILED_PRECONDITION"),
+    InvalidKeyError: WireRule(Code.INVALID_KEY, "INVALID_ARGUMENT"),
+    # FAILED_PRECONDITION on a session's keep-alive stream means "this session is gone".
+    KeyNotFoundError: WireRule(Code.KEY_NOT_FOUND, "FAILED_PRECONDITION"),
+    BadVersionError: WireRule(Code.BAD_VERSION, "FAILED_PRECONDITION"),
+    InvalidNamespaceNameError: WireRule(Code.INVALID_NAMESPACE_NAME, "INVALID_ARGUMENT"),
+    NamespaceExistsError: WireRule(Code.NAMESPACE_EXISTS, "FAILED_PRECONDITION"),
+    NamespaceNotFoundError: WireRule(Code.NAMESPACE_NOT_FOUND, "FAILED_PRECONDITION"),
+    InvalidStreamNameError: WireRule(Code.INVALID_STREAM_NAME, "INVALID_ARGUMENT"),
+    StreamExistsError: WireRule(Code.STREAM_EXISTS, "FAILED_PRECONDITION"),
+    StreamNotFoundError: WireRule(Code.STREAM_NOT_FOUND, "FAILED_PRECONDITION"),
+    # Not served here, not ready, shutting down, out of a resource, fenced: sent before anything
+    # was appended. Streams resume elsewhere (UNAVAILABLE); a Batch result says `retryable`.
+    RouteNotFoundError: _NOT_HERE,
+    UnavailableError: _NOT_HERE,
+    IndeterminateError: WireRule(Code.UNEXPECTED, "UNKNOWN", outcome_unknown=True),
+    ForwardedError: WireRule(Code.INTERNAL_SERVER_ERROR, "FAILED_PRECONDITION"),
+    CorruptionError: WireRule(Code.UNEXPECTED, "DATA_LOSS"),
+    CompactedError: WireRule(Code.BAD_REVISION, "OUT_OF_RANGE"),
+    WatcherTooSlowError: WireRule(Code.FAILURE, "RESOURCE_EXHAUSTED"),
+}
+"""Every error class's row; subclasses without a row of their own (`NotServedHereError`,
+`StorageUnavailableError`, `LogFencedError`, `StoreCorruptionError`, ...) take their base's."""
+
+
+def wire_rule(error: type[TableKeeperError] | TableKeeperError) -> WireRule:
+    """The row of `error` (a class or an instance): its own, or its nearest base's. An instance
+    that may have persisted (`maybe_persisted`) is answered as `IndeterminateError`."""
+    if isinstance(error, TableKeeperError):
+        if getattr(error, "maybe_persisted", False):
+            return ERROR_TABLE[IndeterminateError]
+        error = type(error)
+    for cls in error.__mro__:
+        rule = ERROR_TABLE.get(cls)
+        if rule is not None:
+            return rule
+    raise AssertionError(f"{error.__name__} is not a TableKeeperError")  # pragma: no cover
+
+
+for _cls, _rule in ERROR_TABLE.items():
+    _cls.code = _rule.status
+    _cls.retryable = _rule.retryable
+    _cls.outcome_unknown = _rule.outcome_unknown
+del _cls, _rule

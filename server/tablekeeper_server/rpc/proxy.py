@@ -8,7 +8,9 @@ server does not host the container either (its view of the assignment is older o
 caller hears NOT_FOUND and retries once the views agree.
 
 Whether the owner applied a write is only certain when it answered, or when the call never left
-(no connection). Anything else (a deadline, a connection dropped mid-call) becomes
+(no connection). An owner's refusal (a gRPC status of the error table's unary column: NOT_FOUND,
+RESOURCE_EXHAUSTED, PERMISSION_DENIED) becomes the same domain error here, so the caller hears
+what the owner said. Anything else (a deadline, a connection dropped mid-call) becomes
 `IndeterminateError` for writes, so a non-idempotent write is not retried blindly; reads are
 answered NOT_FOUND (retry).
 
@@ -31,12 +33,12 @@ from tablekeeper_server.errors import (
     NotServedHereError,
     RouteNotFoundError,
 )
+from tablekeeper_server.rpc.status import ERROR_METADATA_KEY, error_for_unary_status
 from tablekeeper_server.security.auth import AUTHORIZATION_KEY
 
 log = logging.getLogger(__name__)
 
 FORWARDED_METADATA_KEY = "tk-forwarded"
-ERROR_METADATA_KEY = "tk-error"
 ROOT_SERVICE = "/bookkeeper.proto.storage.RootRangeService/"
 META_SERVICE = "/bookkeeper.proto.storage.MetaRangeService/"
 TABLE_SERVICE = "/bookkeeper.proto.kv.rpc.TableService/"
@@ -158,7 +160,10 @@ class Forwarder:
             response: R = await call
         except grpc.aio.AioRpcError as error:
             reason = f"{error.code().name} from {endpoint}: {error.details() or ''}".strip()
-            if error.code() == grpc.StatusCode.NOT_FOUND or idempotent or _never_sent(error):
+            refused = error_for_unary_status(error.code(), error.details() or reason)
+            if refused is not None and not isinstance(refused, RouteNotFoundError):
+                raise refused from None  # the owner applied nothing and said why
+            if refused is not None or idempotent or _never_sent(error):
                 raise RouteNotFoundError(f"storage container {container_id}: {reason}") from None
             raise IndeterminateError(
                 f"forwarded to {endpoint}, outcome unknown: {reason}"

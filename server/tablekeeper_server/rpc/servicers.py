@@ -1,6 +1,7 @@
 """gRPC servicers: each method converts the request, calls the domain, converts the result.
 
-No business logic lives here; errors become statuses in `rpc.status` only.
+No business logic lives here; errors become statuses by `errors.ERROR_TABLE`, through
+`rpc.status` (and, for each op of a Batch, `wire_rule`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tablekeeper_proto.bookkeeper import (
     storage_pb2_grpc,
     stream_pb2,
 )
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import (
@@ -28,9 +30,8 @@ from tablekeeper_server.errors import (
     Code,
     IllegalOpError,
     ResourceLimitError,
-    RouteNotFoundError,
     TableKeeperError,
-    UnavailableError,
+    wire_rule,
 )
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import scan, validation
@@ -108,7 +109,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
     ) -> storage_pb2.CreateNamespaceResponse:
         async def handle() -> storage_pb2.CreateNamespaceResponse:
             props = await self._registry.root.create_namespace(request.name, request.ns_conf)
-            return storage_pb2.CreateNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
+            return storage_pb2.CreateNamespaceResponse(code=Code.SUCCESS, ns_props=props)
 
         return await self._serve(
             "CreateNamespace", context, handle, storage_pb2.CreateNamespaceResponse, request
@@ -119,7 +120,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
     ) -> storage_pb2.GetNamespaceResponse:
         async def handle() -> storage_pb2.GetNamespaceResponse:
             props = self._registry.root.get_namespace(request.name)
-            return storage_pb2.GetNamespaceResponse(code=Code.SUCCESS, ns_props=props)  # type: ignore[arg-type]
+            return storage_pb2.GetNamespaceResponse(code=Code.SUCCESS, ns_props=props)
 
         return await self._serve(
             "GetNamespace", context, handle, storage_pb2.GetNamespaceResponse, request
@@ -131,7 +132,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
         async def handle() -> storage_pb2.DeleteNamespaceResponse:
             tables = await self._registry.root.delete_namespace(request.name)
             await self._registry.drop_tables(tables)
-            return storage_pb2.DeleteNamespaceResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+            return storage_pb2.DeleteNamespaceResponse(code=Code.SUCCESS)
 
         return await self._serve(
             "DeleteNamespace", context, handle, storage_pb2.DeleteNamespaceResponse, request
@@ -144,7 +145,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
             props = await self._registry.root.create_stream(
                 request.ns_name, request.name, request.stream_conf
             )
-            return storage_pb2.CreateStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
+            return storage_pb2.CreateStreamResponse(code=Code.SUCCESS, stream_props=props)
 
         return await self._serve(
             "CreateStream", context, handle, storage_pb2.CreateStreamResponse, request
@@ -163,7 +164,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
                 props = self._registry.root.get_stream_by_id(request.stream_id)
             else:
                 raise IllegalOpError("GetStream needs a stream name or a stream id")
-            return storage_pb2.GetStreamResponse(code=Code.SUCCESS, stream_props=props)  # type: ignore[arg-type]
+            return storage_pb2.GetStreamResponse(code=Code.SUCCESS, stream_props=props)
 
         return await self._serve(
             "GetStream", context, handle, storage_pb2.GetStreamResponse, request
@@ -175,7 +176,7 @@ class RootRangeServicer(storage_pb2_grpc.RootRangeServiceServicer):
         async def handle() -> storage_pb2.DeleteStreamResponse:
             props = await self._registry.root.delete_stream(request.ns_name, request.name)
             await self._registry.drop_tables([props])
-            return storage_pb2.DeleteStreamResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+            return storage_pb2.DeleteStreamResponse(code=Code.SUCCESS)
 
         return await self._serve(
             "DeleteStream", context, handle, storage_pb2.DeleteStreamResponse, request
@@ -200,7 +201,7 @@ class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
     ) -> storage_pb2.GetActiveRangesResponse:
         async def handle() -> storage_pb2.GetActiveRangesResponse:
             ranges = await self._registry.active_ranges(request.stream_id)
-            response = storage_pb2.GetActiveRangesResponse(code=Code.SUCCESS)  # type: ignore[arg-type]
+            response = storage_pb2.GetActiveRangesResponse(code=Code.SUCCESS)
             for props in ranges:
                 response.ranges.add(props=props, type=storage_pb2.PARENTS)
             return response
@@ -222,7 +223,7 @@ class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
             context,
             self._metrics,
             routed,
-            lambda code: storage_pb2.GetActiveRangesResponse(code=code),  # type: ignore[arg-type]
+            lambda code: storage_pb2.GetActiveRangesResponse(code=code),
             _code,
         )
 
@@ -237,16 +238,16 @@ class StorageContainerServicer(storage_pb2_grpc.StorageContainerServiceServicer)
     async def GetStorageContainerEndpoint(  # noqa: N802
         self, request: storage_pb2.GetStorageContainerEndpointRequest, context: Context
     ) -> storage_pb2.GetStorageContainerEndpointResponse:
-        response = storage_pb2.GetStorageContainerEndpointResponse(status_code=Code.SUCCESS)  # type: ignore[arg-type]
+        response = storage_pb2.GetStorageContainerEndpointResponse(status_code=Code.SUCCESS)
         for one in request.requests:
             result = response.responses.add()
             owner = self._owner_of(one.storage_container)
             if owner is None:
-                result.status_code = Code.INTERNAL_SERVER_ERROR  # type: ignore[assignment]
+                result.status_code = Code.INTERNAL_SERVER_ERROR
                 continue
             host, _, port = owner.rpartition(":")
             endpoint = common_pb2.Endpoint(hostname=host, port=int(port))
-            result.status_code = Code.SUCCESS  # type: ignore[assignment]
+            result.status_code = Code.SUCCESS
             result.endpoint.storage_container_id = one.storage_container
             result.endpoint.revision = 0
             result.endpoint.rw_endpoint.CopyFrom(endpoint)
@@ -415,10 +416,8 @@ class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):
             response.header.routing_header.CopyFrom(header)  # type: ignore[attr-defined]
             return response
 
-        def error(code: int) -> M:
-            return kind(
-                header=kv_rpc_pb2.ResponseHeader(code=code, routing_header=header)  # type: ignore[arg-type]
-            )
+        def error(code: StatusCode.ValueType) -> M:
+            return kind(header=kv_rpc_pb2.ResponseHeader(code=code, routing_header=header))
 
         return await serve(method, context, self._metrics, handle, error, _header_code)
 
@@ -496,10 +495,8 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         async def handle() -> tablekeeper_pb2.ScanRangeResponse:
             return await self._ops.scan_range(request, context)
 
-        def error(code: int) -> tablekeeper_pb2.ScanRangeResponse:
-            return tablekeeper_pb2.ScanRangeResponse(
-                header=kv_rpc_pb2.ResponseHeader(code=code)  # type: ignore[arg-type]
-            )
+        def error(code: StatusCode.ValueType) -> tablekeeper_pb2.ScanRangeResponse:
+            return tablekeeper_pb2.ScanRangeResponse(header=kv_rpc_pb2.ResponseHeader(code=code))
 
         return await serve("ScanRange", context, self._metrics, handle, error, _header_code)
 
@@ -509,7 +506,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         kind = op.WhichOneof("op")
         result = tablekeeper_pb2.BatchResult()
         if kind is None:
-            result.put.header.code = Code.BAD_REQUEST  # type: ignore[assignment]
+            result.put.header.code = Code.BAD_REQUEST
             return result
         request = getattr(op, kind)
         target = getattr(result, kind)
@@ -530,17 +527,12 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             target.CopyFrom(response)
             if code := target.header.code:
                 result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
-        except (RouteNotFoundError, UnavailableError) as exc:
-            target.header.code = Code.INTERNAL_SERVER_ERROR
-            result.error = exc.message
-            result.retryable = True
-        except ResourceLimitError as exc:
-            target.header.code = exc.code
-            result.error = exc.message
-            result.retryable = kind == "range"  # a read over the Batch's bound: send it alone
         except TableKeeperError as exc:
             target.header.code = exc.code
             result.error = exc.message
+            # A read over the Batch's response bound is answered retryable: send it alone.
+            over_bound = kind == "range" and isinstance(exc, ResourceLimitError)
+            result.retryable = wire_rule(exc).retryable or over_bound
         except Exception as exc:
             log.exception("batch op failed")
             target.header.code = Code.INTERNAL_SERVER_ERROR

@@ -8,9 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.errors import BadRequestError, PermissionDeniedError, UnavailableError
+from tablekeeper_server.errors import (
+    BadRequestError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.proxy import SESSIONS_SERVICE, Forwarder, local_or_forward
@@ -20,8 +25,8 @@ from tablekeeper_server.security.auth import current_role
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
 
 
-def _error(code: int) -> session_pb2.SessionResponse:
-    return session_pb2.SessionResponse(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
+def _error(code: StatusCode.ValueType) -> session_pb2.SessionResponse:
+    return session_pb2.SessionResponse(header=kv_rpc_pb2.ResponseHeader(code=code))
 
 
 def _code(response: session_pb2.SessionResponse) -> int:

@@ -1,11 +1,16 @@
-"""The one place where server errors become wire statuses.
+"""Where server errors become wire statuses, by `errors.ERROR_TABLE` (and nothing else).
 
 BookKeeper's convention, which its clients depend on:
 - application errors travel in the response body (`code` / `header.code`) with gRPC status OK;
   TableKeeper adds the human-readable reason as the `tk-error` trailing metadata entry;
 - "not served here / not ready / shutting down" is gRPC NOT_FOUND, which clients retry;
-- a request over a configured limit is gRPC RESOURCE_EXHAUSTED (metrics code -429), never retried;
+- a request over a configured limit is gRPC RESOURCE_EXHAUSTED (metrics code -429), never
+  retried; a permission missing is PERMISSION_DENIED;
 - an unexpected exception is INTERNAL_SERVER_ERROR (500) in the body, logged with its traceback.
+
+Streams, the Admin service and the Batch RPC as a whole have no body status: they answer the
+table's gRPC status, with the BookKeeper code as `tk-code` trailing metadata. The forwarder
+reads the same table backwards (`error_for_unary_status`).
 """
 
 from __future__ import annotations
@@ -18,17 +23,13 @@ from typing import Any, TypeVar
 
 import grpc
 
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_server.errors import (
-    BadRequestError,
+    ERROR_TABLE,
     Code,
     CompactedError,
-    CorruptionError,
-    PermissionDeniedError,
-    ResourceLimitError,
-    RouteNotFoundError,
     TableKeeperError,
-    UnavailableError,
-    WatcherTooSlowError,
+    wire_rule,
 )
 from tablekeeper_server.metrics import ServerMetrics
 
@@ -42,7 +43,7 @@ M = TypeVar("M")
 
 # Why a command answered a non-zero status from the state machine (which has no messages: its
 # responses must be identical on replay).
-_COMMAND_STATUS_REASONS = {
+_COMMAND_STATUS_REASONS: dict[tuple[str, int], str] = {
     ("Put", Code.BAD_REQUEST): "the key holds a number (use Increment, or delete it first), "
     "or the put's expiry (ttl_ms) does not fit",
     ("Put", Code.BAD_VERSION): "expected_version does not match the key's version",
@@ -77,7 +78,7 @@ async def serve(
     context: Any,  # grpc.aio.ServicerContext; grpc ships no type stubs
     metrics: ServerMetrics | None,
     handler: Callable[[], Awaitable[M]],
-    error_response: Callable[[int], M],
+    error_response: Callable[[StatusCode.ValueType], M],
     code_of: Callable[[M], int],
 ) -> M:
     """Run `handler`, turning errors into BookKeeper statuses; record metrics."""
@@ -87,89 +88,91 @@ async def serve(
         code = code_of(response)
         if code and (reason := command_status_reason(method, code)):
             context.set_trailing_metadata(((ERROR_METADATA_KEY, reason),))
-    except (RouteNotFoundError, UnavailableError) as exc:
-        _record(metrics, method, -404, started)
-        await context.abort(grpc.StatusCode.NOT_FOUND, _ascii(exc.message))
-        raise  # unreachable: abort raises
-    except ResourceLimitError as exc:
-        _record(metrics, method, -429, started)
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
-        raise  # unreachable: abort raises
-    except PermissionDeniedError as exc:
-        _record(metrics, method, -403, started)
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, _ascii(exc.message))
-        raise  # unreachable: abort raises
     except TableKeeperError as exc:
+        rule = wire_rule(exc)
+        if rule.unary_grpc is not None:
+            _record(metrics, method, _ABORT_METRIC_CODES[rule.unary_grpc], started)
+            await context.abort(grpc_status(rule.unary_grpc), _ascii(exc.message))
+            raise  # unreachable: abort raises
         code = exc.code
         context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(exc.message)),))
-        response = error_response(code)
+        response = error_response(exc.code)
     except Exception as exc:
         if isinstance(exc, grpc.aio.AbortError):
             raise
         log.exception("%s failed", method)
         code = Code.INTERNAL_SERVER_ERROR
         context.set_trailing_metadata(((ERROR_METADATA_KEY, _ascii(f"internal error: {exc}")),))
-        response = error_response(code)
+        response = error_response(Code.INTERNAL_SERVER_ERROR)
     _record(metrics, method, code, started)
     return response
 
 
 async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable[M]]) -> M:
-    """TableKeeper's own Admin service reports errors as plain gRPC statuses (it has no body
-    status field): unavailable → UNAVAILABLE, corruption → DATA_LOSS, other domain errors →
-    FAILED_PRECONDITION, anything else → INTERNAL (logged)."""
-    try:
+    """TableKeeper's own Admin service, and the Batch RPC as a whole, report errors as plain gRPC
+    statuses (they have no body status field): the table's gRPC status with the code as
+    `tk-code`; anything else → INTERNAL (logged)."""
+    async with _as_grpc_status(method, context):
         return await handler()
-    except (RouteNotFoundError, UnavailableError) as exc:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, _ascii(exc.message))
-    except CorruptionError as exc:
-        await context.abort(grpc.StatusCode.DATA_LOSS, _ascii(exc.message))
-    except ResourceLimitError as exc:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _ascii(exc.message))
-    except PermissionDeniedError as exc:
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, _ascii(exc.message))
-    except TableKeeperError as exc:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _ascii(exc.message))
-    except Exception as exc:
-        if isinstance(exc, grpc.aio.AbortError):
-            raise
-        log.exception("%s failed", method)
-        await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
     raise AssertionError("unreachable: context.abort raises")
 
 
 @contextlib.asynccontextmanager
 async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
-    """Streaming RPCs (Watch) report errors as gRPC statuses, with the BookKeeper code in the
-    `tk-code` trailing metadata entry: compacted → OUT_OF_RANGE (oldest available revision in
-    `tk-compacted-revision`), a cancelled slow watcher or a request over a limit →
-    RESOURCE_EXHAUSTED, not served here /
-    shutting down → UNAVAILABLE (resume elsewhere), a bad request → INVALID_ARGUMENT, other
-    domain errors → FAILED_PRECONDITION, anything else → INTERNAL (logged)."""
+    """Streaming RPCs (Watch, KeepAlive) report errors as the table's gRPC status, with the
+    BookKeeper code in the `tk-code` trailing metadata entry: e.g. compacted → OUT_OF_RANGE
+    (oldest available revision in `tk-compacted-revision`), a cancelled slow watcher or a
+    request over a limit → RESOURCE_EXHAUSTED, not served here / shutting down → UNAVAILABLE
+    (resume elsewhere), a bad request → INVALID_ARGUMENT, a session that is gone →
+    FAILED_PRECONDITION; anything else → INTERNAL (logged)."""
+    async with _as_grpc_status(method, context):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _as_grpc_status(method: str, context: Any) -> AsyncIterator[None]:
     try:
         yield
     except TableKeeperError as exc:
         metadata: list[tuple[str, str]] = [(CODE_METADATA_KEY, str(exc.code))]
         if isinstance(exc, CompactedError):
             metadata.append((COMPACTED_METADATA_KEY, str(exc.oldest_revision)))
-            status = grpc.StatusCode.OUT_OF_RANGE
-        elif isinstance(exc, (WatcherTooSlowError, ResourceLimitError)):
-            status = grpc.StatusCode.RESOURCE_EXHAUSTED
-        elif isinstance(exc, PermissionDeniedError):
-            status = grpc.StatusCode.PERMISSION_DENIED
-        elif isinstance(exc, (RouteNotFoundError, UnavailableError)):
-            status = grpc.StatusCode.UNAVAILABLE
-        elif isinstance(exc, BadRequestError):
-            status = grpc.StatusCode.INVALID_ARGUMENT
-        else:
-            status = grpc.StatusCode.FAILED_PRECONDITION
         context.set_trailing_metadata(tuple(metadata))
-        await context.abort(status, _ascii(exc.message))
+        await context.abort(grpc_status(wire_rule(exc).grpc), _ascii(exc.message))
     except Exception as exc:
         if isinstance(exc, grpc.aio.AbortError):
             raise
         log.exception("%s failed", method)
         await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
+
+
+def grpc_status(name: str) -> grpc.StatusCode:
+    """The `grpc.StatusCode` a table entry names."""
+    return grpc.StatusCode[name]
+
+
+# What the metrics record for a unary call answered with a gRPC status instead of a body code.
+_ABORT_METRIC_CODES = {"NOT_FOUND": -404, "RESOURCE_EXHAUSTED": -429, "PERMISSION_DENIED": -403}
+
+
+def _unary_refusals() -> dict[grpc.StatusCode, type[TableKeeperError]]:
+    """gRPC status → the error class that unary calls answer with it: the first class of the
+    table that does (`RouteNotFoundError` for NOT_FOUND). Each means nothing was applied."""
+    found: dict[grpc.StatusCode, type[TableKeeperError]] = {}
+    for cls, rule in ERROR_TABLE.items():
+        if rule.unary_grpc is not None:
+            found.setdefault(grpc_status(rule.unary_grpc), cls)
+    return found
+
+
+UNARY_REFUSALS = _unary_refusals()
+
+
+def error_for_unary_status(code: grpc.StatusCode, message: str) -> TableKeeperError | None:
+    """The domain error another server meant by answering a unary call with gRPC `code` (read
+    back through the table), or None if the status is not one of the table's refusals."""
+    cls = UNARY_REFUSALS.get(code)
+    return cls(message) if cls is not None else None
 
 
 def _record(metrics: ServerMetrics | None, method: str, code: int, started: float) -> None:

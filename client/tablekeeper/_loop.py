@@ -1,0 +1,31 @@
+"""A private event loop on a daemon thread: what the synchronous API (`Client`, `Table`,
+`Watch`, `Session`) runs its `AsyncClient` on."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop running on its own daemon thread; `run` blocks until a coroutine is done."""
+
+    def __init__(self, name: str = "tablekeeper-client") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        self.loop.close()
+
+
+__all__ = ["LoopThread"]
