@@ -402,20 +402,11 @@ server_log_tails() { # the end of every server's log, to stderr
 # --- readiness ---------------------------------------------------------------
 
 cluster_status() { # cluster_status [--wait S]: `tablekeeper cluster status` of this cluster
-    "$TABLEKEEPER" cluster status --zk "$ZK_CONNECT" --cluster "$CLUSTER" "$@" 9>&-
-}
-
-# TLS cluster: `cluster status` asks the servers over plaintext (which they refuse), so
-# deploy/tls_ready.py asks them again over TLS. Prints the problems; true when there are none.
-tls_ready() { # tls_ready I...
-    local i report
-    local -a expect=()
-    for i in "$@"; do
-        server_ports "$i" || true
-        expect+=(--expect "127.0.0.1:$GRPC_PORT")
-    done
-    report="$(cluster_status -o json --wait 0 2>/dev/null)" || true
-    "$PYTHON" "$SCRIPT_DIR/tls_ready.py" --ca "$TLS_DIR/ca.pem" "${expect[@]}" <<<"$report" 9>&-
+    local -a tls=()
+    if [[ "$TLS" == 1 ]]; then # the servers are asked over TLS, as the admin client
+        tls=(--tls-ca "$TLS_DIR/ca.pem" --tls-cert "$TLS_DIR/admin.pem" --tls-key "$TLS_DIR/admin-key.pem")
+    fi
+    "$TABLEKEEPER" "${tls[@]}" cluster status --zk "$ZK_CONNECT" --cluster "$CLUSTER" "$@" 9>&-
 }
 
 wait_ready() { # wait_ready I...: until servers I... are live and every container is served
@@ -430,18 +421,6 @@ wait_ready() { # wait_ready I...: until servers I... are live and every containe
                     "(what started keeps running: '$0 stop --dir $DIR' stops it)"
             fi
         done
-        if [[ "$TLS" == 1 ]]; then
-            out="$(tls_ready "$@" 2>&1)" && return 0
-            if (( SECONDS >= deadline )); then
-                echo "--- not ready (asked over TLS):" >&2
-                echo "$out" >&2
-                server_log_tails
-                die "cluster not ready after ${TIMEOUT}s" \
-                    "(what started keeps running: '$0 stop --dir $DIR' stops it)"
-            fi
-            sleep 1
-            continue
-        fi
         rc=0
         out="$(cluster_status --wait 0 2>&1)" || rc=$?
         missing=""
@@ -632,7 +611,7 @@ do_status() {
     fi
     echo "pulsar namespace: $PULSAR_NAMESPACE"
     if [[ "$TLS" == 1 ]]; then
-        echo "tls: on, CA $TLS_DIR/ca.pem (the plaintext status below cannot ask the servers)"
+        echo "tls: on, CA $TLS_DIR/ca.pem (the status below asks the servers over TLS)"
     fi
     if [[ "$zk_up" == 1 ]]; then
         cluster_status || down=$((down + 1))

@@ -173,23 +173,58 @@ class _ClusterView:
         return found
 
 
-def _server_containers(endpoint: str, timeout_s: float) -> frozenset[int] | str:
+@dataclass(frozen=True)
+class _Credentials:
+    """How `cluster status` asks the servers: the CLI's global --tls-ca/--tls-cert/--tls-key
+    (TLS when a CA is given) and --token (env TABLEKEEPER_TLS_CA, ..., TABLEKEEPER_TOKEN)."""
+
+    tls: grpc.ChannelCredentials | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> _Credentials:
+        ca, cert, key = (getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key"))
+        tls = None
+        if ca:
+            tls = grpc.ssl_channel_credentials(
+                root_certificates=Path(ca).read_bytes(),
+                private_key=Path(key).read_bytes() if key else None,
+                certificate_chain=Path(cert).read_bytes() if cert else None,
+            )
+        return cls(tls, getattr(args, "token", None) or None)
+
+    def channel(self, endpoint: str) -> grpc.Channel:
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        if self.tls is not None:
+            return grpc.secure_channel(endpoint, self.tls, options=options)
+        return grpc.insecure_channel(endpoint, options=options)
+
+
+def _server_containers(
+    endpoint: str, timeout_s: float, credentials: _Credentials
+) -> frozenset[int] | str:
     from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 
+    token = credentials.token
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
     try:
-        with grpc.insecure_channel(
-            endpoint, options=[("grpc.use_local_subchannel_pool", 1)]
-        ) as channel:
+        with credentials.channel(endpoint) as channel:
             stub = tablekeeper_pb2_grpc.TableKeeperStub(channel)
-            info = stub.ServerInfo(tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s)
+            info = stub.ServerInfo(
+                tablekeeper_pb2.ServerInfoRequest(), metadata=metadata, timeout=timeout_s
+            )
     except grpc.RpcError as exc:
         code = exc.code().name if hasattr(exc, "code") else "error"
-        return f"ServerInfo failed: {code}"
+        hint = "" if credentials.tls is not None else " (a TLS server? pass --tls-ca)"
+        return f"ServerInfo failed: {code}{hint if code == 'UNAVAILABLE' else ''}"
     return frozenset(int(c) for c in info.containers)
 
 
 def _cluster_view(
-    coordinator: ZkCoordinator, name: str, rpc_timeout_s: float = 2.0
+    coordinator: ZkCoordinator,
+    name: str,
+    credentials: _Credentials,
+    rpc_timeout_s: float = 2.0,
 ) -> _ClusterView:
     containers = int(coordinator.num_containers())
     assignment, revision = coordinator.read_assignment()
@@ -201,7 +236,7 @@ def _cluster_view(
     serving: dict[str, frozenset[int] | str] = {}
     if servers:
         with ThreadPoolExecutor(max_workers=min(len(servers), 16)) as pool:
-            answers = pool.map(lambda s: _server_containers(s, rpc_timeout_s), servers)
+            answers = pool.map(lambda s: _server_containers(s, rpc_timeout_s, credentials), servers)
             serving = dict(zip(servers, answers, strict=True))
     return _ClusterView(
         name=name,
@@ -290,6 +325,7 @@ def _cluster(args: argparse.Namespace) -> int:
     from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
 
     as_json = getattr(args, "output", "text") == "json"
+    credentials = _Credentials.from_args(args)
     coordinator = ZkCoordinator(args.zk, args.cluster)
     try:
         coordinator.start()
@@ -308,7 +344,7 @@ def _cluster(args: argparse.Namespace) -> int:
             return EXIT_OK
         deadline = time.monotonic() + (args.wait or 0.0)
         while True:
-            view = _cluster_view(coordinator, args.cluster)
+            view = _cluster_view(coordinator, args.cluster, credentials)
             if args.wait is None or not view.problems() or time.monotonic() >= deadline:
                 break
             time.sleep(0.5)

@@ -132,6 +132,11 @@ def test_start_a_tls_cluster_use_it_and_stop(tmp_path: Path, pulsar_service: Pul
         status = cluster_sh("status", "--dir", str(directory))
         assert status.returncode == 0, status.stdout + status.stderr
         assert f"tls: on, CA {ca}" in status.stdout
+        # `tablekeeper cluster status` asked every server over TLS: each serves what it was
+        # assigned (no "ServerInfo failed"), so the cluster is ready.
+        assert "ready: yes" in status.stdout and "ServerInfo failed" not in status.stdout, (
+            status.stdout
+        )
         # Started again without --tls: the recorded TLS stays (nothing to start, ready at once).
         again = cluster_sh("start", "2", "--dir", str(directory), "--timeout", "60")
         assert again.returncode == 0 and again.stdout.split() == uris, again.stderr[-3000:]
