@@ -376,7 +376,9 @@ async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None
 @dataclass(frozen=True)
 class _FrontEndSecurity:
     """TLS and authentication of the etcd and Oxia ports: the gRPC port's certificate and
-    credentials. Any authenticated role may use them (per-namespace permissions do not apply)."""
+    credentials. Each front-end adapts the interceptor (`security.frontend.secure_front_end`):
+    its own token metadata and error wording, and permissions on its namespace (`etcd`,
+    `oxia`)."""
 
     tls: ServerTls | None
     authenticator: Authenticator | None
