@@ -3,17 +3,46 @@
 A full-table export (the Spark connector's read) needs one reader per range, and the per-pkey
 `Range` request cannot list the pkeys of a range. The page itself is read by
 `RangeStateMachine.scan_range`; this module finds the range by id and checks that it serves.
+
+It knows the containers only through the two protocols below (the container registry and its
+containers satisfy them), so `range/` does not import `container/`.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
+from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_proto.v1 import tablekeeper_pb2
-from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import BadRequestError, UnavailableError
 from tablekeeper_server.range.replica import Range
 
 
-async def table_range_by_id(registry: ContainerRegistry, stream_id: int, range_id: int) -> Range:
+class RangeOpener(Protocol):
+    """What hosts a table's ranges (a storage container)."""
+
+    async def data_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+        """The open range (stream_id, range_id), opening it on first use."""
+        ...
+
+
+class TableRanges(Protocol):
+    """Where a table's properties, its ranges and their containers are found (the registry)."""
+
+    async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties:
+        """The table's properties; `StreamNotFoundError` for an unknown table."""
+        ...
+
+    async def active_ranges(self, stream_id: int) -> list[stream_pb2.RangeProperties]:
+        """The table's active ranges."""
+        ...
+
+    def container(self, container_id: int) -> RangeOpener:
+        """The container `container_id` hosted here (`NotServedHereError` otherwise)."""
+        ...
+
+
+async def table_range_by_id(registry: TableRanges, stream_id: int, range_id: int) -> Range:
     """The open range `range_id` of table `stream_id` (opened if needed).
 
     Raises `StreamNotFoundError` for an unknown table and `BadRequestError` for a range id the
