@@ -654,6 +654,9 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[m
     method with INVALID_ARGUMENT and one warning line in the log, before any other interceptor
     or the servicer sees it. Must be the first (outermost) interceptor."""
 
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, Any]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[[Any], Awaitable[grpc.RpcMethodHandler]],
@@ -662,7 +665,14 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[m
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        return _checked_handler(handler, handler_call_details.method)
+        method: str = handler_call_details.method
+        # Wrapped once per method, not per call: each call's wrapping (and gRPC inspecting the
+        # new functions) cost CPU on the per-call path.
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = (handler, _checked_handler(handler, method))
+            self._wrapped[method] = cached
+        return cached[1]
 
 
 async def _refuse(method: str, malformed: _Malformed, context: Context) -> None:

@@ -137,6 +137,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._on_failure = on_failure
         self._access = access
         self._unavailable_code = unavailable_code
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, Any]] = {}
 
     @property
     def authenticator(self) -> Authenticator:
@@ -173,7 +174,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             or method.startswith(UNAUTHENTICATED_METHODS_PREFIXES)
         ):
             return handler
-        return _wrap(handler, method, self._authenticate, self._authorize)
+        cached = self._wrapped.get(method)  # wrapped once per method, not per call
+        if cached is None or cached[0] is not handler:
+            cached = (handler, _wrap(handler, method, self._authenticate, self._authorize))
+            self._wrapped[method] = cached
+        return cached[1]
 
     async def _authenticate(self, method: str, context: Any) -> str:
         metadata = dict(context.invocation_metadata() or ())
