@@ -35,13 +35,9 @@ from tablekeeper import AsyncClient, Client, RetryPolicy
 from tablekeeper_server.checkpoint.pulsar import PulsarCheckpointStore
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
 from tablekeeper_server.log.api import LogRecord
-from tablekeeper_server.log.pulsar import (
-    KIND_DATA,
-    PulsarAdmin,
-    PulsarLogBackend,
-    encode_header,
-    send_and_wait,
-)
+from tablekeeper_server.log.pulsar import KIND_DATA, PulsarLogBackend, encode_header
+from tablekeeper_server.pulsar_common.admin import PulsarAdmin
+from tablekeeper_server.pulsar_common.send import send_and_wait
 from tests.integration import test_sdk as sdk
 from tests.integration.test_crash import (
     NS,

@@ -18,11 +18,11 @@ from tablekeeper_server.log.pulsar import (
     KIND_DATA,
     KIND_FENCE,
     KIND_START,
-    Position,
     _Replay,
     encode_header,
     encode_records,
 )
+from tablekeeper_server.pulsar_common.positions import Position
 
 pytestmark = pytest.mark.unit
 

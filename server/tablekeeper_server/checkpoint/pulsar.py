@@ -53,14 +53,11 @@ import pulsar
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.errors import CorruptionError, UnavailableError
-from tablekeeper_server.log.pulsar import (
-    PulsarAdmin,
-    PulsarSendError,
-    entry_message_id,
-    flush,
-    new_client,
-    send_and_wait,
-)
+from tablekeeper_server.pulsar_common.admin import PulsarAdmin
+from tablekeeper_server.pulsar_common.client import SharedClient
+from tablekeeper_server.pulsar_common.positions import entry_message_id
+from tablekeeper_server.pulsar_common.send import PulsarSendError, flush, send_and_wait
+from tablekeeper_server.pulsar_common.topics import NamespaceTopics, namespace_policies
 
 log = logging.getLogger(__name__)
 
@@ -132,63 +129,37 @@ class PulsarCheckpointStore:
         self.namespace = namespace
         self._timeout_s = timeout_s
         self._timeout_ms = max(1000, round(timeout_s * 1000))
-        self._admin = PulsarAdmin(admin_url, timeout_s=timeout_s)
-        self._lock = threading.Lock()
-        self._pulsar: Any = None
-        self._namespace_ready = False
+        self._topics = NamespaceTopics(
+            PulsarAdmin(admin_url, timeout_s=timeout_s),
+            tenant,
+            namespace,
+            namespace_policies(retention_minutes=-1, retention_mb=-1),
+        )
+        self._pulsar = SharedClient(service_url, timeout_s)
         self._next_sweep = 0.0
 
     def describe(self) -> str:
         return f"pulsar {self.service_url} namespace {self.tenant}/{self.namespace}"
 
     def close(self) -> None:
-        with self._lock:
-            client, self._pulsar = self._pulsar, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:
-                log.debug("closing the Pulsar client failed", exc_info=True)
+        self._pulsar.close()
 
     # -- plumbing -------------------------------------------------------------------------------
 
     def _client(self) -> Any:
-        with self._lock:
-            if self._pulsar is None:
-                self._pulsar = new_client(self.service_url, self._timeout_s)
-            return self._pulsar
-
-    def _ensure_namespace(self) -> None:
-        if self._namespace_ready:
-            return
-        self._admin.ensure_namespace(
-            self.tenant,
-            self.namespace,
-            {
-                "retention": {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1},
-                "messageTTL": 0,
-                "autoTopicCreation": {"allowAutoTopicCreation": False},
-                "inactiveTopicPolicies": {
-                    "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
-                    "maxInactiveDurationSeconds": 3600,
-                    "deleteWhileInactive": False,
-                },
-            },
-        )
-        self._namespace_ready = True
+        return self._pulsar.get()
 
     def _topic(self, local: str) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/{local}"
+        return self._topics.topic(local)
 
     def _path(self, local: str) -> str:
-        return self._admin.topic_path(self.tenant, self.namespace, local)
+        return self._topics.path(local)
 
     def _create_topic(self, local: str) -> None:
-        self._ensure_namespace()
-        self._admin.call("PUT", self._path(local), allow=(409,))
+        self._topics.create(local)
 
     def _delete_topic(self, local: str) -> None:
-        self._admin.call("DELETE", f"{self._path(local)}?force=true", allow=(404,))
+        self._topics.delete(local)
 
     def _publish(self, local: str, messages: list[bytes]) -> None:
         try:
@@ -230,7 +201,9 @@ class PulsarCheckpointStore:
 
     def _last_entry(self, local: str) -> tuple[int, int] | None:
         """(ledger, entry) of the topic's last message; None if the topic is absent or empty."""
-        status, body = self._admin.call("GET", f"{self._path(local)}/lastMessageId", allow=(404,))
+        status, body = self._topics.admin.call(
+            "GET", f"{self._path(local)}/lastMessageId", allow=(404,)
+        )
         if status == 404 or not isinstance(body, dict):
             return None
         ledger, entry = int(body.get("ledgerId", -1)), int(body.get("entryId", -1))
@@ -426,7 +399,7 @@ class PulsarCheckpointStore:
     def list(self, prefix: str) -> builtins.list[str]:
         base = prefix.rstrip("/")
         _check_name(base)
-        topics = self._topics()
+        topics = self._topics.list()
         names = []
         for local in topics:
             name = decode_object_name(local)
@@ -436,12 +409,6 @@ class PulsarCheckpointStore:
             self._next_sweep = time.monotonic() + ORPHAN_AGE_S
             self._sweep_orphans(topics)
         return sorted(names)
-
-    def _topics(self) -> builtins.list[str]:
-        self._ensure_namespace()
-        _, body = self._admin.call("GET", f"/admin/v2/persistent/{self.tenant}/{self.namespace}")
-        prefix = f"persistent://{self.tenant}/{self.namespace}/"
-        return [t[len(prefix) :] for t in body or () if isinstance(t, str) and t.startswith(prefix)]
 
     def _sweep_orphans(self, topics: builtins.list[str]) -> None:
         """Delete data topics older than `ORPHAN_AGE_S` that no register points to."""

@@ -1,8 +1,9 @@
 """The `pulsar` log backend: each log is a persistent Apache Pulsar topic, kept in BookKeeper.
 
 A range's log then lives off the server's disk: a server that lost its disk (or a second server
-taking over) opens the same topic and continues. This module and `checkpoint/pulsar.py` are the
-only ones that import the `pulsar` client; the admin REST API is used with `urllib` only.
+taking over) opens the same topic and continues. The plumbing it shares with
+`checkpoint/pulsar.py` (client, admin REST calls, topic names, sends, message positions) is in
+`pulsar_common/`.
 
 Topics and namespace: log `name` is the topic `persistent://<tenant>/<namespace>/<name>`. Names
 are 1..200 characters of `[A-Za-z0-9_.-]`, not starting with '.'. On first use the backend
@@ -78,15 +79,11 @@ import asyncio
 import bisect
 import contextlib
 import functools
-import json
 import logging
 import os
 import re
 import struct
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,6 +93,11 @@ import pulsar
 
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
 from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.pulsar_common.admin import PulsarAdmin
+from tablekeeper_server.pulsar_common.client import SharedClient
+from tablekeeper_server.pulsar_common.positions import Position, entry_message_id, message_position
+from tablekeeper_server.pulsar_common.send import PulsarSendError, flush, is_fenced, send_and_wait
+from tablekeeper_server.pulsar_common.topics import NamespaceTopics, namespace_policies
 
 _log = logging.getLogger(__name__)
 
@@ -113,162 +115,6 @@ INDEX_STRIDE: Final = 64
 """Record one truncation point per this many records (at most): truncation is that coarse."""
 DEFAULT_NAMESPACE: Final = "tablekeeper"
 _LOG_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
-
-Position = tuple[int, int, int]
-"""(ledger id, entry id, batch index); batch index -1 for a message sent outside a batch."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers (also used by checkpoint/pulsar.py)
-
-
-def new_client(service_url: str, timeout_s: float) -> pulsar.Client:
-    """A Pulsar client that logs its warnings and errors to stderr itself.
-
-    (Not through Python `logging`: the client's threads then call into Python, and a warning
-    logged while the interpreter shuts down can abort the process.)"""
-    return pulsar.Client(
-        service_url,
-        operation_timeout_seconds=max(1, round(timeout_s)),
-        connection_timeout_ms=max(1000, round(timeout_s * 1000)),
-        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
-    )
-
-
-class PulsarSendError(Exception):
-    """A message was not acknowledged; `result` is the `pulsar.Result` the client reported."""
-
-    def __init__(self, result: Any) -> None:
-        super().__init__(f"Pulsar send failed: {result}")
-        self.result = result
-
-
-def is_fenced(exc: BaseException) -> bool:
-    """Whether `exc` says that a newer exclusive producer fenced ours."""
-    if isinstance(exc, PulsarSendError):
-        return bool(exc.result == pulsar.Result.ProducerFenced)
-    return isinstance(exc, pulsar.ProducerFenced)
-
-
-def message_position(message_id: Any) -> Position:
-    return (int(message_id.ledger_id()), int(message_id.entry_id()), int(message_id.batch_index()))
-
-
-def entry_message_id(ledger: int, entry: int) -> Any:
-    """The id of the start of entry (ledger, entry), for `create_reader(..., inclusive=True)`."""
-    return pulsar.MessageId(-1, ledger, entry, -1)
-
-
-class PulsarAdmin:
-    """The few Pulsar admin REST calls we need, over `urllib` (JSON in, JSON out)."""
-
-    def __init__(self, admin_url: str, *, timeout_s: float = 10.0) -> None:
-        self.url = admin_url.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        body: object = None,
-        *,
-        allow: tuple[int, ...] = (),
-        timeout_s: float | None = None,
-    ) -> tuple[int, Any]:
-        """Return (status, decoded JSON body or None). 2xx and the `allow`ed statuses are
-        returned; anything else, and any connection problem, raises `UnavailableError`."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
-                status, raw = int(response.status), response.read()
-        except urllib.error.HTTPError as exc:
-            status, raw = int(exc.code), exc.read()
-            if status not in allow:
-                reason = raw.decode(errors="replace")[:300]
-                raise UnavailableError(
-                    f"pulsar admin {method} {path}: HTTP {status}: {reason}"
-                ) from None
-        except (OSError, ValueError) as exc:
-            raise UnavailableError(f"pulsar admin {method} {path} failed: {exc}") from exc
-        try:
-            decoded = json.loads(raw) if raw.strip() else None
-        except ValueError:
-            decoded = raw.decode(errors="replace")
-        return status, decoded
-
-    def ensure_namespace(self, tenant: str, namespace: str, policies: dict[str, object]) -> None:
-        """Create `tenant/namespace` if absent and (re)apply `policies` (path -> JSON body)."""
-        base = f"/admin/v2/namespaces/{tenant}/{namespace}"
-        self.call("PUT", base, allow=(409,))
-        for policy, body in policies.items():
-            self.call("POST", f"{base}/{policy}", body)
-
-    def topic_path(self, tenant: str, namespace: str, local_name: str) -> str:
-        return f"/admin/v2/persistent/{tenant}/{namespace}/{urllib.parse.quote(local_name, '')}"
-
-
-def log_namespace_policies() -> dict[str, object]:
-    return {
-        "retention": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
-        "messageTTL": 0,
-        "autoTopicCreation": {"allowAutoTopicCreation": False},
-        "inactiveTopicPolicies": {
-            "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
-            "maxInactiveDurationSeconds": 3600,
-            "deleteWhileInactive": False,
-        },
-    }
-
-
-def send_and_wait(producer: Any, messages: Sequence[bytes], timeout_s: float) -> list[Any]:
-    """Send `messages` asynchronously, flush, and block until all are acknowledged; return
-    their message ids. Raises `PulsarSendError` for the first failure, `UnavailableError` if no
-    answer comes within `timeout_s` (plus a margin: the client's own send timeout fires first).
-    """
-    if not messages:
-        return []
-    done = threading.Event()
-    ids: list[Any] = [None] * len(messages)
-    failures: list[PulsarSendError] = []
-    remaining = [len(messages)]
-    lock = threading.Lock()
-
-    def callback(index: int, result: Any, message_id: Any) -> None:  # on a client thread
-        with lock:
-            if result == pulsar.Result.Ok:
-                ids[index] = message_id
-            else:
-                failures.append(PulsarSendError(result))
-            remaining[0] -= 1
-            if remaining[0] == 0 or failures:
-                done.set()
-
-    for index, data in enumerate(messages):
-        producer.send_async(data, functools.partial(callback, index))
-    flush(producer)
-    if not done.wait(timeout_s + 10):
-        raise UnavailableError(f"no acknowledgement from Pulsar within {timeout_s + 10:.0f}s")
-    if failures:
-        raise failures[0]
-    return ids
-
-
-def flush(producer: Any) -> None:
-    """Send the producer's open batch now rather than after the batching delay, and wait until
-    everything sent is acknowledged or failed (failures are reported to the send callbacks).
-
-    Blocking; it releases the GIL while it waits. (The client's `flush_async` does not, and
-    deadlocks against a send callback waiting for the GIL on the client's I/O thread.)"""
-    try:
-        producer.flush()
-    except Exception:  # noqa: BLE001 - the send callbacks report what failed
-        _log.debug("flush failed", exc_info=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -702,9 +548,10 @@ class PulsarLogBackend:
         self._timeout_s = timeout_s
         self._timeout_ms = max(1000, round(timeout_s * 1000))
         self._admin = PulsarAdmin(admin_url, timeout_s=timeout_s)
+        policies = namespace_policies(retention_minutes=0, retention_mb=0)
+        self._topics = NamespaceTopics(self._admin, tenant, namespace, policies)
+        self._pulsar = SharedClient(service_url, timeout_s)
         self._lock = threading.Lock()
-        self._pulsar: Any = None
-        self._namespace_ready = False
         self._states: dict[str, _LogState] = {}
         self._injected: dict[str, bool] = {}
         self._flusher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pulsar-flush")
@@ -714,25 +561,18 @@ class PulsarLogBackend:
 
     def close(self) -> None:
         """Close the Pulsar client (and with it every producer and reader)."""
-        with self._lock:
-            client, self._pulsar = self._pulsar, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
+        self._pulsar.close()
 
     # -- plumbing -------------------------------------------------------------------------------
 
     def _client(self) -> Any:
-        with self._lock:
-            if self._pulsar is None:
-                self._pulsar = new_client(self.service_url, self._timeout_s)
-            return self._pulsar
+        return self._pulsar.get()
 
     def _topic(self, log_name: str) -> str:
-        return f"persistent://{self.tenant}/{self.namespace}/{log_name}"
+        return self._topics.topic(log_name)
 
     def _topic_path(self, log_name: str) -> str:
-        return self._admin.topic_path(self.tenant, self.namespace, log_name)
+        return self._topics.path(log_name)
 
     def _state(self, log_name: str) -> _LogState:
         with self._lock:
@@ -741,17 +581,10 @@ class PulsarLogBackend:
                 state = self._states[log_name] = _LogState()
             return state
 
-    def _ensure_namespace(self) -> None:
-        if self._namespace_ready:
-            return
-        self._admin.ensure_namespace(self.tenant, self.namespace, log_namespace_policies())
-        self._namespace_ready = True
-
     def _ensure_topic(self, log_name: str) -> None:
         """Create the topic and its truncation cursor (at the earliest entry) if absent."""
-        self._ensure_namespace()
+        self._topics.create(log_name)
         path = self._topic_path(log_name)
-        self._admin.call("PUT", path, allow=(409,))
         earliest = {"ledgerId": -1, "entryId": -1, "partitionIndex": -1}
         self._admin.call(
             "PUT", f"{path}/subscription/{TRUNCATION_SUBSCRIPTION}", earliest, allow=(409,)
@@ -982,7 +815,7 @@ class PulsarLogBackend:
             state.index = []
         if writer is not None:
             writer._fence_local()
-        self._admin.call("DELETE", f"{self._topic_path(log_name)}?force=true", allow=(404,))
+        self._topics.delete(log_name)
 
     # -- tests ----------------------------------------------------------------------------------
 

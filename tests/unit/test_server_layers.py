@@ -1,0 +1,58 @@
+"""The server's layering, checked on its import statements: `range/` knows nothing of the
+containers, the cluster or the gRPC servicers, and only the Pulsar modules import the `pulsar`
+client. (`range/state_machine.py` does import the etcd and Oxia *apply* modules: their commands
+are applied there, deterministically.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+SERVER = Path(__file__).resolve().parents[2] / "server" / "tablekeeper_server"
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _offenders(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    files = sorted((SERVER / package).rglob("*.py"))
+    assert files, package
+    out = {}
+    for path in files:
+        bad = sorted(m for m in _imports(path) if m.startswith(forbidden))
+        if bad:
+            out[str(path.relative_to(SERVER))] = bad
+    return out
+
+
+def test_range_imports_neither_containers_nor_servicers() -> None:
+    forbidden = tuple(f"tablekeeper_server.{p}" for p in ("container", "rpc", "cluster"))
+    assert _offenders("range", forbidden) == {}
+
+
+def test_checkpoint_store_does_not_import_the_log() -> None:
+    assert _offenders("checkpoint", ("tablekeeper_server.log",)) == {}
+
+
+def test_only_the_pulsar_modules_import_the_pulsar_client() -> None:
+    allowed = {"log/pulsar.py", "checkpoint/pulsar.py"}
+    importers = {
+        str(path.relative_to(SERVER))
+        for path in SERVER.rglob("*.py")
+        if any(m == "pulsar" or m.startswith("pulsar.") for m in _imports(path))
+    }
+    assert importers, "the scan found no importer at all"
+    assert {
+        p for p in importers if p not in allowed and not p.startswith("pulsar_common/")
+    } == set()
