@@ -23,6 +23,7 @@ MEM="${PULSAR_MEM:--Xms256m -Xmx768m -XX:MaxDirectMemorySize=512m}"
 # peak throughput does not matter for a dev/test broker.
 EXTRA_OPTS="${PULSAR_EXTRA_OPTS:--XX:TieredStopAtLevel=1}"
 PYTHON="${TK_PYTHON:-${REPO_ROOT}/.venv/bin/python}"
+METADATA="${PULSAR_METADATA_URL:-}"
 MAIN_CLASS=org.apache.pulsar.PulsarStandaloneStarter
 
 usage() {
@@ -50,6 +51,10 @@ Options:
                       fixed by the bookie's cookie once data exists in --dir
   --dir DIR           state directory: conf/, data/, tmp/, pulsar.log, pulsar.pid
                       (default <repo>/.deploy/pulsar, env PULSAR_DIR)
+  --metadata URL      the broker's and bookie's metadata store, e.g. oxia://127.0.0.1:6648
+                      (TableKeeper's Oxia port: \`tablekeeper server --oxia-port 6648\`);
+                      default: RocksDB under --dir. Fixed at the first start of a --dir
+                      (its bookie is registered there); env PULSAR_METADATA_URL
   --timeout SECS      how long 'start' waits for readiness (default 180)
                       (client-side errors of the readiness round trip: DIR/check.log)
   -h, --help          this help
@@ -78,6 +83,8 @@ while [[ $# -gt 0 ]]; do
         --bookie-port=*) BOOKIE_PORT="${1#*=}"; shift ;;
         --dir) [[ $# -ge 2 ]] || die "--dir needs a value"; DIR="$2"; shift 2 ;;
         --dir=*) DIR="${1#*=}"; shift ;;
+        --metadata) [[ $# -ge 2 ]] || die "--metadata needs a value"; METADATA="$2"; shift 2 ;;
+        --metadata=*) METADATA="${1#*=}"; shift ;;
         --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; TIMEOUT="$2"; shift 2 ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -275,8 +282,10 @@ brokerServicePort=${PORT}
 webServicePort=${HTTP_PORT}
 bindAddress=127.0.0.1
 advertisedAddress=127.0.0.1
-# empty: PulsarStandalone uses RocksDB under --metadata-dir (no ZooKeeper)
-metadataStoreUrl=
+# empty: PulsarStandalone uses RocksDB under --metadata-dir (no ZooKeeper);
+# else --metadata (e.g. oxia://HOST:PORT, TableKeeper's Oxia port) for broker and bookie
+metadataStoreUrl=${METADATA}
+configurationMetadataStoreUrl=${METADATA}
 functionsWorkerEnabled=false
 webSocketServiceEnabled=false
 transactionCoordinatorEnabled=false
@@ -325,6 +334,23 @@ logger.bkjournal.level = warn
 EOF
 }
 
+# The metadata store of a --dir is fixed at its first start: its bookie's cookie and ledgers are
+# registered there, so another store would not know them.
+check_metadata() {
+    local recorded="$DIR/pulsar.metadata" want="${METADATA:-rocksdb:$DATA_DIR/metadata}"
+    if [[ -f "$recorded" ]]; then
+        local had
+        had="$(cat "$recorded")"
+        [[ "$had" == "$want" ]] || die "$DIR was started with metadata store '$had', not '$want'" \
+            "(its bookie is registered there): use another --dir, or the same --metadata"
+    else
+        echo "$want" >"$recorded"
+    fi
+    if [[ -n "$METADATA" ]]; then
+        log "metadata store: $METADATA"
+    fi
+}
+
 # --- commands ----------------------------------------------------------------
 
 print_urls() {
@@ -368,6 +394,7 @@ do_start() {
         for p in "$PORT" "$HTTP_PORT" "$BOOKIE_PORT"; do
             if port_in_use "$p"; then die "port $p is already in use by another process"; fi
         done
+        check_metadata
         write_config
         printf 'RUN_PORT=%s\nRUN_HTTP_PORT=%s\nRUN_BOOKIE_PORT=%s\n' "$PORT" "$HTTP_PORT" "$BOOKIE_PORT" >"$PORTS_FILE"
         echo "=== $(date -Is) starting Pulsar ${PULSAR_VERSION} standalone: broker 127.0.0.1:$PORT, http 127.0.0.1:$HTTP_PORT, bookie 127.0.0.1:$BOOKIE_PORT" >>"$LOG_FILE"
@@ -396,6 +423,8 @@ do_start() {
             -Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
             -Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver
             -cp "$CONF_DIR:$(cat "$CLASSPATH_FILE")")
+        local -a metadata_args=(--metadata-dir "$DATA_DIR/metadata")
+        [[ -z "$METADATA" ]] || metadata_args=(--metadata-url "$METADATA")
         # setsid: own session, so signals to the caller's process group do not
         # reach Pulsar.  The inner shell records its pid, cds into DIR (relative
         # paths Pulsar uses land there) and execs java.
@@ -404,7 +433,7 @@ do_start() {
             java "${jvm_opts[@]}" "$MAIN_CLASS" \
             --config "$CONF_DIR/standalone.conf" \
             --no-functions-worker --no-stream-storage \
-            --metadata-dir "$DATA_DIR/metadata" \
+            "${metadata_args[@]}" \
             --bookkeeper-dir "$DATA_DIR/bookkeeper" \
             --bookkeeper-port "$BOOKIE_PORT" \
             </dev/null >>"$LOG_FILE" 2>&1 8>&- 9>&- &

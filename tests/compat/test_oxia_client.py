@@ -453,3 +453,51 @@ def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
         raise
     finally:
         pulsar.stop()
+
+
+def test_deploy_pulsar_with_tablekeeper_as_its_metadata_store(oxia: Oxia, tmp_path: Path) -> None:
+    """`deploy/pulsar.sh start --metadata oxia://…` (the documented one-command set-up): Pulsar
+    starts and passes its produce/consume check with its broker and bookie metadata in
+    TableKeeper, which then holds Pulsar's cluster and bookie registrations; the --dir keeps its
+    metadata store (another one is refused)."""
+    script = Path(__file__).resolve().parents[2] / "deploy" / "pulsar.sh"
+    directory = tmp_path / "pulsar-deploy"
+    ports = ["--port", str(free_port()), "--http-port", str(free_port())]
+    ports += ["--bookie-port", str(free_port())]
+    common = [*ports, "--dir", str(directory), "--timeout", str(int(RUN_TIMEOUT_S * 2))]
+    url = f"oxia://{oxia.address}"
+    started = subprocess.run(
+        [str(script), "start", "--metadata", url, *common],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S * 3,
+    )
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert f"metadata store: {url}" in started.stderr
+        assert not (directory / "data" / "metadata").exists() or not any(
+            (directory / "data" / "metadata").iterdir()
+        ), "Pulsar used its own RocksDB metadata store"
+        # Pulsar's cluster and its bookie, registered in TableKeeper (Oxia lists the children
+        # of `p` as the keys in [p/, p//)).
+        assert _children(oxia, "/admin/clusters") == ["/admin/clusters/standalone"]
+        assert len(_children(oxia, "/ledgers/available")) >= 1
+        other = subprocess.run(
+            [str(script), "restart", *common], capture_output=True, text=True, timeout=300
+        )
+        assert other.returncode != 0 and "metadata store" in other.stderr, other.stderr[-2000:]
+    finally:
+        subprocess.run([str(script), "stop", "--dir", str(directory)], timeout=120, check=False)
+
+
+def _children(oxia: Oxia, parent: str) -> list[str]:
+    with grpc.insecure_channel(oxia.address) as channel:
+        stub = client_pb2_grpc.OxiaClientStub(channel)
+        keys: list[str] = []
+        for shard in _shards(stub):
+            request = client_pb2.ListRequest(
+                shard=shard, start_inclusive=f"{parent}/", end_exclusive=f"{parent}//"
+            )
+            for response in stub.List(request, timeout=RUN_TIMEOUT_S):
+                keys += list(response.keys)
+    return sorted(keys)
