@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
+from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import BadRequestError, KeyNotFoundError
 from tablekeeper_server.range.sessions import SessionManager
 from tablekeeper_server.range.state_machine import Response
@@ -29,16 +30,16 @@ class Log:
 
 async def test_expiry_goes_through_the_log_and_keep_alive_does_not() -> None:
     log = Log()
-    now = [0.0]  # the manager's clock, moved by hand: no test step depends on real time
-    manager = SessionManager("r", log.execute, clock=lambda: now[0])
+    clock = ManualClock()  # moved by hand: no test step depends on real time
+    manager = SessionManager("r", log.execute, clock=clock)
     manager.start([(7, 300), (8, 300)])  # stored sessions get a fresh TTL now
     created = await manager.create(200)
     assert created.session_id == 101 and len(manager) == 3
     for _ in range(6):
-        now[0] += 0.1
+        clock.advance(0.1)
         assert manager.keep_alive(8) == 300
     # 101 (deadline 0.2 s) and 7 (0.3 s) are past their deadlines, 8 (0.9 s) is not; the timer
-    # notices within its real-time poll.
+    # woke when the clock passed them, and closes them within a few loop turns.
     for _ in range(2000):
         if len(manager) == 1:
             break

@@ -43,7 +43,6 @@ import logging
 import re
 import struct
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pulsar
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
+from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.errors import CorruptionError, UnavailableError
 from tablekeeper_server.pulsar_common.admin import PulsarAdmin
 from tablekeeper_server.pulsar_common.client import SharedClient
@@ -123,8 +123,11 @@ class PulsarCheckpointStore:
         tenant: str = "public",
         namespace: str = DEFAULT_NAMESPACE,
         timeout_s: float = 30.0,
+        clock: Clock | None = None,
     ) -> None:
         self.service_url = service_url
+        self._clock = clock or SystemClock()
+        """Names data topics by creation time, times the orphan sweep and upload deadlines."""
         self.tenant = tenant
         self.namespace = namespace
         self._timeout_s = timeout_s
@@ -263,7 +266,7 @@ class PulsarCheckpointStore:
             digest.update(inline)
             written = len(inline)
         else:
-            data_topic = f"{DATA_PREFIX}{int(time.time() * 1000)}.{uuid.uuid4().hex}"
+            data_topic = f"{DATA_PREFIX}{self._clock.now_ms()}.{uuid.uuid4().hex}"
             chunks, written = self._upload(data_topic, read, digest)
         header = {
             "size": written,
@@ -318,10 +321,10 @@ class PulsarCheckpointStore:
                 chunks += 1
                 written += len(piece)
             flush(producer)
-            deadline = time.monotonic() + self._timeout_s + 10
+            deadline = self._clock.monotonic_s() + self._timeout_s + 10
             with idle:
                 while pending[0] and not failures:
-                    if not idle.wait(max(0.0, deadline - time.monotonic())):
+                    if not idle.wait(max(0.0, deadline - self._clock.monotonic_s())):
                         break
                 if pending[0] or failures:
                     raise UnavailableError(f"checkpoint store: upload to {data_topic} failed")
@@ -405,14 +408,14 @@ class PulsarCheckpointStore:
             name = decode_object_name(local)
             if name is not None and name.startswith(base + "/"):
                 names.append(name)
-        if time.monotonic() >= self._next_sweep:
-            self._next_sweep = time.monotonic() + ORPHAN_AGE_S
+        if self._clock.monotonic_s() >= self._next_sweep:
+            self._next_sweep = self._clock.monotonic_s() + ORPHAN_AGE_S
             self._sweep_orphans(topics)
         return sorted(names)
 
     def _sweep_orphans(self, topics: builtins.list[str]) -> None:
         """Delete data topics older than `ORPHAN_AGE_S` that no register points to."""
-        now_ms = time.time() * 1000
+        now_ms = self._clock.now_ms()
         old = set()
         for local in topics:
             if local.startswith(DATA_PREFIX):

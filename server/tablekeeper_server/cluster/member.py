@@ -26,17 +26,25 @@ from tablekeeper_server.cluster.placement import Assignment
 from tablekeeper_server.cluster.zookeeper import RECONCILE_INTERVAL_S, Controller, ZkCoordinator
 from tablekeeper_server.container.container import StorageContainer
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import Clock
 
 log = logging.getLogger(__name__)
 
 
 class ClusterMember:
     def __init__(
-        self, coordinator: ZkCoordinator, endpoint: str, registry: ContainerRegistry
+        self,
+        coordinator: ZkCoordinator,
+        endpoint: str,
+        registry: ContainerRegistry,
+        clock: Clock | None = None,
     ) -> None:
         self._zk = coordinator
         self.endpoint = endpoint
         self._registry = registry
+        self._clock = clock or registry.env.clock
+        """What hand-over deadlines, lingering and retry pauses wait on (the containers' clock
+        unless given)."""
         self._owners: dict[int, str] = {}
         self._wanted: frozenset[int] = frozenset()
         self._changed = asyncio.Event()
@@ -78,15 +86,15 @@ class ClusterMember:
         if self._registry.suspended is None and not self._lost:
             try:
                 await asyncio.to_thread(self._zk.deregister, self.endpoint)
-                deadline = asyncio.get_running_loop().time() + handoff_timeout_s
+                deadline = self._clock.monotonic_s() + handoff_timeout_s
                 while (self._wanted or self._registry.containers) and (
-                    asyncio.get_running_loop().time() < deadline
+                    self._clock.monotonic_s() < deadline
                 ):
-                    await asyncio.sleep(0.05)
+                    await self._clock.sleep(0.05)
             except Exception as exc:  # ZooKeeper unreachable: the session end does it
                 log.warning("could not hand containers over before leaving: %s", exc)
             self.draining = True
-            await asyncio.sleep(linger_s)
+            await self._clock.sleep(linger_s)
         self._leaving = True
         if self._task is not None:
             self._task.cancel()
@@ -154,8 +162,7 @@ class ClusterMember:
 
     async def _reconcile_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=RECONCILE_INTERVAL_S)
+            await self._clock.wait(self._changed, RECONCILE_INTERVAL_S)
             self._changed.clear()
             try:
                 await self._reconcile()
@@ -163,7 +170,7 @@ class ClusterMember:
                 raise
             except Exception:
                 log.exception("could not apply the assignment; retrying")
-                await asyncio.sleep(0.5)
+                await self._clock.sleep(0.5)
                 self._changed.set()
 
     async def _reconcile(self) -> None:
@@ -196,7 +203,7 @@ class ClusterMember:
                     self._changed.set()
 
     async def _take_over(self, container_id: int) -> None:
-        started = asyncio.get_running_loop().time()
+        started = self._clock.monotonic_s()
         epoch = await asyncio.to_thread(
             self._zk.claim,
             container_id,
@@ -216,7 +223,7 @@ class ClusterMember:
             "container %d serving (epoch %d) after %.3fs",
             container_id,
             epoch,
-            asyncio.get_running_loop().time() - started,
+            self._clock.monotonic_s() - started,
         )
 
     async def _rejoin(self) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from kazoo.recipe.election import Election
 
 from tablekeeper_proto.bookkeeper import cluster_pb2
 from tablekeeper_server.cluster.placement import Assignment, compute_assignment
+from tablekeeper_server.core.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,14 @@ class ZkCoordinator:
         cluster: str,
         *,
         session_timeout_s: float = 2.0,
+        clock: Clock | None = None,
     ) -> None:
         if not cluster or "/" in cluster:
             raise ValueError(f"invalid cluster name {cluster!r}")
         self.root = f"/tablekeeper/{cluster}"
+        self.clock = clock or SystemClock()
+        """What the hand-over wait and the controller's pauses run on (not ZooKeeper's own
+        session timers, which are the client library's)."""
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout_s)
         self._listeners: list[Callable[[str], None]] = []
         self._election: Election | None = None
@@ -248,7 +252,7 @@ class ZkCoordinator:
         caller must then fence the container's logs (opening them does) before serving.
         """
         path = f"{self.root}/owners/{container}"
-        deadline = time.monotonic() + handoff_timeout_s
+        deadline = self.clock.monotonic_s() + handoff_timeout_s
         while True:
             try:
                 raw, stat = self.zk.get(path)
@@ -262,12 +266,14 @@ class ZkCoordinator:
             if (
                 current.endpoint != endpoint
                 and not current.released
-                and time.monotonic() < deadline
+                and self.clock.monotonic_s() < deadline
                 and current.endpoint in self.live_servers()
             ):
                 if not still_wanted():
                     return 0
-                time.sleep(0.05)  # the previous owner is alive and closing: let it finish
+                self.clock.sleep_blocking(
+                    0.05
+                )  # the previous owner is alive and closing: let it finish
                 continue
             epoch = current.epoch + 1
             try:
@@ -299,7 +305,7 @@ class ZkCoordinator:
 
         def campaign() -> None:
             while not self._stopping.is_set():
-                if not self._connected.wait(timeout=0.5):
+                if not self.clock.wait_blocking(self._connected, 0.5):
                     continue
                 self._term = threading.Event()
                 election = Election(self.zk, f"{self.root}/controller", endpoint)
@@ -308,7 +314,7 @@ class ZkCoordinator:
                     election.run(lead, self._term)
                 except Exception as exc:  # connection loss while contending: try again
                     log.info("controller election interrupted: %s", exc)
-                self._stopping.wait(timeout=0.2)
+                self.clock.wait_blocking(self._stopping, 0.2)
 
         thread = threading.Thread(target=campaign, name="tablekeeper-controller", daemon=True)
         self._election_thread = thread
@@ -355,22 +361,23 @@ class Controller:
         log.info("this server is the controller now")
         self._zk.watch_servers(lambda _: self._changed.set())
         self._changed.set()
+        clock = self._zk.clock
         last = 0.0
         while not stop.is_set():
             # Short waits: `stop` must end the term promptly (a server shutting down waits).
-            if not self._changed.wait(timeout=0.2) and (
-                time.monotonic() - last < RECONCILE_INTERVAL_S
+            if not clock.wait_blocking(self._changed, 0.2) and (
+                clock.monotonic_s() - last < RECONCILE_INTERVAL_S
             ):
                 continue
             self._changed.clear()
-            last = time.monotonic()
+            last = clock.monotonic_s()
             while not stop.is_set():
                 try:
                     if self.reconcile():
                         break
                 except Exception as exc:  # ZooKeeper unreachable for now: retry
                     log.warning("controller: reconcile failed: %s", exc)
-                    stop.wait(timeout=0.5)
+                    clock.wait_blocking(stop, 0.5)
         log.info("controller term ended")
 
 

@@ -14,7 +14,6 @@ import asyncio
 import enum
 import logging
 import shutil
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ from tablekeeper_server.catalog.meta import (
 )
 from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.checkpoint.api import CheckpointStore
-from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
 from tablekeeper_server.log.api import LogBackend
@@ -54,8 +53,10 @@ class OpenRangeLimit:
     all its containers. Least recently used first; only idle ranges are closed, so the bound
     is exceeded (and said so) while every open range is busy."""
 
-    def __init__(self, max_open: int = 0) -> None:
+    def __init__(self, max_open: int = 0, clock: Clock | None = None) -> None:
         self.max_open = max_open
+        self._clock = clock or SystemClock()
+        """Only paces the eviction log lines."""
         self.evictions = 0
         """Table ranges closed to stay within the bound, since start."""
         self._open: OrderedDict[RangeKey, tuple[StorageContainer, Range]] = OrderedDict()
@@ -115,7 +116,7 @@ class OpenRangeLimit:
         log.debug(
             "closing idle range %s (--max-open-ranges %d)", range_.name.log_name, self.max_open
         )
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         if now - self._logged_at >= _EVICTION_LOG_INTERVAL_S:
             log.info(
                 "closed %d idle table ranges to stay within --max-open-ranges %d (%d since "

@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import logging
 import shutil
-import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -39,12 +38,16 @@ there stops being served here within this time (deletes on this server drop it a
 
 class _TableRoute:
     def __init__(
-        self, props: stream_pb2.StreamProperties, ranges: list[stream_pb2.RangeProperties]
+        self,
+        props: stream_pb2.StreamProperties,
+        ranges: list[stream_pb2.RangeProperties],
+        resolved_at: float,
     ) -> None:
         self.props = props
         self.ranges = {r.range_id: r for r in ranges}
         self.router = RangeRouter([r.start_hash_key for r in ranges], [r.range_id for r in ranges])
-        self.resolved_at = time.monotonic()
+        self.resolved_at = resolved_at
+        """When (the clock's `monotonic_s`) the route was read."""
 
 
 class RemoteCatalog(Protocol):
@@ -168,7 +171,7 @@ class ContainerRegistry:
         route = self._routes.get(stream_id)
         if route is not None and (
             ROOT_CONTAINER_ID in self.containers
-            or time.monotonic() - route.resolved_at < REMOTE_ROUTE_TTL_S
+            or self.env.clock.monotonic_s() - route.resolved_at < REMOTE_ROUTE_TTL_S
         ):
             return route
         # One resolution per table however many requests arrive before it is cached.
@@ -187,7 +190,7 @@ class ContainerRegistry:
             if self.remote is None:
                 raise
             ranges = await self.remote.active_ranges(stream_id, elsewhere.container_id)
-        route = _TableRoute(props, ranges)
+        route = _TableRoute(props, ranges, self.env.clock.monotonic_s())
         self._routes[stream_id] = route
         return route
 

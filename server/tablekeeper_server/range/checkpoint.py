@@ -264,7 +264,8 @@ class RangeCheckpointer:
         """Move an unusable local store out of the way (kept for inspection, never deleted)."""
         if not self.store_path.exists():
             return
-        aside = self.store_path.with_name(f"{self.store_path.name}.unusable-{int(time.time())}")
+        stamp = self._clock.now_ms() // 1000
+        aside = self.store_path.with_name(f"{self.store_path.name}.unusable-{stamp}")
         log.warning("range %s: moving local store to %s: %s", self.range_name, aside, reason)
         os.replace(self.store_path, aside)
 

@@ -20,10 +20,10 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
+from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.errors import BadRequestError, KeyNotFoundError, TableKeeperError
 from tablekeeper_server.range.state_machine import Response
 
@@ -41,11 +41,12 @@ class SessionManager:
         self,
         name: str,
         execute: Callable[[wal_pb2.WalCommand], Awaitable[Response]],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self._execute = execute
-        self._clock = clock
+        self._clock = clock or SystemClock()
+        """Deadlines are on its `monotonic_s`; the timer waits on it."""
         self._ttl_s: dict[int, float] = {}
         self._roles: dict[int, str] = {}
         """session id -> the role that created it (sessions created with authentication on)"""
@@ -61,7 +62,7 @@ class SessionManager:
         """The range opened: give every stored session a fresh TTL and start the timer.
         `roles`: the role that created each session, where one did."""
         self._roles = dict(roles or {})
-        now = self._clock()
+        now = self._clock.monotonic_s()
         for session_id, ttl_ms in sessions:
             self._track(session_id, ttl_ms / 1000.0, now)
         self._task = asyncio.create_task(self._run(), name=f"sessions-{self.name}")
@@ -91,7 +92,7 @@ class SessionManager:
         response = await self._execute(command)
         assert isinstance(response, session_pb2.SessionResponse)
         if response.header.code == 0:
-            self._track(response.session_id, ttl_ms / 1000.0, self._clock())
+            self._track(response.session_id, ttl_ms / 1000.0, self._clock.monotonic_s())
             if role:
                 self._roles[response.session_id] = role
         return response
@@ -107,7 +108,7 @@ class SessionManager:
         ttl_s = self._ttl_s.get(session_id)
         if ttl_s is None or session_id not in self._deadline:
             raise KeyNotFoundError(f"session {session_id} does not exist on range {self.name}")
-        deadline = self._clock() + ttl_s
+        deadline = self._clock.monotonic_s() + ttl_s
         self._deadline[session_id] = deadline
         # The old heap entry stays; `_run` skips entries older than the deadline.
         heapq.heappush(self._heap, (deadline, session_id))
@@ -118,7 +119,7 @@ class SessionManager:
         deadline = self._deadline.get(session_id)
         if deadline is None:
             return None
-        return self._ttl_s[session_id], max(0.0, deadline - self._clock())
+        return self._ttl_s[session_id], max(0.0, deadline - self._clock.monotonic_s())
 
     def forget(self, session_id: int) -> None:
         self._deadline.pop(session_id, None)
@@ -138,7 +139,7 @@ class SessionManager:
 
     async def _run(self) -> None:
         while True:
-            now = self._clock()
+            now = self._clock.monotonic_s()
             expired: list[int] = []
             heap = self._heap
             while heap and heap[0][0] <= now:
@@ -160,6 +161,5 @@ class SessionManager:
             if not heap:  # no sessions: sleep until one is created
                 await self._wakeup.wait()
                 continue
-            timeout = max(0.0, heap[0][0] - self._clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), min(timeout, _IDLE_S))
+            timeout = max(0.0, heap[0][0] - self._clock.monotonic_s())
+            await self._clock.wait(self._wakeup, min(timeout, _IDLE_S))
