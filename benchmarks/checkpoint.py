@@ -41,7 +41,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,11 @@ from tablekeeper_server.core.routing import routing_hash, split_hash_space
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
+
+from tests.support.server import free_port  # noqa: E402
+
 OUT_DIR = BENCH_DIR / "out"
 TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
 NS, TABLE = "bench", "t"
@@ -68,12 +72,6 @@ MIN_DATA_RANGE_ID = 1024
 
 def eprint(*args: object) -> None:
     print(*args, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tree_bytes(path: Path) -> int:

@@ -50,7 +50,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,12 +70,17 @@ for _path in reversed(SRC_PATHS):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
+
 import grpc  # noqa: E402
 
+from benchmarks._common import percentile  # noqa: E402
 from tablekeeper import AsyncClient  # noqa: E402
 from tablekeeper._transport import RetryPolicy  # noqa: E402
 from tablekeeper.bulk import table_layout  # noqa: E402
 from tablekeeper.routing import RangeRouter  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 
 ZK_SCRIPT = REPO_ROOT / "deploy" / "zookeeper.sh"
 PULSAR_SCRIPT = REPO_ROOT / "deploy" / "pulsar.sh"
@@ -101,12 +105,6 @@ def eprint(*args: object) -> None:
     print(f"[{time.monotonic() - _T0:7.1f}s]", *args, file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def src_env() -> dict[str, str]:
     env = dict(os.environ)
     src = os.pathsep.join(str(p) for p in SRC_PATHS)
@@ -129,14 +127,6 @@ def proc_cpu_s(pid: int | None) -> float | None:
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def percentile(sorted_ns: Sequence[int], q: float) -> float:
-    """Nearest-rank percentile in milliseconds."""
-    if not sorted_ns:
-        return float("nan")
-    idx = min(len(sorted_ns) - 1, max(0, int(q / 100.0 * len(sorted_ns) + 0.5) - 1))
-    return sorted_ns[idx] / 1e6
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -1232,8 +1222,8 @@ async def throughput_config(
         ss = sorted(op_samples)
         op_stats[op] = {
             "ops_per_s": len(ss) / args.duration,
-            "p50_ms": percentile(ss, 50),
-            "p99_ms": percentile(ss, 99),
+            "p50_ms": percentile(ss, 50) / 1e6,
+            "p99_ms": percentile(ss, 99) / 1e6,
         }
     return ThroughputRun(
         config=config,
@@ -1242,8 +1232,8 @@ async def throughput_config(
         ops=total,
         elapsed_s=args.duration,
         ops_per_s=total / args.duration,
-        p50_ms=percentile(merged, 50),
-        p99_ms=percentile(merged, 99),
+        p50_ms=percentile(merged, 50) / 1e6,
+        p99_ms=percentile(merged, 99) / 1e6,
         per_op=op_stats,
         errors=errors,
         first_error=first_error,

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,18 +30,14 @@ import grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "proto" / "gen"))
+sys.path.insert(0, str(REPO))
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
 TOOL_MODULE = REPO / "benchmarks" / "etcd_tool"
 TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
 RANGE_KEY = b"bench/range"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_tool() -> Path:

@@ -47,6 +47,12 @@ if str(BENCH_DIR) not in sys.path:
 from _etcd import etcd_kv_pb2 as epb  # noqa: E402
 from _etcd import etcd_kv_pb2_grpc as epb_grpc  # noqa: E402
 
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
+
+from benchmarks._common import percentile  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
+
 OPS = ("put", "get", "incr")
 TARGETS = ("tablekeeper", "etcd")
 ETCD_SCRIPT = REPO_ROOT / "deploy" / "etcd.sh"
@@ -336,14 +342,6 @@ def proc_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def percentile(sorted_ns: Sequence[int], q: float) -> float:
-    """Nearest-rank percentile in milliseconds."""
-    if not sorted_ns:
-        return float("nan")
-    idx = min(len(sorted_ns) - 1, max(0, int(q / 100.0 * len(sorted_ns) + 0.5) - 1))
-    return sorted_ns[idx] / 1e6
-
-
 @dataclass
 class CellResult:
     target: str
@@ -447,10 +445,10 @@ async def run_cell(
         ops=n,
         elapsed_s=round(elapsed, 3),
         ops_per_s=n / elapsed,
-        p50_ms=percentile(merged, 50),
-        p90_ms=percentile(merged, 90),
-        p99_ms=percentile(merged, 99),
-        p999_ms=percentile(merged, 99.9),
+        p50_ms=percentile(merged, 50) / 1e6,
+        p90_ms=percentile(merged, 90) / 1e6,
+        p99_ms=percentile(merged, 99) / 1e6,
+        p999_ms=percentile(merged, 99.9) / 1e6,
         max_ms=merged[-1] / 1e6 if merged else float("nan"),
         mean_ms=(sum(merged) / n / 1e6) if n else float("nan"),
         errors=errors,
@@ -476,12 +474,6 @@ async def preload(driver: Driver, keys: Sequence[bytes], value: bytes) -> float:
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_tcp(port: int, deadline_s: float, proc: subprocess.Popen[bytes] | None) -> None:

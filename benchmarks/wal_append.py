@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tablekeeper_server.log.local import LocalLogBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks._common import percentile  # noqa: E402
 
 PAYLOAD = b"v" * 100
 GROUP_SIZES = (1, 16, 128)
@@ -38,11 +42,6 @@ async def bench_group(root: Path, group: int, seconds: float) -> tuple[int, list
     return writer.last_sequence, latencies
 
 
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    index = min(len(sorted_values) - 1, round(fraction * (len(sorted_values) - 1)))
-    return sorted_values[index]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dir", type=Path, default=None, help="where to create the logs")
@@ -58,7 +57,7 @@ def main() -> None:
             totals[group] = records
             elapsed = sum(latencies)
             latencies.sort()
-            p50, p99 = percentile(latencies, 0.50) * 1e3, percentile(latencies, 0.99) * 1e3
+            p50, p99 = percentile(latencies, 50) * 1e3, percentile(latencies, 99) * 1e3
             print(
                 f"{group:>6} {len(latencies) / elapsed:>10.0f} {records / elapsed:>10.0f} "
                 f"{p50:>8.3f} {p99:>8.3f}"

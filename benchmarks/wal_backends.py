@@ -41,6 +41,10 @@ from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks._common import percentile  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
+
 OUT_DIR = REPO / "benchmarks" / "out"
 GROUP_RECORDS_MAX = 1024  # as in range/replica.py
 
@@ -58,11 +62,6 @@ class Cell:
     p50_ms: float
     p99_ms: float
     max_ms: float
-
-
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    index = min(len(sorted_values) - 1, round(fraction * (len(sorted_values) - 1)))
-    return sorted_values[index]
 
 
 async def run_cell(
@@ -122,8 +121,8 @@ async def run_cell(
         records_per_s=round(records / elapsed, 1),
         appends_per_s=round(appends_done / elapsed, 1),
         mean_group=round(records / max(1, appends_done), 2),
-        p50_ms=round(percentile(measured, 0.50) * 1e3, 3),
-        p99_ms=round(percentile(measured, 0.99) * 1e3, 3),
+        p50_ms=round(percentile(measured, 50) * 1e3, 3),
+        p99_ms=round(percentile(measured, 99) * 1e3, 3),
         max_ms=round(measured[-1] * 1e3, 3),
     )
 
@@ -131,13 +130,6 @@ async def run_cell(
 @contextmanager
 def own_pulsar() -> Iterator[tuple[str, str]]:
     """Start a Pulsar standalone through deploy/pulsar.sh on free ports; stop it afterwards."""
-    import socket
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
     state = Path(tempfile.mkdtemp(prefix="wal-bench-pulsar-"))
     script = REPO / "deploy" / "pulsar.sh"
     ports = [f"--port={free_port()}", f"--http-port={free_port()}", f"--bookie-port={free_port()}"]

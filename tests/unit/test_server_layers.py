@@ -5,24 +5,15 @@ are applied there, deterministically.)"""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from tests.unit.test_client_imports import _imported_modules as _imports
+
 pytestmark = pytest.mark.unit
 
 SERVER = Path(__file__).resolve().parents[2] / "server" / "tablekeeper_server"
-
-
-def _imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
 
 
 def _offenders(package: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
