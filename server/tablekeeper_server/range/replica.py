@@ -144,7 +144,7 @@ class Range:
         self._fenced = False
         self._in_flight = 0
         self.watch = WatchHub(name.log_name)
-        self.sessions = SessionManager(name.log_name, self.execute)
+        self.sessions = SessionManager(name.log_name, self.execute, clock)
 
     # ------------------------------------------------------------------ lifecycle
 
