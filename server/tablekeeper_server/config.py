@@ -15,6 +15,7 @@ from tablekeeper_server.security.config import (
 from tablekeeper_server.workers import WorkerSlot, resolve_workers
 
 LOG_BACKENDS = ("local", "pulsar")
+EVENT_LOOPS = ("uvloop", "asyncio")
 CHECKPOINT_STORES = ("dir", "pulsar")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -41,6 +42,8 @@ class ServerConfig:
     """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
     containers: int = 8
     workers: int = 1
+    event_loop: str = "uvloop"
+    """`uvloop` (if installed; else asyncio's, with a warning) or `asyncio`."""
     """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
@@ -102,6 +105,8 @@ class ServerConfig:
             raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1 (0 = one per core)")
         if self.workers > 1:
@@ -222,6 +227,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--containers", type=int, default=d.containers, help="storage containers (default 8)"
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=d.event_loop,
+        help="the event loop: uvloop (default; asyncio's if uvloop is not installed) or asyncio",
     )
     parser.add_argument(
         "--workers",
@@ -366,6 +377,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         oxia_port=args.oxia_port,
         containers=args.containers,
         workers=resolve_workers(args.workers),
+        event_loop=args.event_loop,
         worker=WorkerSlot.from_env(),
         max_open_ranges=args.max_open_ranges,
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),

@@ -17,9 +17,10 @@ import os
 import resource
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
@@ -126,7 +127,9 @@ def _log_backend(
     return local, f"local {config.effective_wal_dir}", lambda: None
 
 
-def _checkpoint_store(config: ServerConfig) -> tuple[CheckpointStore, Callable[[], None]]:
+def _checkpoint_store(
+    config: ServerConfig, clock: Clock
+) -> tuple[CheckpointStore, Callable[[], None]]:
     """The configured checkpoint store and how to release it."""
     if config.checkpoint_store == "pulsar":
         from tablekeeper_server.checkpoint.pulsar import PulsarCheckpointStore
@@ -138,16 +141,20 @@ def _checkpoint_store(config: ServerConfig) -> tuple[CheckpointStore, Callable[[
             tenant=tenant,
             namespace=f"{namespace}-checkpoints",
             timeout_s=config.pulsar_timeout_s,
+            clock=clock,
         )
         return store, store.close
     return DirectoryCheckpointStore(config.effective_checkpoint_dir), lambda: None
 
 
-async def _join_cluster(config: ServerConfig) -> tuple[ZkCoordinator, int]:
+async def _join_cluster(config: ServerConfig, clock: Clock) -> tuple[ZkCoordinator, int]:
     """Connect to ZooKeeper and read the cluster's number of containers."""
     assert config.zk_hosts is not None
     coordinator = ZkCoordinator(
-        config.zk_hosts, config.cluster, session_timeout_s=config.zk_session_timeout_s
+        config.zk_hosts,
+        config.cluster,
+        session_timeout_s=config.zk_session_timeout_s,
+        clock=clock,
     )
     try:
         await asyncio.to_thread(coordinator.start)
@@ -167,27 +174,28 @@ async def serve(config: ServerConfig) -> None:
     # A worker's supervisor holds the data directory's lock (see `workers`).
     lock_fd = _lock_data_dir(config.data_dir) if worker is None else None
     coordinator: ZkCoordinator | None = None
+    clock = SystemClock()  # the one clock of the server (tests inject their own below this)
     num_containers = config.containers
     if config.cluster_mode:
-        coordinator, num_containers = await _join_cluster(config)
+        coordinator, num_containers = await _join_cluster(config, clock)
     registry_metrics = CollectorRegistry()
     metrics = ServerMetrics(registry_metrics)
     failpoints = Failpoints.from_env()
     log_backend, log_description, close_log = _log_backend(config, failpoints)
-    checkpoint_store, close_checkpoint_store = _checkpoint_store(config)
+    checkpoint_store, close_checkpoint_store = _checkpoint_store(config, clock)
     env = ContainerEnv(
         num_containers=num_containers,
         log_backend=log_backend,
         store_factory=RocksKvStore,
         db_dir=config.db_dir,
-        clock=SystemClock(),
+        clock=clock,
         limits=config.limits,
         metrics=metrics,
         checkpoint_store=checkpoint_store,
         checkpoints_kept=config.checkpoints_kept,
         failpoints=failpoints,
         open_hosted_ranges_on_start=coordinator is not None,
-        range_limit=OpenRangeLimit(config.max_open_ranges),
+        range_limit=OpenRangeLimit(config.max_open_ranges, clock),
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
     # A worker: its share.
@@ -456,6 +464,18 @@ async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: floa
                 log.exception("checkpoint of range %s failed", range_.name.log_name)
 
 
+def _run_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+    if event_loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.warning("uvloop is not installed: running on asyncio's event loop")
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
+
+
 def run(config: ServerConfig) -> int:
     worker = config.worker
     logging.basicConfig(
@@ -478,7 +498,7 @@ def run(config: ServerConfig) -> int:
         finally:
             os.close(lock_fd)
     try:
-        asyncio.run(serve(config))
+        _run_loop(serve(config), config.event_loop)
     except CorruptionError as exc:
         log.error("refusing to start: %s", exc.message)
         return 3
