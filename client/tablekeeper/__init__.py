@@ -10,7 +10,9 @@
 
 `AsyncClient` / `AsyncTable` are the asyncio versions (many requests in flight on one channel).
 Every exception is in `tablekeeper.errors` (each says whether it is `retryable` and whether a
-write's outcome is unknown); the value types are in `tablekeeper.types`.
+write's outcome is unknown; `NotFoundError`, `ConflictError` and `UnavailableError` group them);
+the value types are in `tablekeeper.types`. Table calls take `timeout=` (seconds, retries
+included). Recipes (metadata store, locks, elections, ...) are in `tablekeeper.recipes`.
 """
 
 from tablekeeper._transport import RetryPolicy
@@ -20,6 +22,8 @@ from tablekeeper.errors import (
     BadRevisionError,
     BadVersionError,
     CompactedError,
+    ConflictError,
+    DeadlineExceededError,
     IllegalOpError,
     InternalServerError,
     InvalidKeyError,
@@ -29,9 +33,12 @@ from tablekeeper.errors import (
     KeyNotFoundError,
     NamespaceExistsError,
     NamespaceNotFoundError,
+    NotFoundError,
     NotImplementedOnServerError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     ResourceLimitError,
+    SessionExpiredError,
     TableExistsError,
     TableKeeperError,
     TableNotFoundError,
@@ -39,6 +46,7 @@ from tablekeeper.errors import (
     UnavailableError,
     UnexpectedError,
     WatchCancelledError,
+    WriteTimeoutError,
 )
 from tablekeeper.security import TlsConfig
 from tablekeeper.session import AsyncSession, Session
@@ -58,6 +66,8 @@ __all__ = [
     "BadVersionError",
     "Client",
     "CompactedError",
+    "ConflictError",
+    "DeadlineExceededError",
     "IllegalOpError",
     "InternalServerError",
     "InvalidKeyError",
@@ -68,11 +78,14 @@ __all__ = [
     "KeyValue",
     "NamespaceExistsError",
     "NamespaceNotFoundError",
+    "NotFoundError",
     "NotImplementedOnServerError",
+    "OutcomeUnknownError",
     "PermissionDeniedError",
     "ResourceLimitError",
     "RetryPolicy",
     "Session",
+    "SessionExpiredError",
     "Table",
     "TableExistsError",
     "TableInfo",
@@ -87,4 +100,5 @@ __all__ = [
     "Watch",
     "WatchCancelledError",
     "WatchEvent",
+    "WriteTimeoutError",
 ]

@@ -10,11 +10,12 @@ established at all.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ipaddress
 import random
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,7 +23,9 @@ import grpc
 
 from tablekeeper.errors import (
     ERROR_METADATA_KEY,
+    DeadlineExceededError,
     TableKeeperError,
+    WriteTimeoutError,
     error_for_code,
     error_for_rpc_error,
     should_resend,
@@ -170,6 +173,42 @@ async def call(
         backoff = min(policy.max_backoff_s, backoff * 2)
 
 
+def check_timeout(timeout: float | None) -> None:
+    """Refuse a `timeout=` that is not None or a positive number of seconds."""
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds or None (got {timeout!r})")
+
+
+async def within(awaitable: Awaitable[T], timeout: float | None, *, what: str, write: bool) -> T:
+    """Await `awaitable` (a whole call: its retries, route lookups and backoff included) for at
+    most `timeout` seconds (None: no bound beyond the retry policy's). When it passes, the call
+    is cancelled and `DeadlineExceededError` raised, or for a `write` `WriteTimeoutError`
+    (it may have been applied)."""
+    if timeout is None:
+        return await awaitable
+    try:
+        check_timeout(timeout)
+    except ValueError:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()  # never started: no "never awaited" warning
+        raise
+    scope = asyncio.timeout(timeout)
+    try:
+        async with scope:
+            return await awaitable
+    except TimeoutError as exc:
+        if not scope.expired():
+            raise  # a TimeoutError of the call's own
+        if write:
+            raise WriteTimeoutError(
+                f"{what}: timeout={timeout:g}s passed before the server answered; the write "
+                "may or may not have been applied"
+            ) from exc
+        raise DeadlineExceededError(
+            f"{what}: timeout={timeout:g}s passed before the call succeeded"
+        ) from exc
+
+
 async def trailer_message(rpc: Any) -> str:
     """The server's `tk-error` reason for a failed call, or "" ."""
     try:
@@ -182,4 +221,12 @@ async def trailer_message(rpc: Any) -> str:
     return ""
 
 
-__all__ = ["RetryPolicy", "TableKeeperError", "call", "new_channel", "parse_service_uri"]
+__all__ = [
+    "RetryPolicy",
+    "TableKeeperError",
+    "call",
+    "check_timeout",
+    "new_channel",
+    "parse_service_uri",
+    "within",
+]

@@ -91,6 +91,7 @@ async def table_layout(client: ContextSource, namespace: str, name: str) -> Tabl
 
 
 def sorted_ranges(ranges: Iterable[RangeInfo]) -> list[RangeInfo]:
+    """The table's ranges, ordered by their start hash."""
     return sorted(ranges, key=lambda r: r.start_hash)
 
 
@@ -134,6 +135,7 @@ async def scan_range(
 
 
 def put_op(table_id: int, pkey: bytes, lkey: bytes, value: bytes) -> tablekeeper_pb2.BatchOp:
+    """A Batch op putting `value` at (pkey, lkey) of the table."""
     op = tablekeeper_pb2.BatchOp()
     put = op.put
     put.header.stream_id = table_id
@@ -144,6 +146,7 @@ def put_op(table_id: int, pkey: bytes, lkey: bytes, value: bytes) -> tablekeeper
 
 
 def increment_op(table_id: int, pkey: bytes, lkey: bytes, amount: int) -> tablekeeper_pb2.BatchOp:
+    """A Batch op adding `amount` to the number key (pkey, lkey) of the table."""
     op = tablekeeper_pb2.BatchOp()
     inc = op.increment
     inc.header.stream_id = table_id
@@ -294,6 +297,7 @@ class Epoch:
 
     @staticmethod
     def sequence(n: int) -> Epoch:
+        """The epoch's sequence number."""
         if n < 0:
             raise ValueError("a sequence epoch is >= 0")
         previous = (n - 1).to_bytes(8, "big") if n else b""  # b"": any marker is > "absent"
@@ -301,6 +305,7 @@ class Epoch:
 
     @staticmethod
     def token(token: bytes) -> Epoch:
+        """The epoch's marker value (what its marker key holds)."""
         if not token:
             raise ValueError("a token epoch needs a non-empty token")
         return Epoch(token, "==", token)
@@ -357,6 +362,8 @@ def once_txns(
 
 @dataclass(slots=True)
 class OnceOutcome:
+    """What `check_once_results` counted: txns applied now, and txns applied before."""
+
     applied_txns: int = 0
     skipped_txns: int = 0
     """Txns whose marker said they had been applied before (a retry or a replay)."""
@@ -393,6 +400,7 @@ def check_once_results(
 
 
 def is_marker(lkey: bytes) -> bool:
+    """Whether `lkey` is a marker key of the exactly-once protocol."""
     return lkey.startswith(MARKER_PREFIX)
 
 

@@ -87,6 +87,7 @@ class AsyncClient:
 
     @property
     def coalesce(self) -> bool:
+        """Whether concurrent single-key ops are sent together as Batch RPCs."""
         return self._context.coalesce
 
     @property
@@ -102,6 +103,7 @@ class AsyncClient:
         return dataclasses.replace(self._context.routes.stats)
 
     async def close(self) -> None:
+        """Close the channels (and the coalescer and route lookups in flight)."""
         await self._context.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -216,6 +218,7 @@ class AsyncClient:
         return self._known(_table_info(namespace, response.stream_props))
 
     async def get_table(self, namespace: str, name: str) -> TableInfo:
+        """The table's `TableInfo`. Raises `TableNotFoundError`."""
         request = storage_pb2.GetStreamRequest(
             stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
         )
@@ -228,6 +231,7 @@ class AsyncClient:
         return info
 
     async def delete_table(self, namespace: str, name: str) -> None:
+        """Delete a table and its keys. Raises `TableNotFoundError`."""
         await self._context.root(
             "DeleteStream",
             storage_pb2.DeleteStreamRequest(ns_name=namespace, name=name),
@@ -261,6 +265,7 @@ class AsyncClient:
         return await stub.Status(admin_pb2.StatusRequest(), timeout=self.retry.call_timeout_s)
 
     async def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
+        """The server's version and endpoints (`ServerInfoResponse`)."""
         stub: tablekeeper_pb2_grpc.TableKeeperStub = self._context.stub(
             "tk", tablekeeper_pb2_grpc.TableKeeperStub
         )
@@ -274,7 +279,10 @@ class AsyncClient:
 
 
 class Client:
-    """Synchronous client: the same calls as `AsyncClient`, blocking. Thread-safe."""
+    """Synchronous client: the same calls as `AsyncClient`, blocking. Thread-safe.
+
+    It runs an `AsyncClient` on a private event-loop thread; use `with Client(...) as client:`
+    or call `close()`."""
 
     def __init__(
         self,
@@ -299,7 +307,13 @@ class Client:
             token=token,
         )
 
+    @property
+    def async_client(self) -> AsyncClient:
+        """The `AsyncClient` this client runs (on its own loop thread: call it only there)."""
+        return self._async
+
     def close(self) -> None:
+        """Close the channels and stop the loop thread."""
         self._runner.run(self._async.close())
         self._runner.stop()
 
@@ -315,55 +329,74 @@ class Client:
         self.close()
 
     def create_namespace(self, name: str) -> int:
+        """Create a namespace; returns its id. Raises `NamespaceExistsError`."""
         return self._runner.run(self._async.create_namespace(name))
 
     def get_namespace(self, name: str) -> int:
+        """The namespace's id. Raises `NamespaceNotFoundError`."""
         return self._runner.run(self._async.get_namespace(name))
 
     def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and every table in it."""
         self._runner.run(self._async.delete_namespace(name))
 
     def list_namespaces(self) -> list[NamespaceInfo]:
+        """Every namespace, ordered by name."""
         return self._runner.run(self._async.list_namespaces())
 
     def list_tables(self, namespace: str) -> list[TableInfo]:
+        """The namespace's tables, ordered by name. Raises `NamespaceNotFoundError`."""
         return self._runner.run(self._async.list_tables(namespace))
 
     def grant(self, namespace: str, role: str, permissions: Sequence[str]) -> list[str]:
+        """Give `role` permissions ("read", "write", "admin") on `namespace`; returns all it has
+        there now."""
         return self._runner.run(self._async.grant(namespace, role, permissions))
 
     def revoke(self, namespace: str, role: str, permissions: Sequence[str] = ()) -> list[str]:
+        """Take permissions (all, if none are named) of `role` on `namespace`; returns what it
+        keeps there."""
         return self._runner.run(self._async.revoke(namespace, role, permissions))
 
     def list_permissions(self, namespace: str) -> dict[str, list[str]]:
+        """role -> permissions on `namespace`."""
         return self._runner.run(self._async.list_permissions(namespace))
 
     def create_table(
         self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
     ) -> TableInfo:
+        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
+        `ttl_seconds` > 0 makes keys invisible that long after their last write."""
         return self._runner.run(
             self._async.create_table(namespace, name, ranges=ranges, ttl_seconds=ttl_seconds)
         )
 
     def get_table(self, namespace: str, name: str) -> TableInfo:
+        """The table's `TableInfo`. Raises `TableNotFoundError`."""
         return self._runner.run(self._async.get_table(namespace, name))
 
     def delete_table(self, namespace: str, name: str) -> None:
+        """Delete a table and its keys."""
         self._runner.run(self._async.delete_table(namespace, name))
 
     def table(self, namespace: str, name: str) -> Table:
+        """A handle on an existing table. Raises `TableNotFoundError`."""
         return Table(self._runner, self._runner.run(self._async.table(namespace, name)))
 
     def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
+        """The server's version and endpoints (`ServerInfoResponse`)."""
         return self._runner.run(self._async.server_info())
 
     def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
+        """Checkpoint one table's ranges now (or every open range); see `AsyncClient`."""
         return self._runner.run(self._async.checkpoint(namespace, table))
 
     def status(self) -> Any:
+        """The server's per-range status (`StatusResponse`)."""
         return self._runner.run(self._async.status())
 
     def route_stats(self) -> RouteStats:
+        """How often routes were fetched and invalidated (a copy)."""
         return self._async.route_stats()
 
 
@@ -375,64 +408,84 @@ class Txn:
         self._txn = txn
 
     def if_version(self, lkey: Key, op: CompareOp, version: int) -> Txn:
+        """Compare: the key's version `op` `version` (a missing key fails the txn)."""
         self._txn.if_version(lkey, op, version)
         return self
 
     def if_create_revision(self, lkey: Key, op: CompareOp, revision: int) -> Txn:
+        """Compare: the revision that created the key `op` `revision`."""
         self._txn.if_create_revision(lkey, op, revision)
         return self
 
     def if_mod_revision(self, lkey: Key, op: CompareOp, revision: int) -> Txn:
+        """Compare: the revision of the key's last change `op` `revision`."""
         self._txn.if_mod_revision(lkey, op, revision)
         return self
 
     def if_value(self, lkey: Key, op: CompareOp, value: Key) -> Txn:
+        """Compare: the key's value `op` `value`."""
         self._txn.if_value(lkey, op, value)
         return self
 
     def if_absent(self, lkey: Key) -> Txn:
+        """Compare: the key does not exist."""
         self._txn.if_absent(lkey)
         return self
 
     def if_exists(self, lkey: Key) -> Txn:
+        """Compare: the key exists."""
         self._txn.if_exists(lkey)
         return self
 
     def then_put(self, lkey: Key, value: Key) -> Txn:
+        """If the compares hold: put `value`."""
         self._txn.then_put(lkey, value)
         return self
 
     def then_delete(self, lkey: Key, end: Key | None = None) -> Txn:
+        """If the compares hold: delete the key (or the keys in [lkey, end])."""
         self._txn.then_delete(lkey, end)
         return self
 
     def then_get(self, lkey: Key, end: Key | None = None) -> Txn:
+        """If the compares hold: read the key (or the keys in [lkey, end])."""
         self._txn.then_get(lkey, end)
         return self
 
     def otherwise_put(self, lkey: Key, value: Key) -> Txn:
+        """If a compare fails: put `value`."""
         self._txn.otherwise_put(lkey, value)
         return self
 
     def otherwise_delete(self, lkey: Key, end: Key | None = None) -> Txn:
+        """If a compare fails: delete the key (or the keys in [lkey, end])."""
         self._txn.otherwise_delete(lkey, end)
         return self
 
     def otherwise_get(self, lkey: Key, end: Key | None = None) -> Txn:
+        """If a compare fails: read the key (or the keys in [lkey, end])."""
         self._txn.otherwise_get(lkey, end)
         return self
 
-    def commit(self) -> TxnResult:
-        return self._runner.run(self._txn.commit())
+    def commit(self, *, timeout: float | None = None) -> TxnResult:
+        """Send the transaction; see `AsyncTxn.commit`."""
+        return self._runner.run(self._txn.commit(timeout=timeout))
 
 
 class Table:
-    """Synchronous twin of `AsyncTable`."""
+    """Synchronous twin of `AsyncTable` (same methods and arguments, blocking).
+
+    Every call takes `timeout=` (seconds, retries included; see `tablekeeper.table`)."""
 
     def __init__(self, runner: LoopThread, table: AsyncTable) -> None:
         self._runner = runner
         self._table = table
         self.info = table.info
+
+    @property
+    def async_table(self) -> AsyncTable:
+        """The `AsyncTable` behind this one (on the client's loop thread)."""
+        return self._table
 
     def put(
         self,
@@ -444,7 +497,10 @@ class Table:
         prev_kv: bool = False,
         ttl_s: float | None = None,
         session: Session | None = None,
+        timeout: float | None = None,
     ) -> KeyValue | None:
+        """Store `value`; durable when this returns. See `AsyncTable.put` for the arguments.
+        Returns the previous value if `prev_kv`."""
         return self._runner.run(
             self._table.put(
                 pkey,
@@ -454,6 +510,7 @@ class Table:
                 prev_kv=prev_kv,
                 ttl_s=ttl_s,
                 session=session.async_session if session is not None else None,
+                timeout=timeout,
             )
         )
 
@@ -465,7 +522,9 @@ class Table:
         *,
         ttl_s: float | None = None,
         session: Session | None = None,
+        timeout: float | None = None,
     ) -> bytes:
+        """Create the key `prefix` + a 20-digit counter unique under `pkey`; returns its lkey."""
         return self._runner.run(
             self._table.put_sequential(
                 pkey,
@@ -473,6 +532,7 @@ class Table:
                 value,
                 ttl_s=ttl_s,
                 session=session.async_session if session is not None else None,
+                timeout=timeout,
             )
         )
 
@@ -480,8 +540,9 @@ class Table:
         """A session on the range of `pkey` (`with table.session(...) as session:`)."""
         return Session(self._runner, self._table.session(pkey, ttl_s))
 
-    def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
-        return self._runner.run(self._table.get(pkey, lkey))
+    def get(self, pkey: Key, lkey: Key, *, timeout: float | None = None) -> KeyValue | None:
+        """The key's current value, or None if it does not exist (or expired)."""
+        return self._runner.run(self._table.get(pkey, lkey, timeout=timeout))
 
     def scan(
         self,
@@ -492,9 +553,12 @@ class Table:
         limit: int | None = None,
         page_size: int = 1000,
         keys_only: bool = False,
+        timeout: float | None = None,
     ) -> Iterator[KeyValue]:
+        """Iterate the keys of `pkey` in [start, end] in key order; see `AsyncTable.scan`
+        (`timeout` bounds each page's request)."""
         iterator = self._table.scan(
-            pkey, start, end, limit=limit, page_size=page_size, keys_only=keys_only
+            pkey, start, end, limit=limit, page_size=page_size, keys_only=keys_only, timeout=timeout
         ).__aiter__()
 
         async def next_item() -> KeyValue | None:
@@ -506,21 +570,47 @@ class Table:
         while (item := self._runner.run(next_item())) is not None:
             yield item
 
-    def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
-        return self._runner.run(self._table.count(pkey, start, end))
+    def count(
+        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+    ) -> int:
+        """How many keys of `pkey` lie in [start, end] (None = to the end)."""
+        return self._runner.run(self._table.count(pkey, start, end, timeout=timeout))
 
-    def delete(self, pkey: Key, lkey: Key, *, expected_version: int | None = None) -> int:
-        return self._runner.run(self._table.delete(pkey, lkey, expected_version=expected_version))
+    def delete(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        expected_version: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Delete one key; returns 1 if it existed, else 0 (see `AsyncTable.delete`)."""
+        return self._runner.run(
+            self._table.delete(pkey, lkey, expected_version=expected_version, timeout=timeout)
+        )
 
-    def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
-        return self._runner.run(self._table.delete_range(pkey, start, end))
+    def delete_range(
+        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+    ) -> int:
+        """Atomically delete the keys of `pkey` in [start, end]; returns how many existed."""
+        return self._runner.run(self._table.delete_range(pkey, start, end, timeout=timeout))
 
     def increment(
-        self, pkey: Key, lkey: Key, amount: int = 1, *, get_total: bool = False
+        self,
+        pkey: Key,
+        lkey: Key,
+        amount: int = 1,
+        *,
+        get_total: bool = False,
+        timeout: float | None = None,
     ) -> int | None:
-        return self._runner.run(self._table.increment(pkey, lkey, amount, get_total=get_total))
+        """Add `amount` to a number key (created at `amount`); the new total if `get_total`."""
+        return self._runner.run(
+            self._table.increment(pkey, lkey, amount, get_total=get_total, timeout=timeout)
+        )
 
     def txn(self, pkey: Key) -> Txn:
+        """A transaction on the keys of `pkey`: add compares and ops, then `commit()`."""
         return Txn(self._runner, self._table.txn(pkey))
 
     def watch(
@@ -546,8 +636,10 @@ class Table:
         items: Sequence[tuple[Key, Key, Key | int]],
         *,
         mode: Literal["put", "increment"] = "put",
+        timeout: float | None = None,
     ) -> list[TableKeeperError | None]:
-        return self._runner.run(self._table.batch_put(items, mode=mode))
+        """Write many independent keys in one request per server; see `AsyncTable.batch_put`."""
+        return self._runner.run(self._table.batch_put(items, mode=mode, timeout=timeout))
 
 
 __all__ = ["AsyncClient", "Client", "NamespaceInfo", "Table", "TableKeeperError", "Txn"]

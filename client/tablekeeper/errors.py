@@ -18,12 +18,22 @@ transport), and the SDK's retry loops read nothing else (`should_resend`):
 - `retryable`: the same request may succeed when sent again (elsewhere, or later);
 - `outcome_unknown`: a write may or may not have been applied, so sending it again could
   apply it twice. An `UnexpectedError` (600) is always so: the server answers 600 when its log
-  failed mid-append, and for damaged data, and the SDK cannot tell which; an `UnavailableError`
-  is so when a write's call was cut off after it left (a deadline, a dropped connection).
+  failed mid-append, and for damaged data, and the SDK cannot tell which; a write whose call
+  was cut off after it left (CANCELLED, DEADLINE_EXCEEDED, a dropped connection, its `timeout=`
+  passing) raises `OutcomeUnknownError`, which is so too. Test the flag to cover every case.
 
-There is deliberately no `RetryableError` or `OutcomeUnknownError` class: the same exception
-(an `UnavailableError`) is retryable with a known outcome after "not served here", and has an
-unknown outcome after a write timed out, so only a flag can say which.
+The classes form a few groups to catch at once:
+
+- `NotFoundError`: `NamespaceNotFoundError`, `TableNotFoundError`, `KeyNotFoundError`;
+- `ConflictError`: `NamespaceExistsError`, `TableExistsError`, `KeyExistsError`,
+  `BadVersionError` (a conditional write lost against the current state);
+- `UnavailableError`: the service did not answer in time, or not at all. Its subclasses say
+  more: `OutcomeUnknownError` (a write may have been applied: never retried by the SDK, and
+  not `retryable`), `DeadlineExceededError` (a call's `timeout=` passed; also a built-in
+  `TimeoutError`), and `WriteTimeoutError`, both of these at once for a write.
+
+`except UnavailableError` still catches all of them; the flags, not the class, are what the
+SDK's retry loops read.
 """
 
 from __future__ import annotations
@@ -103,7 +113,16 @@ class UnexpectedError(TableKeeperError):
     SDK cannot tell the two apart."""
 
 
-class BadVersionError(TableKeeperError):
+class NotFoundError(TableKeeperError):
+    """Base of the "no such thing" errors: a namespace, table or key that does not exist."""
+
+
+class ConflictError(TableKeeperError):
+    """Base of the errors of a write that conflicts with the current state: the thing exists
+    already, or its version is not the one expected."""
+
+
+class BadVersionError(ConflictError):
     """A compare-and-set on the key's version failed."""
 
 
@@ -123,11 +142,11 @@ class InvalidNamespaceNameError(TableKeeperError):
     """A namespace name that is empty, too long or contains '/'."""
 
 
-class NamespaceExistsError(TableKeeperError):
+class NamespaceExistsError(ConflictError):
     """The namespace already exists."""
 
 
-class NamespaceNotFoundError(TableKeeperError):
+class NamespaceNotFoundError(NotFoundError):
     """No such namespace."""
 
 
@@ -135,11 +154,11 @@ class InvalidTableNameError(TableKeeperError):
     """A table name that is empty, too long or contains '/'."""
 
 
-class TableExistsError(TableKeeperError):
+class TableExistsError(ConflictError):
     """The table already exists."""
 
 
-class TableNotFoundError(TableKeeperError):
+class TableNotFoundError(NotFoundError):
     """No such table."""
 
 
@@ -147,11 +166,11 @@ class InvalidKeyError(TableKeeperError):
     """Empty or oversized key."""
 
 
-class KeyExistsError(TableKeeperError):
+class KeyExistsError(ConflictError):
     """The key exists (a put that expected it absent)."""
 
 
-class KeyNotFoundError(TableKeeperError):
+class KeyNotFoundError(NotFoundError):
     """The key does not exist (a put or delete that expected a version)."""
 
 
@@ -160,7 +179,25 @@ class KeyNotFoundError(TableKeeperError):
 
 class UnavailableError(TableKeeperError):
     """The service could not be reached or kept answering "not served here" until the deadline.
-    After a write was cut off mid-call, `outcome_unknown` is set: it may have been applied."""
+    A write cut off mid-call raises the subclass `OutcomeUnknownError` instead."""
+
+
+class OutcomeUnknownError(UnavailableError):
+    """A write's call ended without an answer after it left (CANCELLED, DEADLINE_EXCEEDED, a
+    dropped connection, INTERNAL): the server may or may not have applied it. Never sent again by
+    the SDK, and not `retryable`: read the key to find out, or make the write conditional
+    (`expected_version`, a txn) so that sending it again is safe."""
+
+
+class DeadlineExceededError(UnavailableError, TimeoutError):
+    """The `timeout=` of a call passed (its retries included) before it succeeded. For a read or
+    an admin call nothing changed, and it may be sent again with more time; a write raises
+    `WriteTimeoutError`."""
+
+
+class WriteTimeoutError(OutcomeUnknownError, DeadlineExceededError):
+    """A write's `timeout=` passed before it succeeded: it may or may not have been applied
+    (`OutcomeUnknownError`), and it is a `DeadlineExceededError` (and `TimeoutError`)."""
 
 
 class UnauthenticatedError(TableKeeperError):
@@ -177,6 +214,13 @@ class ResourceLimitError(TableKeeperError):
     ...; gRPC RESOURCE_EXHAUSTED). Nothing was applied; the message carries the server's reason,
     which names the limit and its flag. Sending the same request again cannot succeed: send
     less per request."""
+
+
+class SessionExpiredError(IllegalOpError):
+    """The session behind an ephemeral key or a lock expired (or was closed): its ephemeral keys
+    are gone, and a lock held through it may be held by someone else now. Start a new session
+    (a `MetadataStore` does so on its next ephemeral put) and acquire again. An `IllegalOpError`
+    (what the server answers for a put with a session that is gone) found by the SDK itself."""
 
 
 class WatchCancelledError(TableKeeperError):
@@ -233,10 +277,16 @@ ERROR_TABLE: dict[type[TableKeeperError], ErrorRule] = {
     KeyExistsError: ErrorRule(StatusCode.KEY_EXISTS),
     KeyNotFoundError: ErrorRule(StatusCode.KEY_NOT_FOUND),
     # Statuses without a body code: see STATUS_TABLE.
+    NotFoundError: ErrorRule(),
+    ConflictError: ErrorRule(),
     UnavailableError: ErrorRule(retryable=True),
+    OutcomeUnknownError: ErrorRule(outcome_unknown=True),
+    DeadlineExceededError: ErrorRule(retryable=True),
+    WriteTimeoutError: ErrorRule(outcome_unknown=True),
     UnauthenticatedError: ErrorRule(),
     PermissionDeniedError: ErrorRule(),
     ResourceLimitError: ErrorRule(),
+    SessionExpiredError: ErrorRule(),
     WatchCancelledError: ErrorRule(),
 }
 """Every class's row (subclasses without one, `CompactedError` and `BatchOpError`, take their
@@ -341,8 +391,12 @@ def error_for_status(
     applied = rule.applied
     if applied == "unless-never-sent":
         applied = "no" if never_sent(code, details) else "unknown"
+    outcome_unknown = applied == "unknown" and not idempotent
+    if outcome_unknown and type(error) is UnavailableError:
+        # A write cut off after it left: its own class, never retryable.
+        error = OutcomeUnknownError(message, code=tk_code or None)
     error.retryable = error.retryable and rule.retryable
-    error.outcome_unknown = applied == "unknown" and not idempotent
+    error.outcome_unknown = outcome_unknown
     return error
 
 
@@ -367,6 +421,8 @@ __all__ = [
     "BadVersionError",
     "BatchOpError",
     "CompactedError",
+    "ConflictError",
+    "DeadlineExceededError",
     "ErrorRule",
     "IllegalOpError",
     "InternalServerError",
@@ -377,9 +433,12 @@ __all__ = [
     "KeyNotFoundError",
     "NamespaceExistsError",
     "NamespaceNotFoundError",
+    "NotFoundError",
     "NotImplementedOnServerError",
+    "OutcomeUnknownError",
     "PermissionDeniedError",
     "ResourceLimitError",
+    "SessionExpiredError",
     "StatusRule",
     "TableExistsError",
     "TableKeeperError",
@@ -388,6 +447,7 @@ __all__ = [
     "UnavailableError",
     "UnexpectedError",
     "WatchCancelledError",
+    "WriteTimeoutError",
     "error_for_code",
     "error_for_result",
     "error_for_rpc_error",

@@ -91,6 +91,7 @@ class RangeRouter:
         self._starts = [r.start_hash for r in self.ranges]
 
     def route(self, pkey: bytes) -> RangeInfo:
+        """The range that serves `pkey` (by the hash of the pkey)."""
         index = bisect.bisect_right(self._starts, routing_hash(pkey)) - 1
         return self.ranges[max(index, 0)]
 

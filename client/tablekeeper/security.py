@@ -19,6 +19,8 @@ Token = str | Callable[[], str]
 
 @dataclass(frozen=True)
 class TlsConfig:
+    """TLS for the client: the CA to trust, and a certificate and key for mutual TLS."""
+
     ca: str | Path | bytes | None = None
     """PEM CA bundle that signed the server's certificate (None: the system's roots)."""
     cert: str | Path | bytes | None = None
@@ -27,6 +29,7 @@ class TlsConfig:
     """PEM private key of `cert`."""
 
     def credentials(self) -> grpc.ChannelCredentials:
+        """These settings as gRPC channel credentials."""
         if (self.cert is None) != (self.key is None):
             raise ValueError("TlsConfig: cert and key go together")
         return grpc.ssl_channel_credentials(

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 
 class AsyncSession:
+    """A session on one range of a table, kept alive in the background (see the module)."""
+
     def __init__(self, context: ClientContext, table_id: int, pkey: bytes, ttl_s: float) -> None:
         """A session on the range of `pkey` in the table; see `AsyncTable.session`."""
         if ttl_s < 0.1:
@@ -158,17 +160,21 @@ class Session:
 
     @property
     def id(self) -> int:
+        """The session id (0 until started)."""
         return self.async_session.id
 
     @property
     def expired(self) -> bool:
+        """Whether the session expired or was closed."""
         return self.async_session.expired.is_set()
 
     def start(self) -> Session:
+        """Create the session on the server and start keeping it alive."""
         self._runner.run(self.async_session.start())
         return self
 
     def close(self) -> None:
+        """Stop keeping alive and close the session (its ephemeral keys are deleted)."""
         self._runner.run(self.async_session.close())
 
     def __enter__(self) -> Session:

@@ -2,6 +2,11 @@
 
 `pkey` routes the key to a range; every operation on one pkey is served by one range, so scans,
 delete_range and txns are atomic within a pkey. Keys and values may be `bytes` or `str` (UTF-8).
+
+Every call takes `timeout=` (seconds; None: only the client's `RetryPolicy` bounds it): the
+whole call, its retries included, must finish within it, or it raises `DeadlineExceededError`
+(a read) or `WriteTimeoutError` (a write, which may have been applied). Both are
+`UnavailableError`s and built-in `TimeoutError`s.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from tablekeeper._context import ContextSource, context_of
+from tablekeeper._transport import check_timeout, within
 from tablekeeper.bulk import send_batch
 from tablekeeper.errors import (
+    SessionExpiredError,
     TableKeeperError,
     TableNotFoundError,
     error_for_code,
@@ -41,6 +48,10 @@ def _bytes(value: Key) -> bytes:
 def _session_id(session: AsyncSession) -> int:
     if not session.id:
         raise ValueError("the session is not started (await session.start())")
+    if session.expired.is_set():
+        raise SessionExpiredError(
+            f"session {session.id} expired or was closed: its ephemeral keys are gone"
+        )
     return session.id
 
 
@@ -104,21 +115,27 @@ class AsyncTxn:
         return self
 
     def if_version(self, lkey: Key, op: CompareOp, version: int) -> AsyncTxn:
+        """Compare: the key's version `op` `version` (a missing key fails the txn)."""
         return self._compare(lkey, kv_rpc_pb2.Compare.VERSION, op, version=version)
 
     def if_create_revision(self, lkey: Key, op: CompareOp, revision: int) -> AsyncTxn:
+        """Compare: the revision that created the key `op` `revision`."""
         return self._compare(lkey, kv_rpc_pb2.Compare.CREATE, op, create_revision=revision)
 
     def if_mod_revision(self, lkey: Key, op: CompareOp, revision: int) -> AsyncTxn:
+        """Compare: the revision of the key's last change `op` `revision`."""
         return self._compare(lkey, kv_rpc_pb2.Compare.MOD, op, mod_revision=revision)
 
     def if_value(self, lkey: Key, op: CompareOp, value: Key) -> AsyncTxn:
+        """Compare: the key's value `op` `value`."""
         return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, op, value=_bytes(value))
 
     def if_absent(self, lkey: Key) -> AsyncTxn:
+        """Compare: the key does not exist."""
         return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, "==", value=b"")
 
     def if_exists(self, lkey: Key) -> AsyncTxn:
+        """Compare: the key exists."""
         return self._compare(lkey, kv_rpc_pb2.Compare.VALUE, "!=", value=b"")
 
     def _ops(self, success: bool) -> Any:
@@ -155,27 +172,39 @@ class AsyncTxn:
         return self
 
     def then_put(self, lkey: Key, value: Key) -> AsyncTxn:
+        """If the compares hold: put `value`."""
         return self._put(True, lkey, value)
 
     def then_delete(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        """If the compares hold: delete the key (or the keys in [lkey, end])."""
         return self._delete(True, lkey, end)
 
     def then_get(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        """If the compares hold: read the key (or the keys in [lkey, end])."""
         return self._get(True, lkey, end)
 
     def otherwise_put(self, lkey: Key, value: Key) -> AsyncTxn:
+        """If a compare fails: put `value`."""
         return self._put(False, lkey, value)
 
     def otherwise_delete(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        """If a compare fails: delete the key (or the keys in [lkey, end])."""
         return self._delete(False, lkey, end)
 
     def otherwise_get(self, lkey: Key, end: Key | None = None) -> AsyncTxn:
+        """If a compare fails: read the key (or the keys in [lkey, end])."""
         return self._get(False, lkey, end)
 
-    async def commit(self) -> TxnResult:
+    async def commit(self, *, timeout: float | None = None) -> TxnResult:
+        """Send the transaction: if every compare holds, its `then_*` ops are applied, else its
+        `otherwise_*` ops, atomically and at one revision. `TxnResult.results` has one entry
+        per applied op: the previous `KeyValue` (or None) of a put, the `KeyValue`s of a get,
+        the count of a delete, or the error of an op that failed on its own."""
         request = kv_rpc_pb2.TxnRequest()
         request.CopyFrom(self._request)
-        response = await self._table._call("Txn", request, self._pkey, idempotent=False)
+        response = await self._table._call(
+            "Txn", request, self._pkey, idempotent=False, timeout=timeout, what="txn"
+        )
         results: list[Any] = []
         for op in response.responses:
             kind = op.WhichOneof("response")
@@ -203,7 +232,26 @@ class AsyncTable:
     def _header(self, pkey: bytes) -> kv_rpc_pb2.RoutingHeader:
         return kv_rpc_pb2.RoutingHeader(stream_id=self.info.table_id, r_key=pkey)
 
-    async def _call(self, method: str, request: Any, pkey: bytes, *, idempotent: bool) -> Any:
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        pkey: bytes,
+        *,
+        idempotent: bool,
+        timeout: float | None = None,
+        what: str = "",
+    ) -> Any:
+        """One op, bounded by `timeout` (see the module docstring)."""
+        check_timeout(timeout)
+        return await within(
+            self._send(method, request, pkey, idempotent=idempotent),
+            timeout,
+            what=what or method.lower(),
+            write=not idempotent,
+        )
+
+    async def _send(self, method: str, request: Any, pkey: bytes, *, idempotent: bool) -> Any:
         request.header.CopyFrom(self._header(pkey))
         metadata = (
             ("bk-rt-sid-bin", _STREAM_ID.pack(self.info.table_id)),
@@ -239,6 +287,7 @@ class AsyncTable:
         prev_kv: bool = False,
         ttl_s: float | None = None,
         session: AsyncSession | None = None,
+        timeout: float | None = None,
     ) -> KeyValue | None:
         """Store `value`. Durable when this returns.
 
@@ -247,8 +296,9 @@ class AsyncTable:
         `KeyNotFoundError` if it is missing). Returns the previous value if `prev_kv`.
         `ttl_s`: the key is invisible `ttl_s` seconds after this write (instead of the table's
         TTL). `session`: make the key ephemeral (deleted when the session closes or expires;
-        `IllegalOpError` if the session is gone or lives on another range). A put on a number
-        key raises `BadRequestError`.
+        `SessionExpiredError` if this client saw it expire or closed it, `IllegalOpError` if
+        the server finds it gone or on another range). A put on a number key raises
+        `BadRequestError`. `timeout`: see the module docstring.
         """
         pk = _bytes(pkey)
         request = kv_rpc_pb2.PutRequest(key=_bytes(lkey), value=_bytes(value), prev_kv=prev_kv)
@@ -258,7 +308,9 @@ class AsyncTable:
             request.ttl_ms = _ttl_ms(ttl_s)
         if session is not None:
             request.lease = _session_id(session)
-        response = await self._call("Put", request, pk, idempotent=False)
+        response = await self._call(
+            "Put", request, pk, idempotent=False, timeout=timeout, what="put"
+        )
         return KeyValue.from_proto(pk, response.prev_kv) if response.HasField("prev_kv") else None
 
     async def put_sequential(
@@ -269,15 +321,19 @@ class AsyncTable:
         *,
         ttl_s: float | None = None,
         session: AsyncSession | None = None,
+        timeout: float | None = None,
     ) -> bytes:
         """Create the key `prefix` + a zero-padded 20-digit counter, unique under `pkey` (the
-        counter only grows, also across deletes); returns the created lkey."""
+        counter only grows, also across deletes); returns the created lkey. `ttl_s`, `session`
+        and `timeout` as for `put`."""
         request = kv_rpc_pb2.PutRequest(key=_bytes(prefix), value=_bytes(value), sequential=True)
         if ttl_s is not None:
             request.ttl_ms = _ttl_ms(ttl_s)
         if session is not None:
             request.lease = _session_id(session)
-        response = await self._call("Put", request, _bytes(pkey), idempotent=False)
+        response = await self._call(
+            "Put", request, _bytes(pkey), idempotent=False, timeout=timeout, what="put_sequential"
+        )
         return bytes(response.key)
 
     def session(self, pkey: Key, ttl_s: float) -> AsyncSession:
@@ -285,11 +341,16 @@ class AsyncTable:
         `async with table.session(...) as session:`)."""
         return AsyncSession(self._context, self.info.table_id, _bytes(pkey), ttl_s)
 
-    async def get(self, pkey: Key, lkey: Key) -> KeyValue | None:
+    async def get(self, pkey: Key, lkey: Key, *, timeout: float | None = None) -> KeyValue | None:
         """The key's current value, or None if it does not exist (or expired)."""
         pk = _bytes(pkey)
         response = await self._call(
-            "Range", kv_rpc_pb2.RangeRequest(key=_bytes(lkey)), pk, idempotent=True
+            "Range",
+            kv_rpc_pb2.RangeRequest(key=_bytes(lkey)),
+            pk,
+            idempotent=True,
+            timeout=timeout,
+            what="get",
         )
         return KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
 
@@ -302,10 +363,13 @@ class AsyncTable:
         limit: int | None = None,
         page_size: int = 1000,
         keys_only: bool = False,
+        timeout: float | None = None,
     ) -> AsyncIterator[KeyValue]:
         """Iterate the keys of `pkey` with start <= lkey <= end (inclusive; None = to the end),
         in key order, fetching `page_size` keys per request. Each page is a consistent read;
-        the iteration as a whole is not a snapshot."""
+        the iteration as a whole is not a snapshot. `limit`: stop after that many keys;
+        `keys_only`: values are left empty. `timeout` bounds each page's request."""
+        check_timeout(timeout)
         pk = _bytes(pkey)
         span = _wire_span(start, end)
         if span is None:
@@ -319,7 +383,9 @@ class AsyncTable:
             request = kv_rpc_pb2.RangeRequest(
                 key=next_key, range_end=range_end, limit=page, keys_only=keys_only
             )
-            response = await self._call("Range", request, pk, idempotent=True)
+            response = await self._call(
+                "Range", request, pk, idempotent=True, timeout=timeout, what="scan"
+            )
             for kv in response.kvs:
                 yield KeyValue.from_proto(pk, kv)
             returned += len(response.kvs)
@@ -327,44 +393,72 @@ class AsyncTable:
                 return
             next_key = response.kvs[-1].key + b"\x00"
 
-    async def count(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+    async def count(
+        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+    ) -> int:
         """How many keys of `pkey` lie in [start, end] (None = to the end)."""
+        check_timeout(timeout)
         span = _wire_span(start, end)
         if span is None:
             return 0
         request = kv_rpc_pb2.RangeRequest(key=span[0], range_end=span[1], count_only=True)
-        response = await self._call("Range", request, _bytes(pkey), idempotent=True)
+        response = await self._call(
+            "Range", request, _bytes(pkey), idempotent=True, timeout=timeout, what="count"
+        )
         return int(response.count)
 
-    async def delete(self, pkey: Key, lkey: Key, *, expected_version: int | None = None) -> int:
+    async def delete(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        expected_version: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Delete one key; returns 1 if it existed, else 0. With `expected_version`, only if
         the key's version is that (`BadVersionError`; `KeyNotFoundError` if it is missing)."""
         request = kv_rpc_pb2.DeleteRangeRequest(key=_bytes(lkey))
         if expected_version is not None:
             request.expected_version = expected_version
-        response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
+        response = await self._call(
+            "Delete", request, _bytes(pkey), idempotent=False, timeout=timeout, what="delete"
+        )
         return int(response.deleted)
 
-    async def delete_range(self, pkey: Key, start: Key = b"", end: Key | None = None) -> int:
+    async def delete_range(
+        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+    ) -> int:
         """Atomically delete the keys of `pkey` in [start, end] (None = to the end); returns
         how many existed."""
+        check_timeout(timeout)
         span = _wire_span(start, end)
         if span is None:
             return 0
         request = kv_rpc_pb2.DeleteRangeRequest(key=span[0], range_end=span[1])
-        response = await self._call("Delete", request, _bytes(pkey), idempotent=False)
+        response = await self._call(
+            "Delete", request, _bytes(pkey), idempotent=False, timeout=timeout, what="delete_range"
+        )
         return int(response.deleted)
 
     async def increment(
-        self, pkey: Key, lkey: Key, amount: int = 1, *, get_total: bool = False
+        self,
+        pkey: Key,
+        lkey: Key,
+        amount: int = 1,
+        *,
+        get_total: bool = False,
+        timeout: float | None = None,
     ) -> int | None:
         """Add `amount` to a number key (created at `amount` if missing). Returns the new total
         if `get_total`. Raises `BadRequestError` on a bytes key. Never retried once sent."""
         request = kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=amount, get_total=get_total)
-        response = await self._call("Increment", request, _bytes(pkey), idempotent=False)
+        response = await self._call(
+            "Increment", request, _bytes(pkey), idempotent=False, timeout=timeout, what="increment"
+        )
         return int(response.total_amount) if get_total else None
 
     def txn(self, pkey: Key) -> AsyncTxn:
+        """A transaction on the keys of `pkey`: add compares and ops, then `await commit()`."""
         return AsyncTxn(self, pkey)
 
     def watch(
@@ -406,13 +500,16 @@ class AsyncTable:
         items: Sequence[tuple[Key, Key, Key | int]],
         *,
         mode: Literal["put", "increment"] = "put",
+        timeout: float | None = None,
     ) -> list[TableKeeperError | None]:
         """Write many independent keys in one request per server (TableKeeper's Batch RPC).
 
         `items` are (pkey, lkey, value) for puts or (pkey, lkey, amount) for increments.
         Returns one entry per item: None on success, else the error. Only what the server
-        reports as not applied is sent again.
+        reports as not applied is sent again. `timeout` bounds the whole call
+        (`WriteTimeoutError`: some items may have been applied).
         """
+        check_timeout(timeout)
         request = tablekeeper_pb2.BatchRequest()
         for pkey, lkey, value in items:
             op = request.ops.add()
@@ -430,7 +527,13 @@ class AsyncTable:
                     kv_rpc_pb2.IncrementRequest(key=_bytes(lkey), amount=value, header=header)
                 )
         out: list[TableKeeperError | None] = []
-        for result in await send_batch(self._context, request.ops, idempotent=False):
+        results = await within(
+            send_batch(self._context, request.ops, idempotent=False),
+            timeout,
+            what="batch_put",
+            write=True,
+        )
+        for result in results:
             inner = getattr(result, str(result.WhichOneof("result")))
             code = inner.header.code
             out.append(error_for_result(code, result.error, result.retryable) if code else None)

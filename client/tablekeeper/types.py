@@ -16,6 +16,8 @@ CompareOp = Literal["==", "!=", ">", "<"]
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:
+    """One key's value and metadata (version, create and mod revisions)."""
+
     pkey: bytes
     lkey: bytes
     value: bytes
@@ -29,10 +31,12 @@ class KeyValue:
 
     @property
     def is_number(self) -> bool:
+        """Whether the key is a number key (written by `increment`)."""
         return self.number is not None
 
     @staticmethod
     def from_proto(pkey: bytes, kv: kv_pb2.KeyValue) -> KeyValue:
+        """A `KeyValue` of `pkey` from the wire's KeyValue message."""
         return KeyValue(
             pkey=pkey,
             lkey=kv.key,
@@ -46,12 +50,16 @@ class KeyValue:
 
 @dataclass(frozen=True, slots=True)
 class NamespaceInfo:
+    """A namespace's name and id."""
+
     name: str
     namespace_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class TableInfo:
+    """A table's namespace, name, id, number of ranges and TTL."""
+
     namespace: str
     name: str
     table_id: int
@@ -82,6 +90,8 @@ class TableLayout:
 
 @dataclass(frozen=True, slots=True)
 class TxnResult:
+    """Whether a txn's compares held, and one result per applied op."""
+
     succeeded: bool
     """Whether every compare held (the `then` ops ran) or not (the `otherwise` ops ran)."""
     results: list[Any]
@@ -92,6 +102,8 @@ class TxnResult:
 
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
+    """One change seen by a watch: put or delete, its key, and its revision."""
+
     type: Literal["put", "delete"]
     pkey: bytes
     lkey: bytes

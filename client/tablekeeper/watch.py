@@ -188,6 +188,7 @@ class AsyncWatch:
         return self._buffer.pop(0)
 
     async def close(self) -> None:
+        """Stop watching (ends the stream)."""
         self._closed = True
         if self._call is not None:
             self._call.cancel()
@@ -214,9 +215,11 @@ class Watch:
 
     @property
     def revision(self) -> int:
+        """The range's revision when the watch (first) started (0 until started)."""
         return self._watch.revision
 
     def start(self) -> Watch:
+        """Start watching: the watch is created on the server when this returns."""
         self._runner.run(self._watch.start())
         return self
 
@@ -236,6 +239,7 @@ class Watch:
         return event
 
     def close(self) -> None:
+        """Stop watching (ends the stream)."""
         self._runner.run(self._watch.close())
 
     def __enter__(self) -> Watch:

@@ -93,11 +93,13 @@ def _errors(journals: list[JournalSummary]) -> list[str]:
 
 def _only_in_flight_errors(journals: list[JournalSummary], victims: int) -> None:
     """A killed server takes the writes it was carrying with it: their outcome is unknown, so
-    the SDK reports them (UnavailableError) instead of retrying them blindly. Nothing else may
-    fail: every other op was retried until it succeeded."""
+    the SDK reports them (OutcomeUnknownError, an UnavailableError) instead of retrying them
+    blindly. Nothing else may fail: every other op was retried until it succeeded."""
     errors = _errors(journals)
     for error in errors:
-        assert "UnavailableError" in error or "UNAVAILABLE" in error, error
+        assert any(
+            s in error for s in ("UnavailableError", "OutcomeUnknownError", "UNAVAILABLE")
+        ), error
     assert len(errors) <= victims * WORKERS * TASKS, errors
 
 

@@ -17,13 +17,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from tablekeeper.errors import BadVersionError, KeyExistsError, KeyNotFoundError
+from tablekeeper.errors import (
+    BadVersionError,
+    KeyExistsError,
+    KeyNotFoundError,
+    SessionExpiredError,
+)
 from tablekeeper.recipes.coordination import CoordinationService, Lock
 from tablekeeper.recipes.metadata_store import MetadataStore, split_path
 from tablekeeper.table import AsyncTable, Key, KeyValue
 
 
 class GroupMembership:
+    """Members of a group as ephemeral children of `group_path` in a `MetadataStore`."""
+
     def __init__(self, store: MetadataStore, group_path: str) -> None:
         if group_path != "/":
             split_path(group_path)
@@ -36,10 +43,12 @@ class GroupMembership:
         await self.store.create(f"{self.path}/{member_id}", metadata, ephemeral=True)
 
     async def leave(self, member_id: str) -> None:
+        """Leave the group (a no-op if not a member)."""
         with contextlib.suppress(KeyNotFoundError):
             await self.store.delete(f"{self.path}/{member_id}")
 
     async def members(self) -> list[str]:
+        """The member ids, sorted."""
         return await self.store.get_children(self.path)
 
     async def listen(self) -> AsyncIterator[list[str]]:
@@ -53,6 +62,8 @@ class GroupMembership:
 
 
 class LeaderElection:
+    """Leader election on the lock recipe: the lowest contender at `path` leads."""
+
     def __init__(self, store: MetadataStore, path: str) -> None:
         self.coordination = CoordinationService(store)
         self.store = store
@@ -65,8 +76,9 @@ class LeaderElection:
         return self.lock
 
     async def resign(self) -> None:
+        """Give up leadership (a no-op if not leading, or if it was lost already)."""
         if self.lock is not None:
-            with contextlib.suppress(KeyNotFoundError):
+            with contextlib.suppress(KeyNotFoundError, SessionExpiredError):
                 await self.coordination.release_lock(self.lock)
             self.lock = None
 
@@ -111,6 +123,7 @@ class DistributedCounter:
         self._lock = asyncio.Lock()
 
     async def add(self, amount: int = 1) -> None:
+        """Add `amount`; sent with other pending increments (see the class)."""
         self._pending += amount
         self._count += 1
         if self._count >= self.batch_size:
@@ -124,6 +137,7 @@ class DistributedCounter:
         await self.flush()
 
     async def flush(self) -> None:
+        """Send the pending increments now (one increment of their sum)."""
         async with self._lock:
             amount, self._pending, self._count = self._pending, 0, 0
             if amount:
@@ -135,6 +149,7 @@ class DistributedCounter:
         return (kv.number or 0) if kv is not None else 0
 
     async def close(self) -> None:
+        """Stop the flush timer and send what is pending."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -149,10 +164,12 @@ class SharedMap:
         self.name = name
 
     async def get(self, key: Key) -> bytes | None:
+        """The value at `key`, or None."""
         kv = await self.table.get(self.name, key)
         return kv.value if kv is not None else None
 
     async def put(self, key: Key, value: Key) -> None:
+        """Store `value` at `key`."""
         await self.table.put(self.name, key, value)
 
     async def put_if_absent(self, key: Key, value: Key) -> bytes | None:
@@ -195,5 +212,6 @@ class SharedMap:
                 continue
 
     async def scan(self) -> AsyncIterator[KeyValue]:
+        """The map's entries in key order."""
         async for kv in self.table.scan(self.name):
             yield kv

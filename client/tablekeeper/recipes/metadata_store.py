@@ -42,6 +42,8 @@ def _join(parent: str, name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Stat:
+    """A node's path, version and revisions (created, last modified)."""
+
     path: str
     version: int
     create_revision: int
@@ -50,6 +52,8 @@ class Stat:
 
 @dataclass(frozen=True, slots=True)
 class Notification:
+    """A change of a node or of its children (`MetadataStore.notifications`)."""
+
     type: Literal["created", "modified", "deleted", "children-changed"]
     path: str
     revision: int
@@ -77,6 +81,7 @@ class MetadataStore:
             listener(event, parent)
 
     async def get(self, path: str) -> tuple[bytes, Stat] | None:
+        """(value, Stat) of the node at `path`, or None if it does not exist."""
         parent, name = split_path(path)
         kv = await self.table.get(parent, name)
         if kv is None:
@@ -84,6 +89,7 @@ class MetadataStore:
         return kv.value, Stat(path, kv.version, kv.create_revision, kv.mod_revision)
 
     async def exists(self, path: str) -> bool:
+        """Whether the node at `path` exists."""
         return await self.get(path) is not None
 
     async def get_children(self, path: str) -> list[str]:
@@ -205,6 +211,7 @@ class MetadataStore:
         return MetadataCache(self, serialize, deserialize)
 
     async def close(self) -> None:
+        """Close the store's sessions (its ephemeral nodes are deleted)."""
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
@@ -234,6 +241,7 @@ class MetadataCache(Generic[T]):
         self._cached: dict[str, tuple[T, int]] = {}
 
     async def get(self, path: str) -> T | None:
+        """The value at `path` read from the store (refreshing the cache), or None."""
         got = await self.store.get(path)
         if got is None:
             self._cached.pop(path, None)
@@ -243,10 +251,12 @@ class MetadataCache(Generic[T]):
         return value
 
     async def create(self, path: str, value: T) -> None:
+        """Create the node with `value` (`KeyExistsError` if it exists)."""
         stat = await self.store.create(path, self._serialize(value))
         self._cached[path] = (value, stat.version)
 
     async def delete(self, path: str) -> None:
+        """Delete the node (`KeyNotFoundError` if it is missing)."""
         self._cached.pop(path, None)
         await self.store.delete(path)
 
