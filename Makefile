@@ -14,7 +14,7 @@ METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 
-.PHONY: etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build
+.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -52,6 +52,13 @@ proto: $(STAMP)  ## regenerate proto/gen from proto/*.proto
 
 proto-check: $(STAMP)  ## fail if proto/gen is stale
 	$(MAKE) -s proto && git diff --exit-code -- proto/gen
+
+DOCS_DIR := build/docs
+docs: $(STAMP)  ## the SDK's API reference (HTML, pdoc) into build/docs (git-ignored)
+	rm -rf $(DOCS_DIR)
+	$(VENV)/bin/pdoc --docformat markdown --no-show-source --output-directory $(DOCS_DIR) \
+		tablekeeper tablekeeper.errors tablekeeper.types tablekeeper.recipes tablekeeper.recipes.sync
+	@echo "API reference: $(DOCS_DIR)/index.html"
 
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check client server tests benchmarks

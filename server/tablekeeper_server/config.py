@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tablekeeper_server.logging_setup import LOG_FORMATS
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.security.config import (
     SecurityConfig,
@@ -55,6 +56,8 @@ class ServerConfig:
     wal_segment_bytes_max: int = 64 * 1024 * 1024
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
+    log_format: str = "text"
+    """`text` (readable lines) or `json` (one JSON object per line); see `logging_setup`."""
     log_backend: str = "local"
     """`local` (segment files in `wal_dir`) or `pulsar` (one Pulsar topic per range)."""
     checkpoint_store: str = "dir"
@@ -259,6 +262,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"{', '.join(LOG_LEVELS)} (default {d.log_level})",
     )
     parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=d.log_format,
+        help="text: readable lines; json: one JSON object per line (time, level, logger, "
+        f"message, worker) (default {d.log_format})",
+    )
+    parser.add_argument(
         "--log",
         choices=LOG_BACKENDS,
         default=d.log_backend,
@@ -383,6 +393,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
         security=security_config_from_args(args),
         log_level=args.log_level.upper(),
+        log_format=args.log_format,
         log_backend=args.log,
         checkpoint_store=args.checkpoint_store,
         pulsar_url=args.pulsar_url,

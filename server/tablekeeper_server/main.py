@@ -16,7 +16,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +37,13 @@ from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
-from tablekeeper_server.metrics import OpenFilesStats, RangeStats, ServerMetrics
+from tablekeeper_server.logging_setup import configure_logging
+from tablekeeper_server.metrics import LiveCounts, OpenFilesStats, RangeStats, ServerMetrics
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.proxy import RemoteCatalogClient
-from tablekeeper_server.rpc.server import GrpcServer
+from tablekeeper_server.rpc.server import SERVICE_NAMES, GrpcServer
 from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
@@ -219,6 +219,13 @@ async def serve(config: ServerConfig) -> None:
             for cid, c in list(registry.containers.items())  # scraped from another thread
         }
     )
+    metrics.register_process()
+    metrics.register_live_counts(
+        lambda: LiveCounts(
+            watches=sum(r.watch.watchers for r in registry.all_ranges()),
+            sessions=sum(len(r.sessions) for r in registry.all_ranges()),
+        )
+    )
     log.info(
         "starting: data dir %s, logs: %s, checkpoints in %s, %d containers%s",
         config.data_dir,
@@ -281,6 +288,7 @@ async def serve(config: ServerConfig) -> None:
     elif worker is not None:
         assert server.forwarder is not None
         registry.remote = RemoteCatalogClient(server.forwarder)
+    _enable_reflection(server)
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
@@ -352,6 +360,22 @@ async def serve(config: ServerConfig) -> None:
     if lock_fd is not None:
         os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+def _enable_reflection(server: GrpcServer) -> None:
+    """gRPC server reflection on the main port (`grpcurl -plaintext host:port list`)."""
+    from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE
+    from grpc_reflection.v1alpha import reflection
+
+    from tablekeeper_proto.v1 import admin_pb2
+
+    names = (
+        *SERVICE_NAMES,
+        admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+        HEALTH_SERVICE,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server._server)
 
 
 async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None:
@@ -478,12 +502,8 @@ def _run_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:
 
 def run(config: ServerConfig) -> int:
     worker = config.worker
-    logging.basicConfig(
-        level=getattr(logging, config.log_level, logging.INFO),
-        format="%(asctime)s %(levelname)s "
-        + (f"[worker {worker.index}] " if worker is not None else "")
-        + "%(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        config.log_level, config.log_format, worker.index if worker is not None else None
     )
     if config.workers > 1 and worker is None:
         lock_fd = _lock_data_dir(config.data_dir)

@@ -1,11 +1,26 @@
-"""Prometheus metrics of one server, registered in a registry passed in (no global state)."""
+"""Prometheus metrics of one server, registered in a registry passed in (no global state).
+
+Labels: per range (`range`, its log name) and per storage container, never per namespace or
+table name: a name would need a catalog lookup at every scrape (from the scrape thread), and the
+number of tables is up to the users, so neither is cheap or bounded. Counts of ranges are
+bounded by `--max-open-ranges`; containers by the cluster's fixed container count.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -85,6 +100,56 @@ class ServerMetrics:
     def register_open_files(self, stats: Callable[[], OpenFilesStats]) -> None:
         """`stats()` returns the open table ranges and file descriptors at scrape time."""
         self.registry.register(_OpenFilesCollector(stats))
+
+    def register_process(self, version: str | None = None) -> None:
+        """The process's CPU, memory, file descriptors and start time (`process_*`), the Python
+        platform (`python_info`), and `tablekeeper_build_info{version=...}`."""
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        Info("tablekeeper_build", "The server's build", registry=self.registry).info(
+            {"version": version or package_version(), "python": platform.python_version()}
+        )
+
+    def register_live_counts(self, stats: Callable[[], LiveCounts]) -> None:
+        """`stats()` returns the open watches and live sessions at scrape time."""
+        self.registry.register(_LiveCountsCollector(stats))
+
+
+def package_version() -> str:
+    """The installed tablekeeper package's version ("unknown" if it is not installed)."""
+    try:
+        return importlib.metadata.version("tablekeeper")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class LiveCounts:
+    """Watches and sessions on the ranges this server hosts now."""
+
+    watches: int
+    """Live watchers of this server's ranges (a watch forwarded to another server counts
+    there)."""
+    sessions: int
+    """Sessions alive on this server's ranges."""
+
+
+class _LiveCountsCollector(Collector):
+    def __init__(self, stats: Callable[[], LiveCounts]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = self._stats()
+        yield GaugeMetricFamily(
+            "tablekeeper_open_watches",
+            "Watches open on the ranges this server hosts",
+            value=counts.watches,
+        )
+        yield GaugeMetricFamily(
+            "tablekeeper_live_sessions",
+            "Sessions alive on the ranges this server hosts",
+            value=counts.sessions,
+        )
 
 
 @dataclass(frozen=True, slots=True)
