@@ -159,10 +159,15 @@ def _keep_alive(ctx: CommandContext, table: Table, pkey: bytes) -> int:
         """Send keep-alives every third of the TTL; None when `emit` says stop, else why the
         session is gone."""
         interval_s = [0.0]
+        answered = asyncio.Event()
 
         async def requests() -> AsyncIterator[session_pb2.KeepAliveRequest]:
+            # The next keep-alive only once the previous one was answered, then a third of the
+            # TTL later (a flood of writes racing the server's refusal ended the call INTERNAL).
             while True:
                 yield request
+                await answered.wait()
+                answered.clear()
                 await asyncio.sleep(interval_s[0])
 
         target = await client._routes.locate(table.info.table_id, pkey)
@@ -171,6 +176,7 @@ def _keep_alive(ctx: CommandContext, table: Table, pkey: bytes) -> int:
         try:
             async for response in stream:
                 interval_s[0] = response.ttl_ms / 3000
+                answered.set()
                 if not emit(response):
                     return None
         except grpc.aio.AioRpcError as error:
