@@ -259,7 +259,8 @@ def etcd(work: Path) -> Iterator[tuple[int, int]]:
         subprocess.run(stop, check=False, capture_output=True, env=env, cwd=REPO)
 
 
-def render(cells: list[Cell]) -> str:
+def cell_rows(cells: list[Cell]) -> list[str]:
+    """The cells as a Markdown table, one row each."""
     rows = [
         "| op | in flight | target | ops/s | p50 ms | p99 ms | server CPU µs/op | errors |",
         "|---|---:|---|---:|---:|---:|---:|---:|",
@@ -270,6 +271,11 @@ def render(cells: list[Cell]) -> str:
             f"| {c.op} | {c.concurrency} | {c.target} | {c.ops_per_s:,.0f} | {c.p50_ms:.2f} | "
             f"{c.p99_ms:.2f} | {cpu} | {c.errors} |"
         )
+    return rows
+
+
+def render(cells: list[Cell]) -> str:
+    rows = cell_rows(cells)
     rows += ["", "| op | in flight | TableKeeper / etcd ops/s |", "|---|---:|---:|"]
     by_key = {(c.target, c.op, c.concurrency): c for c in cells}
     for c in cells:

@@ -36,6 +36,7 @@ from benchmarks.native import (  # noqa: E402
     GHZ_DEFAULT,
     Cell,
     Target,
+    cell_rows,
     cpu_s,
     etcd,
     etcd_target,
@@ -233,16 +234,7 @@ def _line(cell: Cell) -> str:
 
 
 def _render(cells: list[Cell], counts: list[int]) -> str:
-    rows = [
-        "| op | in flight | server | ops/s | p50 ms | p99 ms | server CPU µs/op | errors |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for c in cells:
-        cpu = f"{c.cpu_us_per_op:.0f}" if c.cpu_us_per_op is not None else "-"
-        rows.append(
-            f"| {c.op} | {c.concurrency} | {c.target} | {c.ops_per_s:,.0f} | {c.p50_ms:.2f} | "
-            f"{c.p99_ms:.2f} | {cpu} | {c.errors} |"
-        )
+    rows = cell_rows(cells)
     by_key = {(c.target, c.op, c.concurrency): c for c in cells}
     most, one = f"tablekeeper x{counts[-1]}", f"tablekeeper x{counts[0]}"
     rows += [
