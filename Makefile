@@ -77,7 +77,7 @@ SEEDS ?= 2000
 simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
 	$(PY) -m tests.simulation --seeds $(SEEDS)
 
-test-integration: $(STAMP) pulsar-fetch  ## real server processes (and Pulsar), SDK and CLI end to end
+test-integration: $(STAMP) pulsar-fetch etcd-client  ## real server processes (and Pulsar), SDK and CLI end to end
 	$(PY) -m pytest -q tests/integration --ignore=tests/integration/test_spark.py
 	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
 	@# running, that fork is unsafe (gRPC skips its fork handlers), so Spark gets a process of its own.
