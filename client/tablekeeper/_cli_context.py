@@ -41,7 +41,7 @@ class CommandContext:
 
     def run(self, coroutine: Any) -> Any:
         """Run a coroutine on the client's event loop (for the async-only SDK parts)."""
-        return self.client._runner.run(coroutine)
+        return self.client.run_async(coroutine)
 
 
 __all__ = [

@@ -3,28 +3,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
-
-import grpc
 
 from tablekeeper._cli_context import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, CommandContext
 from tablekeeper._cli_output import line
-from tablekeeper._transport import call
 from tablekeeper.bulk import is_marker, scan_range, table_layout
-from tablekeeper.client import Table
+from tablekeeper.errors import SessionExpiredError
+from tablekeeper.session import AsyncSession
 from tablekeeper.table import KeyValue
-from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
-
-_KEY_NOT_FOUND = 6002
 
 
 def scan_table(ctx: CommandContext, limit: int | None) -> Iterator[KeyValue]:
     """Every key of the table, range after range (TableKeeper's ScanRange, as Spark reads)."""
     namespace, name = ctx.args.table
-    client = ctx.client._async
+    client = ctx.client.async_client
 
     async def pages() -> AsyncGenerator[list[KeyValue], None]:
         layout = await table_layout(client, namespace, name)
@@ -108,97 +102,46 @@ def session(ctx: CommandContext) -> int:
     table = ctx.table()
     pkey = ctx.key(args.pkey)
     if args.action == "create":
-        session = table.session(pkey, ttl_s=args.ttl).async_session
-        request = session_pb2.CreateSessionRequest(
-            stream_id=table.info.table_id, pkey=pkey, ttl_ms=round(args.ttl * 1000)
-        )
-        response = ctx.run(
-            call(
-                session._method("Create"),
-                request,
-                metadata=None,
-                idempotent=False,
-                policy=ctx.client._async.retry,
-                status_of=lambda r: r.header.code,
-            )
-        )
-        doc = {"id": response.session_id, "ttl_seconds": response.ttl_ms / 1000}
-        out.doc(doc, str(response.session_id))
+        # Created here, kept alive by whoever holds its id (`session keep-alive --id`).
+        created = table.session(pkey, ttl_s=args.ttl)
+        session_id = created.create()
+        doc = {"id": session_id, "ttl_seconds": created.async_session.ttl_s}
+        out.doc(doc, str(session_id))
         return EXIT_OK
+    found = table.session(pkey, ttl_s=1.0).async_session
+    found.id = args.id
     if args.action == "close":
-        session = table.session(pkey, ttl_s=1.0).async_session
-        close_request = session_pb2.CloseSessionRequest(
-            stream_id=table.info.table_id, pkey=pkey, session_id=args.id
-        )
-        response = ctx.run(
-            call(
-                session._method("Close"),
-                close_request,
-                metadata=None,
-                idempotent=True,
-                policy=ctx.client._async.retry,
-                status_of=lambda r: 0,
-            )
-        )
-        if response.header.code == _KEY_NOT_FOUND:
+        if not ctx.run(found.close()):
             print(f"session {args.id} not found (closed or expired)", file=sys.stderr)
             return EXIT_NOT_FOUND
         out.doc({"id": args.id, "closed": True}, f"closed session {args.id}")
         return EXIT_OK
-    return _keep_alive(ctx, table, pkey)
+    return _keep_alive(ctx, found)
 
 
-def _keep_alive(ctx: CommandContext, table: Table, pkey: bytes) -> int:
+def _keep_alive(ctx: CommandContext, found: AsyncSession) -> int:
     args, out = ctx.args, ctx.out
-    client = ctx.client._async
-    request = session_pb2.KeepAliveRequest(
-        stream_id=table.info.table_id, pkey=pkey, session_id=args.id
-    )
 
-    async def keep_alive(emit: Callable[[session_pb2.SessionResponse], bool]) -> str | None:
-        """Send keep-alives every third of the TTL; None when `emit` says stop, else why the
-        session is gone."""
-        interval_s = [0.0]
-        answered = asyncio.Event()
-
-        async def requests() -> AsyncIterator[session_pb2.KeepAliveRequest]:
-            # The next keep-alive only once the previous one was answered, then a third of the
-            # TTL later (a flood of writes racing the server's refusal ended the call INTERNAL).
-            while True:
-                yield request
-                await answered.wait()
-                answered.clear()
-                await asyncio.sleep(interval_s[0])
-
-        target = await client._routes.locate(table.info.table_id, pkey)
-        stub = client._stub("sessions", session_pb2_grpc.SessionsStub, target.endpoint)
-        stream = stub.KeepAlive(requests())
+    async def keep_alive() -> str | None:
+        """None when --count answers were printed, else why the session is gone."""
+        sent = 0
+        answers = found.keep_alive_answers()
         try:
-            async for response in stream:
-                interval_s[0] = response.ttl_ms / 3000
-                answered.set()
-                if not emit(response):
+            async for ttl_s in answers:
+                out.doc(
+                    {"id": args.id, "ttl_seconds": ttl_s},
+                    f"session {args.id} kept alive, ttl {ttl_s:g}s",
+                )
+                sent += 1
+                if args.count is not None and sent >= args.count:
                     return None
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                return error.details() or "expired"
-            raise
+        except SessionExpiredError as error:
+            return str(error)
         finally:
-            stream.cancel()
+            await answers.aclose()
         return "the server ended the keep-alive stream"
 
-    sent = [0]
-
-    def emit(response: session_pb2.SessionResponse) -> bool:
-        ttl_s = response.ttl_ms / 1000
-        out.doc(
-            {"id": args.id, "ttl_seconds": ttl_s},
-            f"session {args.id} kept alive, ttl {ttl_s:g}s",
-        )
-        sent[0] += 1
-        return args.count is None or sent[0] < args.count
-
-    gone = ctx.run(keep_alive(emit))
+    gone = ctx.run(keep_alive())
     if gone is not None:
         print(f"session {args.id} is gone: {gone}", file=sys.stderr)
         return EXIT_NOT_FOUND

@@ -9,9 +9,9 @@ the route cache, the coalescer and the retry policy.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
@@ -25,6 +25,8 @@ from tablekeeper.types import CompareOp, Key, KeyValue, NamespaceInfo, TableInfo
 from tablekeeper.watch import Watch
 from tablekeeper_proto.bookkeeper import storage_pb2, stream_pb2
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tablekeeper_pb2_grpc
+
+T = TypeVar("T")
 
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"
 
@@ -311,6 +313,11 @@ class Client:
     def async_client(self) -> AsyncClient:
         """The `AsyncClient` this client runs (on its own loop thread: call it only there)."""
         return self._async
+
+    def run_async(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` (one using `async_client` or the async objects it hands out) on this
+        client's loop thread and return its result: for the SDK's async-only parts."""
+        return self._runner.run(coroutine)
 
     def close(self) -> None:
         """Close the channels and stop the loop thread."""

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -27,7 +27,8 @@ import grpc
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
 from tablekeeper._routes import RoutedMethod
-from tablekeeper.errors import UnavailableError
+from tablekeeper.errors import SessionExpiredError, UnavailableError
+from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import session_pb2, session_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,14 @@ class AsyncSession:
         """Create the session on the server and start keeping it alive."""
         if self.id:
             return self
+        await self.create()
+        self._task = asyncio.create_task(self._keep_alive(), name=f"tk-session-{self.id}")
+        return self
+
+    async def create(self) -> int:
+        """Create the session on the server without keeping it alive here (it expires after
+        its TTL unless someone sends keep-alives for its id: see `keep_alive_answers`); returns
+        its id. `start()` is `create()` plus the background keep-alive."""
         request = session_pb2.CreateSessionRequest(
             stream_id=self.table_id,
             pkey=self.pkey,
@@ -76,8 +85,50 @@ class AsyncSession:
             status_of=lambda r: r.header.code,
         )
         self.id = int(response.session_id)
-        self._task = asyncio.create_task(self._keep_alive(), name=f"tk-session-{self.id}")
-        return self
+        if response.ttl_ms:
+            self.ttl_s = response.ttl_ms / 1000  # what the server granted
+        return self.id
+
+    async def keep_alive_answers(self) -> AsyncGenerator[float, None]:
+        """Keep the session `id` alive on one stream to its range's owner, yielding the TTL (s)
+        the server granted with each answer; the next keep-alive goes a third of that TTL after
+        the answer. Raises `SessionExpiredError` when the server no longer knows the session;
+        ends when the server ends the stream (it stops, or gave the range away). For a session
+        kept alive elsewhere (e.g. created by `create()` in another process and found by its
+        id); `start()` keeps alive on its own, reconnecting."""
+        if not self.id:
+            raise ValueError("the session has no id: create() it or set its id")
+        request = session_pb2.KeepAliveRequest(
+            stream_id=self.table_id, pkey=self.pkey, session_id=self.id
+        )
+        interval_s = self.ttl_s / 3
+        answered = asyncio.Event()
+
+        async def requests() -> AsyncIterator[session_pb2.KeepAliveRequest]:
+            # One keep-alive in flight at a time: the next only once the previous one was
+            # answered (a flood racing the server's refusal ends the stream INTERNAL).
+            while True:
+                yield request
+                await answered.wait()
+                answered.clear()
+                await asyncio.sleep(interval_s)
+
+        target = await self._context.routes.locate(self.table_id, self.pkey)
+        stub = self._context.stub("sessions", session_pb2_grpc.SessionsStub, target.endpoint)
+        stream = stub.KeepAlive(requests())
+        try:
+            async for response in stream:
+                interval_s = response.ttl_ms / 3000
+                answered.set()
+                yield response.ttl_ms / 1000
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise SessionExpiredError(
+                    f"session {self.id}: {error.details() or 'expired'}"
+                ) from error
+            raise
+        finally:
+            stream.cancel()
 
     async def _requests(self) -> AsyncIterator[session_pb2.KeepAliveRequest]:
         request = session_pb2.KeepAliveRequest(
@@ -119,25 +170,30 @@ class AsyncSession:
             except Exception:
                 log.exception("session expiry callback failed")
 
-    async def close(self) -> None:
-        """Stop keeping alive and close the session (its ephemeral keys are deleted)."""
+    async def close(self) -> bool:
+        """Stop keeping alive and close the session (its ephemeral keys are deleted). Returns
+        False when the server did not know the session (already closed or expired) or could not
+        be reached, else True."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        closed = False
         if self.id and not self.expired.is_set():
             request = session_pb2.CloseSessionRequest(
                 stream_id=self.table_id, pkey=self.pkey, session_id=self.id
             )
             with contextlib.suppress(UnavailableError):
-                await self._context.call(
+                response = await self._context.call(
                     self._method("Close"),
                     request,
-                    idempotent=True,  # closing twice is harmless (KEY_NOT_FOUND, ignored)
+                    idempotent=True,  # closing twice is harmless (KEY_NOT_FOUND, reported)
                     status_of=lambda r: 0,
                 )
+                closed = response.header.code != StatusCode.KEY_NOT_FOUND
             self.expired.set()
+        return closed
 
     async def __aenter__(self) -> AsyncSession:
         return await self.start()
@@ -173,9 +229,14 @@ class Session:
         self._runner.run(self.async_session.start())
         return self
 
-    def close(self) -> None:
-        """Stop keeping alive and close the session (its ephemeral keys are deleted)."""
-        self._runner.run(self.async_session.close())
+    def create(self) -> int:
+        """Create the session without keeping it alive here; see `AsyncSession.create`."""
+        return self._runner.run(self.async_session.create())
+
+    def close(self) -> bool:
+        """Stop keeping alive and close the session (its ephemeral keys are deleted); False
+        when the server did not know it. See `AsyncSession.close`."""
+        return self._runner.run(self.async_session.close())
 
     def __enter__(self) -> Session:
         return self.start()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tablekeeper import AsyncClient, Client, IllegalOpError
+from tablekeeper import AsyncClient, Client, IllegalOpError, SessionExpiredError
 from tests.support.server import REPO, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -120,3 +120,36 @@ async def test_closing_keep_alive_streams_logs_no_error(server: ServerProcess) -
     assert server.stop() == 0
     log = server.log_path.read_text(errors="replace")
     assert "never retrieved" not in log and " ERROR " not in log, server.log_tail()
+
+
+async def test_a_session_created_in_one_client_is_kept_alive_and_closed_by_another(
+    server: ServerProcess,
+) -> None:
+    """`create()` makes a session no keep-alive task holds; another client that knows its id
+    keeps it alive (`keep_alive_answers`) and closes it; `close()` says whether the server
+    knew the session, and keep-alives for a closed one raise `SessionExpiredError`."""
+    ns = _namespace(server.service)
+    async with AsyncClient(server.service) as creator, AsyncClient(server.service) as other:
+        mine, theirs = await creator.table(ns, "t"), await other.table(ns, "t")
+        created = mine.session("members", ttl_s=30)
+        session_id = await created.create()
+        assert session_id > 0 and created.ttl_s == 30
+        await mine.put("members", "m1", "alive", session=created)
+
+        found = theirs.session("members", ttl_s=1)
+        found.id = session_id
+        answers = found.keep_alive_answers()
+        granted = await anext(answers)  # the next would come a third of the TTL later
+        await answers.aclose()
+        assert granted == 30.0
+
+        assert await found.close() is True
+        assert await theirs.get("members", "m1") is None
+        again = theirs.session("members", ttl_s=1)
+        again.id = session_id
+        assert await again.close() is False
+        gone = theirs.session("members", ttl_s=1)
+        gone.id = session_id
+        with pytest.raises(SessionExpiredError):
+            async for _ in gone.keep_alive_answers():
+                pass
