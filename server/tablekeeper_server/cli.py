@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from tablekeeper_server.config import add_server_arguments, config_from_args
+from tablekeeper_server.config import (
+    HELP_EPILOG,
+    add_server_arguments,
+    config_from_settings,
+    printed_config,
+    resolve_settings,
+)
+from tablekeeper_server.workers import WorkerSlot
 
 if TYPE_CHECKING:
     from tablekeeper_server.cluster.zookeeper import ZkCoordinator
@@ -36,8 +44,11 @@ def register_server(commands: Any) -> None:
     server = commands.add_parser(
         "server",
         help="run a server in the foreground (standalone, or a member of a cluster with --zk)",
-        description="Run a TableKeeper server in the foreground. Ctrl-C or SIGTERM drains "
-        "in-flight requests, closes every range and exits 0.",
+        description="Run a TableKeeper server in the foreground. Ctrl-C or SIGTERM drains\n"
+        "in-flight requests, closes every range and exits 0. Settings come from flags, the\n"
+        "environment and a configuration file (see the end).",
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_server_arguments(server)
 
@@ -45,9 +56,14 @@ def register_server(commands: Any) -> None:
         from tablekeeper_server.main import run as run_server
 
         try:
-            config = config_from_args(args)
-        except ValueError as exc:
-            server.error(str(exc))
+            resolved = resolve_settings(args, os.environ)
+            config = config_from_settings(resolved, WorkerSlot.from_env(os.environ))
+        except ValueError as exc:  # one line naming the setting's source, no usage dump
+            print(f"tablekeeper server: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if args.print_config:
+            sys.stdout.write(printed_config(config, resolved))
+            return EXIT_OK
         return run_server(config)
 
     server.set_defaults(run=run)

@@ -1,17 +1,37 @@
-"""Server configuration: every setting, its default and its check, in one place."""
+"""Server configuration: every setting, its default and its check, in one place.
+
+Each setting is a flag of `tablekeeper server`, a key of its configuration file (`--config FILE`
+or `TABLEKEEPER_SERVER_CONFIG`, TOML; the limits under `[limits]`, the security settings under
+`[security]`) and an environment variable (`TABLEKEEPER_SERVER_` + the flag's name in capitals).
+A flag beats the environment, which beats the file, which beats the default; see
+`tablekeeper_server.settings`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tablekeeper_server.logging_setup import LOG_FORMATS
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.security.config import (
-    SecurityConfig,
-    add_security_arguments,
-    security_config_from_args,
+from tablekeeper_server.security.config import SECURITY_SETTINGS, SecurityConfig
+from tablekeeper_server.settings import (
+    DURATION,
+    INT,
+    PATH,
+    SIZE,
+    STRING,
+    Resolved,
+    Setting,
+    SettingError,
+    SettingGroup,
+    SettingsSpec,
+    add_flags,
+    choice,
 )
 from tablekeeper_server.workers import WorkerSlot, resolve_workers
 
@@ -43,14 +63,17 @@ class ServerConfig:
     """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
     containers: int = 8
     workers: int = 1
+    """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
     event_loop: str = "uvloop"
     """`uvloop` (if installed; else asyncio's, with a warning) or `asyncio`."""
-    """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
     recently used idle ones are closed to open more. Root and meta ranges are not counted."""
+    metrics_max_tables: int = 1000
+    """Distinct (namespace, table) label pairs on /metrics; the ranges of further tables are
+    counted under `<other>` (`tablekeeper_server.metrics.TableLabels`)."""
     limits: Limits = field(default_factory=Limits)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
@@ -108,13 +131,17 @@ class ServerConfig:
             raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
+        if self.metrics_max_tables < 0:
+            raise ValueError("--metrics-max-tables must be >= 0 (0 = no table labels)")
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1 (0 = one per core)")
         if self.workers > 1:
             self._validate_workers()
-        self.limits.check()
+        for setting in LIMIT_SETTINGS:
+            if getattr(self.limits, setting.field.partition(".")[2]) < 1:
+                raise ValueError(f"{setting.flag} must be at least 1")
         self.security.validate()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
@@ -173,236 +200,318 @@ class ServerConfig:
         return tenant, namespace
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    d = ServerConfig()
-    parser.add_argument(
-        "--data-dir", type=Path, default=d.data_dir, help="RocksDB state (default ./data)"
-    )
-    parser.add_argument(
-        "--wal-dir", type=Path, default=None, help="range logs (default DATA_DIR/wal)"
-    )
-    parser.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        default=None,
-        help="checkpoint store directory, local or shared (default DATA_DIR/checkpoints)",
-    )
-    parser.add_argument(
-        "--checkpoint-interval",
-        type=float,
-        default=d.checkpoint_interval_s,
-        help="seconds between checkpoints of each changed range, 0 = on demand only (default 300)",
-    )
-    parser.add_argument(
-        "--wal-segment-bytes",
-        type=int,
-        default=d.wal_segment_bytes_max,
-        help="WAL segment size; truncation deletes whole segments (default 64 MiB)",
-    )
-    parser.add_argument(
-        "--checkpoints-kept",
-        type=int,
-        default=d.checkpoints_kept,
-        help="checkpoints kept per range (default 2)",
-    )
-    parser.add_argument("--host", default=d.bind_host, help="address to bind (default 127.0.0.1)")
-    parser.add_argument(
-        "--advertise-host", default=None, help="host clients should use (default: --host)"
-    )
-    parser.add_argument("--port", type=int, default=d.port, help="gRPC port (default 4181)")
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=d.metrics_port,
-        help="Prometheus port, 0 = off (default 9181)",
-    )
-    parser.add_argument(
-        "--etcd-port",
-        type=int,
-        default=d.etcd_port,
-        help="serve the etcd v3 API on this port, 0 = off (default 0)",
-    )
-    parser.add_argument(
-        "--oxia-port",
-        type=int,
-        default=d.oxia_port,
-        help="serve Oxia's client protocol on this port, 0 = off (default 0)",
-    )
-    parser.add_argument(
-        "--containers", type=int, default=d.containers, help="storage containers (default 8)"
-    )
-    parser.add_argument(
-        "--event-loop",
-        choices=EVENT_LOOPS,
-        default=d.event_loop,
-        help="the event loop: uvloop (default; asyncio's if uvloop is not installed) or asyncio",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=d.workers,
-        help="server processes sharing the containers, each with its own port and core; "
-        "0 = one per core (default 1; the etcd and Oxia ports need 1)",
-    )
-    parser.add_argument(
-        "--max-open-ranges",
-        type=int,
-        default=d.max_open_ranges,
-        help="table ranges open at once (~8 file descriptors each); the least recently used "
-        f"idle ones are closed to open more, and reopen on their next request "
-        f"(default {d.max_open_ranges})",
-    )
-    _add_limit_arguments(parser, d.limits)
-    add_security_arguments(parser)
-    parser.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        default=d.log_level,
-        help=f"{', '.join(LOG_LEVELS)} (default {d.log_level})",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=d.log_format,
-        help="text: readable lines; json: one JSON object per line (time, level, logger, "
-        f"message, worker) (default {d.log_format})",
-    )
-    parser.add_argument(
-        "--log",
-        choices=LOG_BACKENDS,
-        default=d.log_backend,
-        help="range write-ahead logs: local segment files (default) or Pulsar topics",
-    )
-    parser.add_argument(
-        "--checkpoint-store",
-        choices=CHECKPOINT_STORES,
-        default=d.checkpoint_store,
-        help="checkpoints: a directory (--checkpoint-dir, default) or Pulsar topics",
-    )
-    parser.add_argument(
-        "--pulsar-url",
-        default=d.pulsar_url,
-        help=f"Pulsar service URL for --log/--checkpoint-store pulsar (default {d.pulsar_url})",
-    )
-    parser.add_argument(
-        "--pulsar-admin-url",
-        default=d.pulsar_admin_url,
-        help=f"Pulsar admin (HTTP) URL (default {d.pulsar_admin_url})",
-    )
-    parser.add_argument(
-        "--pulsar-namespace",
-        default=d.pulsar_namespace,
-        help="TENANT/NAMESPACE of the range logs; checkpoints use NAMESPACE-checkpoints "
-        f"(default {d.pulsar_namespace})",
-    )
-    parser.add_argument(
-        "--pulsar-timeout",
-        type=float,
-        default=d.pulsar_timeout_s,
-        help="seconds a Pulsar operation or append may take before failing (default 30)",
-    )
-    parser.add_argument(
-        "--zk",
-        default=None,
+ENV_PREFIX = "TABLEKEEPER_SERVER_"
+"""Each setting's environment variable: this plus the flag's name in capitals (`-` as `_`)."""
+CONFIG_ENV_VAR = "TABLEKEEPER_SERVER_CONFIG"
+"""Names the configuration file when `--config` is not given."""
+
+_D = ServerConfig()
+_L = Limits()
+
+
+def _s(key: str, kind: Any, field: str, text: str, **more: Any) -> Setting:
+    """A setting whose default is `ServerConfig`'s (or `Limits`') value of `field`."""
+    owner: Any = _L if field.startswith("limits.") else _D
+    default = getattr(owner, field.rpartition(".")[2])
+    return Setting(key, kind, default, text, field, **more)
+
+
+STORAGE_SETTINGS = (
+    _s("data-dir", PATH, "data_dir", "RocksDB state", default_text="./data"),
+    _s("wal-dir", PATH, "wal_dir", "range logs", default_text="DATA_DIR/wal"),
+    _s(
+        "checkpoint-dir",
+        PATH,
+        "checkpoint_dir",
+        "checkpoint store directory, local or shared",
+        default_text="DATA_DIR/checkpoints",
+    ),
+    _s(
+        "checkpoint-interval",
+        DURATION,
+        "checkpoint_interval_s",
+        "time between checkpoints of each changed range (seconds, or 90s, 5m, 1h), 0 = on "
+        "demand only",
+    ),
+    _s("checkpoints-kept", INT, "checkpoints_kept", "checkpoints kept per range"),
+    _s(
+        "wal-segment-bytes",
+        SIZE,
+        "wal_segment_bytes_max",
+        "WAL segment size (bytes, or 512KiB, 64MiB); truncation deletes whole segments",
+    ),
+    _s(
+        "log",
+        choice(*LOG_BACKENDS),
+        "log_backend",
+        "range write-ahead logs: local segment files or Pulsar topics",
+    ),
+    _s(
+        "checkpoint-store",
+        choice(*CHECKPOINT_STORES),
+        "checkpoint_store",
+        "checkpoints: a directory (--checkpoint-dir) or Pulsar topics",
+    ),
+    _s(
+        "pulsar-url",
+        STRING,
+        "pulsar_url",
+        "Pulsar service URL for --log/--checkpoint-store pulsar",
+    ),
+    _s("pulsar-admin-url", STRING, "pulsar_admin_url", "Pulsar admin (HTTP) URL"),
+    _s(
+        "pulsar-namespace",
+        STRING,
+        "pulsar_namespace",
+        "TENANT/NAMESPACE of the range logs; checkpoints use NAMESPACE-checkpoints",
+    ),
+    _s(
+        "pulsar-timeout",
+        DURATION,
+        "pulsar_timeout_s",
+        "time a Pulsar operation or append may take before failing",
+    ),
+)
+NETWORK_SETTINGS = (
+    _s("host", STRING, "bind_host", "address to bind"),
+    _s(
+        "advertise-host",
+        STRING,
+        "advertised_host",
+        "host clients should use",
+        default_text="the --host value",
+    ),
+    _s("port", INT, "port", "gRPC port"),
+    _s("metrics-port", INT, "metrics_port", "Prometheus port, 0 = off"),
+    _s(
+        "metrics-max-tables",
+        INT,
+        "metrics_max_tables",
+        "distinct namespace/table label pairs on /metrics; the ranges of further tables are "
+        "counted under namespace and table <other> (0: every table)",
+    ),
+    _s("etcd-port", INT, "etcd_port", "serve the etcd v3 API on this port, 0 = off"),
+    _s("oxia-port", INT, "oxia_port", "serve Oxia's client protocol on this port, 0 = off"),
+)
+PROCESS_SETTINGS = (
+    _s("containers", INT, "containers", "storage containers"),
+    _s(
+        "workers",
+        INT,
+        "workers",
+        "server processes sharing the containers, each with its own port and core, 0 = one "
+        "per core; the etcd and Oxia ports need 1",
+    ),
+    _s(
+        "event-loop",
+        choice(*EVENT_LOOPS),
+        "event_loop",
+        "the event loop: uvloop (asyncio's if uvloop is not installed) or asyncio",
+    ),
+    _s(
+        "max-open-ranges",
+        INT,
+        "max_open_ranges",
+        "table ranges open at once (~8 file descriptors each); the least recently used idle "
+        "ones are closed to open more, and reopen on their next request",
+    ),
+    _s(
+        "log-level",
+        choice(*LOG_LEVELS, normalize=str.upper),
+        "log_level",
+        "the least severe level logged",
+    ),
+    _s(
+        "log-format",
+        choice(*LOG_FORMATS),
+        "log_format",
+        "text: readable lines; json: one JSON object per line (time, level, logger, message, "
+        "worker)",
+    ),
+)
+CLUSTER_SETTINGS = (
+    _s(
+        "zk",
+        STRING,
+        "zk_hosts",
+        "ZooKeeper connect string: join a cluster (cluster mode; needs --log pulsar and a shared "
+        "checkpoint store; the number of containers comes from `cluster init`)",
         metavar="HOST:PORT[,...]",
-        help="ZooKeeper connect string: join a cluster (cluster mode; needs --log pulsar and "
-        "a shared checkpoint store; the number of containers comes from `cluster init`)",
+        default_text="standalone",
+    ),
+    _s("cluster", STRING, "cluster", "cluster name in ZooKeeper"),
+    _s(
+        "zk-session-timeout",
+        DURATION,
+        "zk_session_timeout_s",
+        "time without contact before ZooKeeper declares this server dead and its containers move",
+    ),
+)
+LIMIT_SETTINGS = tuple(
+    _s(key, kind, f"limits.{name}", text, section="limits")
+    for key, kind, name, text in (
+        ("max-key-bytes", SIZE, "key_bytes_max", "largest key"),
+        ("max-value-bytes", SIZE, "value_bytes_max", "largest value"),
+        ("max-txn-ops", INT, "txn_ops_max", "compares plus ops of one txn"),
+        ("max-batch-ops", INT, "batch_ops_max", "ops of one Batch RPC"),
+        (
+            "max-response-bytes",
+            SIZE,
+            "response_bytes_max",
+            "keys and values one response may carry (scans page below it)",
+        ),
+        (
+            "max-history-bytes",
+            SIZE,
+            "history_bytes_max",
+            "change events one range keeps in memory for watches",
+        ),
+        (
+            "max-history-bytes-total",
+            SIZE,
+            "history_bytes_total_max",
+            "change events kept in memory by all ranges of this server",
+        ),
+        (
+            "max-watcher-queue-bytes",
+            SIZE,
+            "watcher_queue_bytes_max",
+            "undelivered events one watcher may queue before it is cancelled as too slow",
+        ),
+        ("max-table-ranges", INT, "table_ranges_max", "ranges of one table"),
     )
-    parser.add_argument(
-        "--cluster", default=d.cluster, help=f"cluster name in ZooKeeper (default {d.cluster})"
-    )
-    parser.add_argument(
-        "--zk-session-timeout",
-        type=float,
-        default=d.zk_session_timeout_s,
-        help="seconds without contact before ZooKeeper declares this server dead and its "
-        f"containers move (default {d.zk_session_timeout_s:g})",
-    )
-
-
-_LIMIT_FLAGS = (
-    # (flag, Limits field, help)
-    ("--max-key-bytes", "key_bytes_max", "largest key"),
-    ("--max-value-bytes", "value_bytes_max", "largest value"),
-    ("--max-txn-ops", "txn_ops_max", "compares plus ops of one txn"),
-    ("--max-batch-ops", "batch_ops_max", "ops of one Batch RPC"),
-    (
-        "--max-response-bytes",
-        "response_bytes_max",
-        "keys and values one response may carry (scans page below it)",
-    ),
-    (
-        "--max-history-bytes",
-        "history_bytes_max",
-        "change events one range keeps in memory for watches",
-    ),
-    (
-        "--max-history-bytes-total",
-        "history_bytes_total_max",
-        "change events kept in memory by all ranges of this server",
-    ),
-    (
-        "--max-watcher-queue-bytes",
-        "watcher_queue_bytes_max",
-        "undelivered events one watcher may queue before it is cancelled as too slow",
-    ),
-    ("--max-table-ranges", "table_ranges_max", "ranges of one table"),
 )
 
+SERVER_SETTINGS = SettingsSpec(
+    groups=(
+        SettingGroup("storage: data, logs and checkpoints", STORAGE_SETTINGS),
+        SettingGroup("network", NETWORK_SETTINGS),
+        SettingGroup("processes and logging", PROCESS_SETTINGS),
+        SettingGroup("cluster mode", CLUSTER_SETTINGS),
+        SettingGroup(
+            "limits, [limits] in a --config file (a request over one is refused, nothing "
+            "applied; sizes in bytes or 64KiB, 4MiB, 1GiB)",
+            LIMIT_SETTINGS,
+            section="limits",
+        ),
+        SettingGroup(
+            "security, [security] in a --config file (TLS and authentication; off by default)",
+            tuple(
+                dataclasses.replace(s, field=f"security.{s.field}", section="security")
+                for s in SECURITY_SETTINGS
+            ),
+            section="security",
+        ),
+    ),
+    env_prefix=ENV_PREFIX,
+    config_env_var=CONFIG_ENV_VAR,
+)
 
-def _human(value: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= size and value % size == 0:
-            return f"{value // size} {unit}"
-    return str(value)
+HELP_EPILOG = f"""\
+Every flag can also be set in a configuration file or the environment. A flag given on the
+command line wins over the environment, which wins over the file, which wins over the default.
+
+  file:  --config FILE, or {CONFIG_ENV_VAR}=FILE. TOML; each key is a flag's name
+         without "--"; the limits go under [limits], the security flags under [security]:
+             data-dir = "/var/lib/tablekeeper"
+             checkpoint-interval = "5m"
+             superuser-roles = ["admin"]
+             [limits]
+             max-value-bytes = "8MiB"
+         Unknown keys are errors. Relative paths are relative to the working directory.
+  env:   {ENV_PREFIX}<FLAG>, the flag's name in capitals with "-" as "_":
+             {ENV_PREFIX}DATA_DIR=/var/lib/tablekeeper
+             {ENV_PREFIX}CHECKPOINT_INTERVAL=5m  {ENV_PREFIX}METRICS_TLS=true
+         An empty variable counts as unset; unknown {ENV_PREFIX}* variables are errors.
+  --print-config prints the effective configuration as such a file, each value's source in a
+  comment, and exits.
+
+Durations are seconds or take a unit (250ms, 90s, 5m, 1h); sizes are bytes or take one
+(512KiB, 64MiB, 1GiB; KB, MB, GB are powers of 1000). Switches take --no-X to turn them off.
+"""
 
 
-def _add_limit_arguments(parser: argparse.ArgumentParser, limits: Limits) -> None:
-    group = parser.add_argument_group("limits (a request over one is refused, nothing applied)")
-    for flag, name, text in _LIMIT_FLAGS:
-        default = getattr(limits, name)
-        group.add_argument(
-            flag,
-            type=int,
-            default=default,
-            dest=name,
-            help=f"{text} (default {_human(default) if name.endswith('bytes_max') else default})",
-        )
-
-
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    config = ServerConfig(
-        data_dir=args.data_dir,
-        wal_dir=args.wal_dir,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_interval_s=args.checkpoint_interval,
-        checkpoints_kept=args.checkpoints_kept,
-        wal_segment_bytes_max=args.wal_segment_bytes,
-        bind_host=args.host,
-        advertised_host=args.advertise_host or args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        etcd_port=args.etcd_port,
-        oxia_port=args.oxia_port,
-        containers=args.containers,
-        workers=resolve_workers(args.workers),
-        event_loop=args.event_loop,
-        worker=WorkerSlot.from_env(),
-        max_open_ranges=args.max_open_ranges,
-        limits=Limits(**{name: getattr(args, name) for _, name, _ in _LIMIT_FLAGS}),
-        security=security_config_from_args(args),
-        log_level=args.log_level.upper(),
-        log_format=args.log_format,
-        log_backend=args.log,
-        checkpoint_store=args.checkpoint_store,
-        pulsar_url=args.pulsar_url,
-        pulsar_admin_url=args.pulsar_admin_url,
-        pulsar_namespace=args.pulsar_namespace,
-        pulsar_timeout_s=args.pulsar_timeout,
-        zk_hosts=args.zk,
-        cluster=args.cluster,
-        zk_session_timeout_s=args.zk_session_timeout,
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config`, `--print-config` and a flag per setting (`SERVER_SETTINGS`)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        dest="config_file",
+        help=f"read settings from this TOML file (env {CONFIG_ENV_VAR}); see below",
     )
-    config.validate()
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration (a file for --config) and exit",
+    )
+    add_flags(parser, SERVER_SETTINGS.groups)
+
+
+def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Resolved:
+    """Every setting's value and source: the flags in `args` over `environ` over the
+    configuration file over the defaults. Raises `SettingError`."""
+    return SERVER_SETTINGS.resolve(
+        SERVER_SETTINGS.given_on_command_line(args),
+        environ,
+        getattr(args, "config_file", None),
+    )
+
+
+def config_from_settings(resolved: Resolved, worker: WorkerSlot | None = None) -> ServerConfig:
+    """The validated configuration; a `ValueError` names the source of each setting involved
+    (`--containers must be at least 1 (--containers from tk.toml: containers)`)."""
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {"limits": {}, "security": {}}
+    for setting in SERVER_SETTINGS.settings:
+        value = resolved.values[setting.key]
+        owner, _, name = setting.field.rpartition(".")
+        (nested[owner] if owner else top)[name] = value
+    top["advertised_host"] = top["advertised_host"] or top["bind_host"]
+    try:
+        if top["workers"] < 0:
+            raise ValueError("--workers must be at least 1 (0 = one per core)")
+        top["workers"] = resolve_workers(top["workers"])
+        config = ServerConfig(
+            **top,
+            worker=worker,
+            limits=Limits(**nested["limits"]),
+            security=SecurityConfig(**nested["security"]),
+        )
+        config.validate()
+    except ValueError as exc:
+        raise SettingError(resolved.explain(str(exc))) from None
     return config
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
+    """The configuration the flags in `args`, `environ` and the configuration file give
+    (raises `ValueError`, a `SettingError`)."""
+    return config_from_settings(resolve_settings(args, environ), WorkerSlot.from_env(environ))
+
+
+def effective_values(config: ServerConfig) -> dict[str, Any]:
+    """Each setting's value in `config`, by key (what `config_from_settings` made of them)."""
+    values = {}
+    for setting in SERVER_SETTINGS.settings:
+        value: Any = config
+        for name in setting.field.split("."):
+            value = getattr(value, name)
+        values[setting.key] = value
+    return values
+
+
+def printed_config(config: ServerConfig, resolved: Resolved) -> str:
+    """`--print-config`: `config` as a TOML file, each value's source in a comment."""
+    return SERVER_SETTINGS.to_toml(effective_values(config), resolved.sources)
+
+
+def worker_command(
+    config: ServerConfig, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The flags and environment a worker of `--workers` runs with: exactly the supervisor's
+    configuration, as flags, and its environment without the settings' variables (and so
+    without the configuration file, which could have changed since the supervisor read it)."""
+    flags = SERVER_SETTINGS.to_argv(effective_values(config))
+    env = {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
+    return flags, env

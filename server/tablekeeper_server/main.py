@@ -28,7 +28,7 @@ from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.member import ClusterMember
 from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
-from tablekeeper_server.config import ServerConfig
+from tablekeeper_server.config import ServerConfig, worker_command
 from tablekeeper_server.container.container import ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
@@ -507,13 +507,15 @@ def run(config: ServerConfig) -> int:
     )
     if config.workers > 1 and worker is None:
         lock_fd = _lock_data_dir(config.data_dir)
+        server_args, worker_env = worker_command(config, os.environ)
         try:
             return supervise(
                 workers=config.workers,
                 bind_host=config.bind_host,
                 advertised_host=config.advertised_host,
                 port=config.port,
-                argv=worker_argv(),
+                argv=worker_argv(server_args),
+                env=worker_env,
             )
         finally:
             os.close(lock_fd)

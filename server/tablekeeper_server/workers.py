@@ -15,6 +15,11 @@ directory's lock, picks a port for each worker, starts them and watches them:
   containers from their logs; SIGTERM/SIGINT stop every worker gracefully; SIGHUP is passed on
   (TLS certificates are re-read).
 
+Every worker runs with the supervisor's configuration, passed as flags (`config.worker_command`):
+settings from a configuration file or `TABLEKEEPER_SERVER_*` variables reach the workers as
+they reached the supervisor, and a file edited while the server runs changes no worker that
+restarts (each worker's command line shows the whole configuration it runs with).
+
 The workers own disjoint containers, hence disjoint range logs, stores and checkpoints in the
 shared data directory; nothing is shared between the processes but that directory.
 Not in worker mode: cluster mode (`--zk`), and the etcd and Oxia ports (their keyspaces are
@@ -33,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 
@@ -77,8 +83,8 @@ class WorkerSlot:
         return json.dumps({"index": self.index, "endpoints": list(self.endpoints)})
 
     @classmethod
-    def from_env(cls) -> WorkerSlot | None:
-        raw = os.environ.get(ENV_VAR)
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSlot | None:
+        raw = (os.environ if environ is None else environ).get(ENV_VAR)
         if not raw:
             return None
         doc = json.loads(raw)
@@ -108,15 +114,16 @@ def _free_port(host: str) -> int:
 
 
 class _Worker:
-    def __init__(self, slot: WorkerSlot, argv: list[str]) -> None:
+    def __init__(self, slot: WorkerSlot, argv: list[str], env: Mapping[str, str]) -> None:
         self.slot = slot
         self._argv = argv
+        self._env = env
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.quick_deaths = 0
 
     def start(self) -> None:
-        env = dict(os.environ, **{ENV_VAR: self.slot.to_env()})
+        env = dict(self._env, **{ENV_VAR: self.slot.to_env()})
         self.process = subprocess.Popen(self._argv, env=env, preexec_fn=_end_with_parent)
         self.started_at = time.monotonic()
         log.info(
@@ -133,13 +140,21 @@ class _Worker:
 
 
 def supervise(
-    *, workers: int, bind_host: str, advertised_host: str, port: int, argv: list[str]
+    *,
+    workers: int,
+    bind_host: str,
+    advertised_host: str,
+    port: int,
+    argv: list[str],
+    env: Mapping[str, str],
 ) -> int:
-    """Run `workers` worker processes (each `argv`, told its slot in the environment) until
-    SIGTERM/SIGINT; return the exit status. The caller holds the data directory's lock."""
+    """Run `workers` worker processes (each `argv` in environment `env`, told its slot in
+    `ENV_VAR`) until SIGTERM/SIGINT; return the exit status. The caller holds the data
+    directory's lock. Every (re)start of a worker uses the same `argv` and `env`: a worker
+    started again runs with the configuration the supervisor started with."""
     ports = [port] + [_free_port(bind_host) for _ in range(workers - 1)]
     endpoints = tuple(f"{advertised_host}:{p}" for p in ports)
-    children = [_Worker(WorkerSlot(i, endpoints), argv) for i in range(workers)]
+    children = [_Worker(WorkerSlot(i, endpoints), argv, env) for i in range(workers)]
     stopping: list[int] = []
 
     def on_stop(signum: int, _: FrameType | None) -> None:
@@ -216,6 +231,7 @@ def _after_death(child: _Worker, code: int) -> int:
     return 0
 
 
-def worker_argv() -> list[str]:
-    """The command line that started this process, to start each worker with."""
-    return [sys.executable, *sys.argv]
+def worker_argv(server_args: list[str]) -> list[str]:
+    """The command line of a worker: this process's program (the `tablekeeper` script) with
+    `server` and `server_args` (the supervisor's whole configuration, as flags)."""
+    return [sys.executable, sys.argv[0], "server", *server_args]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
 from tablekeeper_server.security.auth import Authenticator
 from tablekeeper_server.security.tls import ServerTls, TlsFiles
 from tablekeeper_server.security.tokens import SERVER_ROLE, TokenVerifier
+from tablekeeper_server.settings import BOOL, LIST, PATH, STRING, Setting
 
 
 @dataclass(frozen=True)
@@ -76,56 +76,56 @@ class SecurityConfig:
         )
 
 
-def add_security_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("security (TLS and authentication; off by default)")
-    group.add_argument("--tls-cert", type=Path, help="PEM certificate chain: serve TLS")
-    group.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
-    group.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        help="PEM CA: require client certificates it signed (mTLS); a certificate's common "
-        "name is the caller's role",
-    )
-    group.add_argument(
-        "--tls-ca",
-        type=Path,
-        help="PEM CA trusted when this server calls other servers (default --tls-client-ca)",
-    )
-    group.add_argument(
-        "--metrics-tls", action="store_true", help="serve /metrics over TLS too (same cert)"
-    )
-    group.add_argument(
-        "--auth-secret-key",
-        type=Path,
-        help="file with the HMAC secret (>= 32 bytes) that verifies HS256 bearer tokens",
-    )
-    group.add_argument(
-        "--auth-public-key",
-        type=Path,
-        help="PEM public key that verifies RS256/ES256 bearer tokens",
-    )
-    group.add_argument(
-        "--anonymous-role",
-        help="role of calls without credentials (BookKeeper clients send none); without it "
-        "they are refused when authentication is on",
-    )
-    group.add_argument(
-        "--superuser-roles",
-        default="",
+SECURITY_SETTINGS = (
+    Setting("tls-cert", PATH, None, "PEM certificate chain: serve TLS", "tls_cert"),
+    Setting("tls-key", PATH, None, "PEM private key of --tls-cert", "tls_key"),
+    Setting(
+        "tls-client-ca",
+        PATH,
+        None,
+        "PEM CA: require client certificates it signed (mTLS); a certificate's common name is "
+        "the caller's role",
+        "tls_client_ca",
+    ),
+    Setting(
+        "tls-ca",
+        PATH,
+        None,
+        "PEM CA trusted when this server calls other servers",
+        "tls_ca",
+        default_text="--tls-client-ca",
+    ),
+    Setting("metrics-tls", BOOL, False, "serve /metrics over TLS too (same cert)", "metrics_tls"),
+    Setting(
+        "auth-secret-key",
+        PATH,
+        None,
+        "file with the HMAC secret (>= 32 bytes) that verifies HS256 bearer tokens",
+        "auth_secret_key",
+    ),
+    Setting(
+        "auth-public-key",
+        PATH,
+        None,
+        "PEM public key that verifies RS256/ES256 bearer tokens",
+        "auth_public_key",
+    ),
+    Setting(
+        "anonymous-role",
+        STRING,
+        None,
+        "role of calls without credentials (BookKeeper clients send none); without it they are "
+        "refused when authentication is on",
+        "anonymous_role",
+    ),
+    Setting(
+        "superuser-roles",
+        LIST,
+        (),
+        "roles allowed everything: namespaces, permissions, admin calls",
+        "superuser_roles",
         metavar="ROLE[,ROLE...]",
-        help="roles allowed everything: namespaces, permissions, admin calls",
-    )
-
-
-def security_config_from_args(args: argparse.Namespace) -> SecurityConfig:
-    return SecurityConfig(
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        tls_client_ca=args.tls_client_ca,
-        tls_ca=args.tls_ca,
-        metrics_tls=args.metrics_tls,
-        auth_secret_key=args.auth_secret_key,
-        auth_public_key=args.auth_public_key,
-        anonymous_role=args.anonymous_role,
-        superuser_roles=tuple(r.strip() for r in args.superuser_roles.split(",") if r.strip()),
-    )
+    ),
+)
+"""The flags (and configuration keys, under `[security]`) of `SecurityConfig`'s fields; the
+server's configuration (`tablekeeper_server.config`) reads them with its other settings."""
