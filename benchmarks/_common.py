@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -12,3 +22,74 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
         return float("nan")
     index = min(len(sorted_values) - 1, max(0, int(q / 100.0 * len(sorted_values) + 0.5) - 1))
     return float(sorted_values[index])
+
+
+def proc_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), None if unknown or gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    """`x` with `digits` decimals; "-" for None or NaN."""
+    if x is None or x != x:
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def no_nan(obj: Any) -> Any:
+    """`obj` with NaN/inf (e.g. a percentile of zero samples) as None, for strict JSON."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [no_nan(v) for v in obj]
+    return obj
+
+
+def git_info() -> dict[str, Any]:
+    """The commit, branch and whether tracked files differ from it (None where git fails)."""
+
+    def run(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    status = run("status", "--porcelain", "--untracked-files=no")
+    return {
+        "sha": run("rev-parse", "HEAD"),
+        "branch": run("rev-parse", "--abbrev-ref", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+    }
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return v
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt meanwhile, so the cleanup of Ctrl-C runs for it too."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -3,9 +3,11 @@
 server processes.
 
 Everything it needs is started here, on free 127.0.0.1 ports, in a temporary directory, and
-stopped at the end: a ZooKeeper (deploy/zookeeper.sh), a Pulsar standalone (deploy/pulsar.sh)
-and the `tablekeeper server` processes (cluster mode: `--zk --log pulsar --checkpoint-store
-pulsar`). `--zk` and `--pulsar-url/--pulsar-admin-url` reuse running ones instead.
+stopped at the end, with the tests' process harness (tests/support): a ZooKeeper
+(`ZooKeeperProcess`, deploy/zookeeper.sh), a Pulsar standalone (`PulsarService`,
+deploy/pulsar.sh) and the `tablekeeper server` processes (`ServerProcess`; a cluster is a
+`TestCluster`: `--zk --log pulsar --checkpoint-store pulsar`). `--zk` and
+`--pulsar-url/--pulsar-admin-url` reuse running ones instead.
 
 Part 1, failover. A cluster of `--servers` servers (default 3) and `--containers` containers
 (default 6), ZooKeeper session timeout `--zk-session-timeout` (default 2 s). One table with a
@@ -49,7 +51,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -75,15 +75,24 @@ if str(REPO_ROOT) not in sys.path:
 
 import grpc  # noqa: E402
 
-from benchmarks._common import percentile  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    fmt,
+    git_info,
+    no_nan,
+    percentile,
+    positive_int,
+    proc_cpu_s,
+    sigterm_as_interrupt,
+)
 from tablekeeper import AsyncClient  # noqa: E402
 from tablekeeper._transport import RetryPolicy  # noqa: E402
 from tablekeeper.bulk import table_layout  # noqa: E402
 from tablekeeper.routing import RangeRouter  # noqa: E402
-from tests.support.server import free_port  # noqa: E402
+from tests.support.cluster import TestCluster, server_info_containers  # noqa: E402
+from tests.support.pulsar import PulsarService  # noqa: E402
+from tests.support.server import ServerProcess, stop_all  # noqa: E402
+from tests.support.zookeeper import ZooKeeperProcess  # noqa: E402
 
-ZK_SCRIPT = REPO_ROOT / "deploy" / "zookeeper.sh"
-PULSAR_SCRIPT = REPO_ROOT / "deploy" / "pulsar.sh"
 OUT_DIR = BENCH_DIR / "out"
 OPS = ("get", "put", "incr")
 NAMESPACE = "bench"
@@ -112,29 +121,6 @@ def src_env() -> dict[str, str]:
     return env
 
 
-def tablekeeper_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "tablekeeper"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "tablekeeper.cli"]
-
-
-def proc_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), None if unavailable."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None or x != x:
-        return "-"
-    return f"{x:.{digits}f}"
-
-
 def median_or_none(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -144,29 +130,6 @@ def ratio(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or not b or a != a or b != b:
         return None
     return a / b
-
-
-def no_nan(obj: Any) -> Any:
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [no_nan(v) for v in obj]
-    return obj
-
-
-def git_info() -> dict[str, Any]:
-    def run(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    status = run("status", "--porcelain", "--untracked-files=no")
-    return {"sha": run("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 
 def client_kwargs(routing: str) -> dict[str, Any]:
@@ -195,259 +158,137 @@ def sdk_routing_description(routing: str) -> str:
 # --------------------------------------------------------------------------- processes
 
 
-@dataclass
-class Infra:
-    """ZooKeeper and Pulsar: started here (and stopped by `stop`) unless given."""
-
-    workdir: Path
-    zk: str = ""
-    pulsar_url: str = ""
-    pulsar_admin_url: str = ""
-    pulsar_pid: int | None = None
-    zk_pid: int | None = None
-    _zk_dir: Path | None = None
-    _pulsar_dir: Path | None = None
-
-    def start_zookeeper(self, timeout_s: float) -> None:
-        port = free_port()
-        self._zk_dir = self.workdir / "zk"
-        out = subprocess.run(
-            ["bash", str(ZK_SCRIPT), "start", "--port", str(port), "--dir", str(self._zk_dir)]
-            + ["--timeout", str(int(timeout_s))],
-            capture_output=True,
-            text=True,
-            env=script_env(),
-        )
-        if out.returncode != 0:
-            raise BenchError(f"deploy/zookeeper.sh start failed:\n{out.stderr}{out.stdout}")
-        self.zk = out.stdout.strip().splitlines()[-1]
-        self.zk_pid = _read_pid(self._zk_dir / "zookeeper.pid")
-        eprint(f"ZooKeeper on {self.zk} (pid {self.zk_pid}, dir {self._zk_dir})")
-
-    def start_pulsar(self, timeout_s: float) -> None:
-        port, http_port, bookie_port = free_port(), free_port(), free_port()
-        self._pulsar_dir = self.workdir / "pulsar"
-        cmd = ["bash", str(PULSAR_SCRIPT), "start", "--dir", str(self._pulsar_dir)]
-        cmd += ["--port", str(port), "--http-port", str(http_port)]
-        cmd += ["--bookie-port", str(bookie_port), "--timeout", str(int(timeout_s))]
-        eprint("starting Pulsar standalone (deploy/pulsar.sh; 15-60 s) ...")
-        out = subprocess.run(cmd, capture_output=True, text=True, env=script_env())
-        if out.returncode != 0:
-            raise BenchError(f"deploy/pulsar.sh start failed:\n{out.stderr}{out.stdout}")
-        urls = out.stdout.strip().splitlines()
-        self.pulsar_url = next(u for u in urls if u.startswith("pulsar://"))
-        self.pulsar_admin_url = next(u for u in urls if u.startswith("http://"))
-        self.pulsar_pid = _read_pid(self._pulsar_dir / "pulsar.pid")
-        eprint(f"Pulsar on {self.pulsar_url} / {self.pulsar_admin_url} (pid {self.pulsar_pid})")
-
-    def stop(self) -> None:
-        if self._pulsar_dir is not None:
-            eprint("stopping Pulsar")
-            subprocess.run(
-                ["bash", str(PULSAR_SCRIPT), "stop", "--dir", str(self._pulsar_dir)],
-                capture_output=True,
-                check=False,
-                env=script_env(),
-            )
-            self._pulsar_dir = None
-        if self._zk_dir is not None:
-            eprint("stopping ZooKeeper")
-            subprocess.run(
-                ["bash", str(ZK_SCRIPT), "stop", "--dir", str(self._zk_dir)],
-                capture_output=True,
-                check=False,
-                env=script_env(),
-            )
-            self._zk_dir = None
+SERVER_ENV = {"PYTHONPATH": src_env()["PYTHONPATH"]}
+"""What the servers get on top of this environment: this tree's sources first."""
 
 
 def script_env() -> dict[str, str]:
     """Environment of the deploy scripts: they use this Python (kazoo, pulsar-client)."""
-    return dict(os.environ, TK_PYTHON=os.environ.get("TK_PYTHON", sys.executable))
+    return {"TK_PYTHON": os.environ.get("TK_PYTHON", sys.executable)}
 
 
-def _read_pid(path: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(path.read_text().strip())
-    return None
+@contextlib.contextmanager
+def harness_errors(what: str) -> Iterator[None]:
+    """The harness's failures (a process exited or did not start, a cluster not ready in
+    time) as `BenchError`, with the first line of their message (main prints the logs)."""
+    try:
+        yield
+    except (RuntimeError, TimeoutError) as e:
+        raise BenchError(f"{what}: {(str(e).splitlines() or [type(e).__name__])[0]}") from e
 
 
 @dataclass
-class ServerProc:
-    """One `tablekeeper server` process; its log accumulates across restarts."""
+class Infra:
+    """ZooKeeper and Pulsar (started here unless given by flags; `stop` stops only those) and
+    every server started on them, for the cleanup and the log tails of any exit."""
 
-    name: str
-    cmd: list[str]
-    port: int
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    workdir: Path
+    zk_hosts: str = ""
+    pulsar: PulsarService | None = None
+    zookeeper: ZooKeeperProcess | None = None
+    clusters: list[TestCluster] = field(default_factory=list)
+    standalones: list[ServerProcess] = field(default_factory=list)
 
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def start_zookeeper(self, timeout_s: int) -> None:
+        self.zookeeper = ZooKeeperProcess(self.workdir / "zk", env=script_env())
+        with harness_errors("deploy/zookeeper.sh start"):
+            self.zookeeper.start(timeout_s)
+        self.zk_hosts = self.zookeeper.hosts
+        eprint(f"ZooKeeper on {self.zk_hosts} (dir {self.zookeeper.state_dir})")
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"=== benchmarks/cluster.py: starting {' '.join(self.cmd)}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=src_env(),
-                cwd=str(REPO_ROOT),
-                start_new_session=True,
+    def start_pulsar(self, timeout_s: int) -> None:
+        eprint("starting Pulsar standalone (deploy/pulsar.sh; 15-60 s) ...")
+        with harness_errors("Pulsar"):
+            self.pulsar = PulsarService.launch(
+                self.workdir / "pulsar", timeout_s=timeout_s, env=script_env()
             )
+        eprint(
+            f"Pulsar on {self.pulsar.service_url} / {self.pulsar.admin_url} (pid {self.pulsar.pid})"
+        )
 
-    def kill9(self) -> float:
-        """SIGKILL; returns the wall-clock time the signal was sent (the process is reaped)."""
-        assert self.proc is not None
-        sent = time.time()
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        return sent
+    def new_cluster(self, name: str, args: argparse.Namespace) -> TestCluster:
+        """A cluster `name` (`--containers`, `--zk-session-timeout`, no periodic checkpoints)
+        on this ZooKeeper and in Pulsar namespace public/<name>, initialised, no server yet."""
+        assert self.pulsar is not None
+        cluster = TestCluster(
+            self.workdir / name,
+            self.pulsar,
+            containers=args.containers,
+            name=name,
+            zk_session_timeout_s=args.zk_session_timeout,
+            checkpoint_interval_s=0,
+            pulsar_namespace=f"public/{name}",
+            env=SERVER_ENV,
+            start_timeout_s=args.ready_timeout,
+            zk_hosts=self.zk_hosts,
+        )
+        self.clusters.append(cluster)
+        with harness_errors(f"cluster {name}"):
+            cluster.init()
+        return cluster
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            eprint(f"{self.name} did not stop within {timeout_s:.0f}s: SIGKILL")
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+    def new_standalone(self, name: str, containers: int) -> ServerProcess:
+        """A standalone server (no ZooKeeper) on this Pulsar, namespace public/<name>."""
+        assert self.pulsar is not None
+        server = ServerProcess(
+            self.workdir / name / "data",
+            extra_args=[
+                *self.pulsar.server_args(f"public/{name}"),
+                f"--containers={containers}",
+                "--checkpoint-interval=0",
+            ],
+            env=SERVER_ENV,
+        )
+        self.standalones.append(server)
+        return server
 
-    def log_size(self) -> int:
-        try:
-            return self.log_path.stat().st_size
-        except OSError:
-            return 0
+    def servers(self) -> list[ServerProcess]:
+        return [s for c in self.clusters for s in c.servers] + self.standalones
 
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-ALL_SERVERS: list[ServerProc] = []
-"""Every server started, for cleanup on any exit."""
-
-
-def server_proc(
-    infra: Infra,
-    workdir: Path,
-    name: str,
-    *,
-    pulsar_namespace: str,
-    containers: int,
-    cluster: str | None,
-    session_timeout_s: float,
-) -> ServerProc:
-    port, metrics_port = free_port(), free_port()
-    cmd = tablekeeper_cmd() + ["server", "--port", str(port), "--metrics-port", str(metrics_port)]
-    cmd += ["--data-dir", str(workdir / name / "data"), "--checkpoint-interval", "0"]
-    cmd += ["--log", "pulsar", "--checkpoint-store", "pulsar"]
-    cmd += ["--pulsar-url", infra.pulsar_url, "--pulsar-admin-url", infra.pulsar_admin_url]
-    cmd += ["--pulsar-namespace", pulsar_namespace]
-    if cluster is None:
-        cmd += ["--containers", str(containers)]
-    else:
-        cmd += ["--zk", infra.zk, "--cluster", cluster]
-        cmd += ["--zk-session-timeout", f"{session_timeout_s:g}"]
-    server = ServerProc(name, cmd, port, workdir / name / "server.log")
-    ALL_SERVERS.append(server)
-    return server
+    def stop(self) -> None:
+        for cluster in self.clusters:
+            cluster.close()
+        stop_all(self.standalones, 30)
+        if self.pulsar is not None and self.pulsar.deploy_dir is not None:
+            eprint("stopping Pulsar")
+            self.pulsar.close()
+        if self.zookeeper is not None:
+            eprint("stopping ZooKeeper")
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                self.zookeeper.stop()
+            self.zookeeper = None
 
 
-def cluster_init(infra: Infra, cluster: str, containers: int) -> None:
-    out = subprocess.run(
-        tablekeeper_cmd()
-        + ["cluster", "init", "--zk", infra.zk, "--cluster", cluster]
-        + ["--containers", str(containers)],
-        capture_output=True,
-        text=True,
-        env=src_env(),
-    )
-    if out.returncode != 0:
-        raise BenchError(f"tablekeeper cluster init failed:\n{out.stderr}{out.stdout}")
+async def wait_balanced(cluster: TestCluster, timeout_s: float, what: str) -> None:
+    """Until every container is served by exactly its assigned live server and the servers'
+    loads differ by at most one (`TestCluster.wait_ready(balanced=True)`)."""
+    with harness_errors(what):
+        await asyncio.to_thread(cluster.wait_ready, timeout_s, balanced=True)
 
 
-def stop_servers(servers: Sequence[ServerProc]) -> None:
-    for s in servers:
-        if s.alive():
-            assert s.proc is not None
-            s.proc.send_signal(signal.SIGTERM)
-    for s in servers:
-        s.stop()
+async def start_cluster(cluster: TestCluster, n: int, timeout_s: float, what: str) -> None:
+    """Start `n` servers one at a time, each once the previous ones serve a balanced
+    assignment (one assignment change at a time, as an operator adding servers would)."""
+    for i in range(n):
+        with harness_errors(f"{what}: server {i}"):
+            await asyncio.to_thread(cluster.add_server)
+        await wait_balanced(cluster, timeout_s, f"{what}: server {i}")
 
 
-def zk_controller(infra: Infra, cluster: str) -> str | None:
-    """The controller's endpoint (first contender of the election), read from ZooKeeper."""
-    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+async def start_standalone(server: ServerProcess, containers: int, timeout_s: float) -> None:
+    """Start it and wait until it serves every container."""
+    every = frozenset(range(containers))
 
-    coordinator = ZkCoordinator(infra.zk, cluster)
-    coordinator.start(timeout_s=10)
-    try:
-        return coordinator.controller()
-    finally:
-        coordinator.stop()
+    def serves_every_container() -> bool:
+        with contextlib.suppress(grpc.RpcError):
+            return server_info_containers(server.target, 1.0) == every
+        return False
 
-
-# --------------------------------------------------------------------------- readiness
-
-
-FAST_RETRY = RetryPolicy(
-    deadline_s=1.0, initial_backoff_s=0.01, max_backoff_s=0.1, call_timeout_s=2.0
-)
-
-
-async def serving_map(clients: dict[str, AsyncClient]) -> dict[str, list[int] | None]:
-    async def one(client: AsyncClient) -> list[int] | None:
-        try:
-            return sorted((await client.server_info()).containers)
-        except Exception:  # noqa: BLE001 - a server that does not answer serves nothing
-            return None
-
-    answers = await asyncio.gather(*(one(c) for c in clients.values()))
-    return dict(zip(clients, answers, strict=True))
-
-
-async def wait_ready(
-    endpoints: Sequence[str], containers: int, timeout_s: float, what: str
-) -> dict[str, list[int]]:
-    """Wait until every container is served by exactly one of `endpoints` and their loads
-    differ by at most one; returns endpoint → containers."""
-    clients = {ep: AsyncClient(f"bk://{ep}", retry=FAST_RETRY) for ep in endpoints}
-    deadline = time.monotonic() + timeout_s
-    last: dict[str, list[int] | None] = {}
-    try:
-        while True:
-            last = await serving_map(clients)
-            loads = [len(v) for v in last.values() if v is not None]
-            served = [c for v in last.values() if v is not None for c in v]
-            if (
-                len(loads) == len(endpoints)
-                and sorted(served) == list(range(containers))
-                and max(loads) - min(loads) <= 1
-            ):
-                return {ep: v or [] for ep, v in last.items()}
-            if time.monotonic() > deadline:
-                raise BenchError(f"{what}: not ready after {timeout_s:.0f}s; serving: {last}")
-            await asyncio.sleep(0.2)
-    finally:
-        for client in clients.values():
-            await client.close()
+    with harness_errors("standalone"):
+        await asyncio.to_thread(server.start, timeout_s)
+        await asyncio.to_thread(
+            server.wait_for, serves_every_container, "every container served", timeout_s
+        )
 
 
 # --------------------------------------------------------------------------- data
@@ -531,18 +372,6 @@ async def checkpoint_servers(endpoints: Sequence[str]) -> tuple[dict[str, float]
     return took, errors
 
 
-async def start_cluster(
-    servers: Sequence[ServerProc], containers: int, timeout_s: float, what: str
-) -> None:
-    """Start the servers one at a time, each once the previous ones serve a balanced
-    assignment (one assignment change at a time, as an operator adding servers would)."""
-    for i, s in enumerate(servers):
-        s.start()
-        await wait_ready(
-            [x.endpoint for x in servers[: i + 1]], containers, timeout_s, f"{what}: {s.name}"
-        )
-
-
 # --------------------------------------------------------------------------- failover
 
 
@@ -556,16 +385,10 @@ REPLAYED_RE = re.compile(
 )
 
 
-def log_events(server: ServerProc, offset: int) -> list[tuple[float, str]]:
+def log_events(server: ServerProcess, offset: int) -> list[tuple[float, str]]:
     """(wall-clock time, line) of the log lines written after byte `offset`."""
-    try:
-        with open(server.log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return []
     events = []
-    for line in text.splitlines():
+    for line in server.log_since(offset).splitlines():
         m = LOG_TS.match(line)
         if m:
             ts = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
@@ -657,35 +480,22 @@ class Writers:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def failover_part(args: argparse.Namespace, infra: Infra, workdir: Path) -> dict[str, Any]:
-    cluster = f"fo{os.getpid()}"
-    containers = args.containers
-    cluster_init(infra, cluster, containers)
-    servers = [
-        server_proc(
-            infra,
-            workdir / cluster,
-            f"s{i + 1}",
-            pulsar_namespace=f"public/{cluster}",
-            containers=containers,
-            cluster=cluster,
-            session_timeout_s=args.zk_session_timeout,
-        )
-        for i in range(args.servers)
-    ]
+async def failover_part(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
+    cluster = infra.new_cluster(f"fo{os.getpid()}", args)
     try:
-        eprint(f"failover: cluster {cluster}: {len(servers)} servers, {containers} containers")
-        await start_cluster(servers, containers, args.ready_timeout, "start")
-        return await _failover_rounds(args, infra, cluster, servers)
+        eprint(
+            f"failover: cluster {cluster.name}: {args.servers} servers, "
+            f"{args.containers} containers"
+        )
+        await start_cluster(cluster, args.servers, args.ready_timeout, "start")
+        return await _failover_rounds(args, cluster)
     finally:
-        stop_servers(servers)
+        cluster.close()
 
 
-async def _failover_rounds(
-    args: argparse.Namespace, infra: Infra, cluster: str, servers: list[ServerProc]
-) -> dict[str, Any]:
+async def _failover_rounds(args: argparse.Namespace, cluster: TestCluster) -> dict[str, Any]:
     containers = args.containers
-    all_service = "bk://" + ",".join(s.endpoint for s in servers)
+    all_service = cluster.service_all()
     kwargs = client_kwargs(args.routing)
     ranges = max(args.ranges or containers, containers)
     async with AsyncClient(all_service, **kwargs) as client:
@@ -717,9 +527,7 @@ async def _failover_rounds(
         for kind in args.victims:
             r = await _one_failover(
                 args,
-                infra,
                 cluster,
-                servers,
                 rnd + 1,
                 kind,
                 per_container,
@@ -730,7 +538,7 @@ async def _failover_rounds(
             rounds.append(r)
             print_failover_round(r, args.zk_session_timeout)
     return {
-        "cluster": cluster,
+        "cluster": cluster.name,
         "table_id": layout.table_id,
         "ranges": len(layout.ranges),
         "keys_loaded": len(keys),
@@ -742,9 +550,7 @@ async def _failover_rounds(
 
 async def _one_failover(
     args: argparse.Namespace,
-    infra: Infra,
-    cluster: str,
-    servers: list[ServerProc],
+    cluster: TestCluster,
     rnd: int,
     kind: str,
     per_container: dict[int, list[bytes]],
@@ -752,11 +558,12 @@ async def _one_failover(
     value: bytes,
     table_id: int,
 ) -> FailoverRound:
-    containers = args.containers
-    endpoints = [s.endpoint for s in servers]
+    servers = cluster.servers
+    endpoints = [s.target for s in servers]
     kwargs = client_kwargs(args.routing)
-    owners = await wait_ready(endpoints, containers, args.ready_timeout, "before the round")
-    all_service = "bk://" + ",".join(endpoints)
+    await wait_balanced(cluster, args.ready_timeout, "before the round")
+    owners = await asyncio.to_thread(cluster.assignment)
+    all_service = cluster.service_all()
 
     # Every data range open (a table range opens on first use), then checkpointed, then a tail.
     async with AsyncClient(all_service, **kwargs) as client:
@@ -774,16 +581,16 @@ async def _one_failover(
                 inflight=args.load_inflight,
                 what="tail",
             )
-    controller = await asyncio.to_thread(zk_controller, infra, cluster)
-    if kind == "controller":
-        victim = next(s for s in servers if s.endpoint == controller)
-    else:
-        victim = next(s for s in servers if s.endpoint != controller)
-    moved = sorted(owners[victim.endpoint])
+    controller = await asyncio.to_thread(cluster.controller)
+    victim_index = next(
+        i for i, s in enumerate(servers) if (s.target == controller) == (kind == "controller")
+    )
+    victim = servers[victim_index]
+    moved = sorted(owners[victim.target])
     r = FailoverRound(
         round=rnd,
         victim_kind=kind,
-        victim=victim.endpoint,
+        victim=victim.target,
         controller_before=controller,
         moved=moved,
         chosen=moved[0],
@@ -793,13 +600,13 @@ async def _one_failover(
     )
     eprint(
         f"round {rnd} ({kind}): checkpoints {', '.join(f'{v:.1f}s' for v in checkpoint_s.values())}"
-        f"; tail {len(tail)} puts in {tail_s:.1f}s; killing {victim.name} {victim.endpoint} "
+        f"; tail {len(tail)} puts in {tail_s:.1f}s; killing server {victim_index} {victim.target} "
         f"(containers {moved}; controller {controller})"
     )
 
     survivors = [s for s in servers if s is not victim]
     writer_client = AsyncClient(
-        "bk://" + ",".join(s.endpoint for s in survivors),
+        "bk://" + ",".join(s.target for s in survivors),
         retry=RetryPolicy(
             deadline_s=1.0, initial_backoff_s=0.005, max_backoff_s=0.05, call_timeout_s=10.0
         ),
@@ -807,7 +614,7 @@ async def _one_failover(
         **kwargs,
     )
     writers = Writers(writer_client, writer_pkeys, args.writers_per_container, value)
-    offsets = {s.name: s.log_size() for s in servers}
+    offsets = {s.target: s.log_offset() for s in servers}
     try:
         await writers.start()
         await asyncio.sleep(args.pre_kill_s)
@@ -815,7 +622,7 @@ async def _one_failover(
         silent = [c for c in writer_pkeys if writers.first_ok_after(c, before - 1.0) is None]
         if silent:
             eprint(f"  warning: no successful put in the last second before the kill on {silent}")
-        t_kill = victim.kill9()
+        t_kill = cluster.kill(victim_index)
         t_dead = time.time()
         deadline = time.monotonic() + args.failover_timeout
         while time.monotonic() < deadline:
@@ -844,28 +651,28 @@ async def _one_failover(
     if r.all_moved_s is None:
         eprint(f"  WARNING: moved containers still not writable after {args.failover_timeout}s")
         for s in survivors:
-            eprint(f"  --- {s.name} log tail:\n{s.log_tail()}")
+            eprint(f"  --- {s.target} log tail:\n{s.log_tail(25)}")
 
     _failover_breakdown(r, survivors, offsets, t_kill, table_id)
 
     # Bring the victim back and wait for the rebalanced cluster.
     t_restart = time.monotonic()
-    victim.start()
-    await wait_ready(endpoints, containers, args.ready_timeout, "after restarting the victim")
+    victim.launch()
+    await wait_balanced(cluster, args.ready_timeout, "after restarting the victim")
     r.rejoin_ready_s = time.monotonic() - t_restart
     return r
 
 
 def _failover_breakdown(
     r: FailoverRound,
-    survivors: Sequence[ServerProc],
+    survivors: Sequence[ServerProcess],
     offsets: dict[str, int],
     t_kill: float,
     table_id: int,
 ) -> None:
     """Fill the server-side timeline of the round from the survivors' logs."""
     for s in survivors:
-        for ts, line in log_events(s, offsets[s.name]):
+        for ts, line in log_events(s, offsets[s.target]):
             if ts < t_kill - 0.01:
                 continue
             rel = max(0.0, ts - t_kill)
@@ -875,7 +682,7 @@ def _failover_breakdown(
                 r.assignment_s = rel
             m = SERVING_RE.search(line)
             if m and int(m.group(1)) == r.chosen and r.serving_s is None:
-                r.serving_s, r.claim_open_s, r.new_owner = rel, float(m.group(3)), s.endpoint
+                r.serving_s, r.claim_open_s, r.new_owner = rel, float(m.group(3)), s.target
             m = RESTORED_RE.search(line)
             if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
                 r.restore_s, r.restore_logged_s = float(m.group(6)), rel
@@ -1170,27 +977,21 @@ def merge_results(
 
 
 async def throughput_config(
-    args: argparse.Namespace, infra: Infra, workdir: Path, config: str, n: int, rep: int
+    args: argparse.Namespace, infra: Infra, config: str, n: int, rep: int
 ) -> ThroughputRun:
     tag = f"tp{os.getpid()}-{config}-{rep}"
-    cluster = None if config == "standalone" else tag
-    if cluster is not None:
-        cluster_init(infra, cluster, args.containers)
-    servers = [
-        server_proc(
-            infra,
-            workdir / tag,
-            f"s{i + 1}",
-            pulsar_namespace=f"public/{tag}",
-            containers=args.containers,
-            cluster=cluster,
-            session_timeout_s=args.zk_session_timeout,
-        )
-        for i in range(n)
-    ]
+    cluster: TestCluster | None = None
+    if config == "standalone":
+        servers = [infra.new_standalone(tag, args.containers)]
+    else:
+        cluster = infra.new_cluster(tag, args)
+        servers = cluster.servers
     try:
-        await start_cluster(servers, args.containers, args.ready_timeout, f"{config} start")
-        endpoints = [s.endpoint for s in servers]
+        if cluster is None:
+            await start_standalone(servers[0], args.containers, args.ready_timeout)
+        else:
+            await start_cluster(cluster, n, args.ready_timeout, f"{config} start")
+        endpoints = [s.target for s in servers]
         async with AsyncClient("bk://" + ",".join(endpoints), **client_kwargs(args.routing)) as c:
             await c.create_namespace(NAMESPACE)
             await c.create_table(NAMESPACE, TABLE, ranges=args.ranges or args.containers)
@@ -1206,14 +1007,21 @@ async def throughput_config(
             preload_s = time.monotonic() - t0
         load0 = os.getloadavg()[0]
         eprint(f"throughput {config} (repeat {rep}): preloaded {len(keys)} keys; running")
+        assert infra.pulsar is not None
         raw, server_cpu, pulsar_cpu = await run_load(
-            args, endpoints, [s.pid for s in servers], infra.pulsar_pid
+            args,
+            endpoints,
+            [s.process.pid if s.process else None for s in servers],
+            infra.pulsar.pid,
         )
-        dead = [s.name for s in servers if not s.alive()]
+        dead = [s.target for s in servers if not s.running]
         if dead:
             raise BenchError(f"{config}: server(s) {dead} exited during the run")
     finally:
-        stop_servers(servers)
+        if cluster is None:
+            stop_all(servers, 30)
+        else:
+            cluster.close()
     per_op, errors, misses, first_error, client_cpu = merge_results(raw, args.duration)
     merged = sorted(x for s in per_op.values() for x in s)
     total = len(merged)
@@ -1250,11 +1058,11 @@ def config_servers(config: str) -> int:
     return 1 if config == "standalone" else int(config)
 
 
-async def throughput_part(args: argparse.Namespace, infra: Infra, workdir: Path) -> dict[str, Any]:
+async def throughput_part(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
     runs: list[ThroughputRun] = []
     for rep in range(1, args.repeats + 1):
         for config in args.configs:
-            r = await throughput_config(args, infra, workdir, config, config_servers(config), rep)
+            r = await throughput_config(args, infra, config, config_servers(config), rep)
             runs.append(r)
             extra = f" errors={r.errors} ({r.first_error})" if r.errors else ""
             eprint(
@@ -1331,13 +1139,6 @@ def label(config: str) -> str:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return v
 
 
 def non_negative_int(text: str) -> int:
@@ -1529,26 +1330,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-async def run_parts(args: argparse.Namespace, infra: Infra, workdir: Path) -> dict[str, Any]:
+async def run_parts(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if "failover" in args.part:
-        results["failover"] = await failover_part(args, infra, workdir)
+        results["failover"] = await failover_part(args, infra)
         print()
         print(render_failover(results["failover"], args.zk_session_timeout), flush=True)
     if "throughput" in args.part:
-        results["throughput"] = await throughput_part(args, infra, workdir)
+        results["throughput"] = await throughput_part(args, infra)
         print()
         print(render_throughput(results["throughput"], args), flush=True)
     return results
@@ -1570,26 +1359,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     with sigterm_as_interrupt():
         try:
             if args.zk:
-                infra.zk = args.zk
+                infra.zk_hosts = args.zk
             else:
                 infra.start_zookeeper(120)
             if args.pulsar_url:
-                infra.pulsar_url, infra.pulsar_admin_url = args.pulsar_url, args.pulsar_admin_url
+                infra.pulsar = PulsarService(args.pulsar_url, args.pulsar_admin_url, None)
             else:
                 infra.start_pulsar(300)
             eprint(f"work directory {workdir}; {sdk_routing_description(args.routing)}")
-            results = asyncio.run(run_parts(args, infra, workdir))
+            results = asyncio.run(run_parts(args, infra))
         except BenchError as e:
             failed = True
             eprint(f"error: {e}")
-            for s in ALL_SERVERS:
+            for s in infra.servers():
                 if s.log_path.exists():
-                    eprint(f"--- {s.log_path} (tail):\n{s.log_tail()}")
+                    eprint(f"--- {s.log_path} (tail):\n{s.log_tail(25)}")
         except KeyboardInterrupt:
             eprint("interrupted")
             failed = True
         finally:
-            stop_servers(ALL_SERVERS)
             infra.stop()
             if args.keep_data or failed:
                 eprint(f"kept the work directory (logs) {workdir}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pulsar import pulsar_service  # noqa: F401 (a session fixture)
+from tests.support.pulsar_fixtures import pulsar_service  # noqa: F401 (a session fixture)
 from tests.support.server import ServerProcess
 
 
@@ -20,7 +20,7 @@ def pytest_configure(config: pytest.Config) -> None:
     compat = Path(__file__).resolve().parent / "compat"
     args = [Path(config.invocation_params.dir, a.split("::")[0]).resolve() for a in config.args]
     if not (args and all(a.is_relative_to(compat) for a in args)):
-        config.pluginmanager.import_plugin("tests.support.cluster")
+        config.pluginmanager.import_plugin("tests.support.cluster_fixtures")
 
 
 @pytest.fixture

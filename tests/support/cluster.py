@@ -1,10 +1,8 @@
-"""A real TableKeeper cluster for integration tests: a ZooKeeper of its own (`ZooKeeperProcess`),
-the session Pulsar (`pulsar_service`, one fresh namespace per cluster) and N `ServerProcess`es
-started with the cluster flags.
+"""A real TableKeeper cluster: a ZooKeeper of its own (`ZooKeeperProcess`, or a running one
+given as `zk_hosts`), a Pulsar (`PulsarService`; for tests the session's `pulsar_service`, one
+fresh namespace per cluster) and N `ServerProcess`es started with the cluster flags.
 
-    from tests.support.cluster import TestCluster, cluster_fixture
-
-    cluster = cluster_fixture(3)            # a module-scoped fixture: a started 3-server cluster
+    from tests.support.cluster import TestCluster
 
     def test_failover(make_cluster: Callable[..., TestCluster]) -> None:
         c = make_cluster(containers=4).start(2)
@@ -12,31 +10,28 @@ started with the cluster flags.
         c.wait_ready(30)
         assert c.assignment() == {c.endpoint(1): frozenset(range(4))}
 
-`make_cluster` is a function-scoped fixture (import it into the test module or a conftest.py
-to use it). Servers are indexed from 0 in start order. A server's endpoint (`HOST:PORT`, how it
-registers in ZooKeeper and how the assignment names it) stays the same across `restart`. Tests
-that use this need Pulsar: mark them `pulsar` (and `integration`).
+The fixtures (`make_cluster`, function-scoped, and `cluster_fixture(n)` for a module-scoped
+started cluster) are in tests/support/cluster_fixtures.py; this module does not import pytest,
+so the benchmarks use the same classes. Servers are indexed from 0 in start order. A server's
+endpoint (`HOST:PORT`, how it registers in ZooKeeper and how the assignment names it) stays the
+same across `restart`. Tests that use this need Pulsar: mark them `pulsar` (and `integration`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
-import pytest
 from kazoo.exceptions import KazooException
 
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 from tablekeeper_server.cluster.zookeeper import Ownership, ZkCoordinator
 from tests.support.pulsar import PulsarService, unique_namespace
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, stop_all
 from tests.support.zookeeper import ZooKeeperProcess
 
 
@@ -60,9 +55,11 @@ class TestCluster:
         start_timeout_s: float = 60.0,
         tls_files: tuple[Path, Path | None, Path | None] | None = None,
         token: str | None = None,
+        zk_hosts: str | None = None,
     ) -> None:
         """`tls_files` (CA, client cert, client key) and `token`: how the harness itself reaches
-        servers started with TLS and authentication (in `extra_args`)."""
+        servers started with TLS and authentication (in `extra_args`). `zk_hosts`: a running
+        ZooKeeper (HOST:PORT) to use instead of starting one; `close` leaves it running."""
         self.base_dir = base_dir
         self.pulsar = pulsar
         self.containers = containers
@@ -75,7 +72,8 @@ class TestCluster:
         self.start_timeout_s = start_timeout_s
         self.tls_files = tls_files
         self.token = token
-        self.zookeeper = ZooKeeperProcess(base_dir / "zookeeper")
+        self._zk_hosts = zk_hosts
+        self.zookeeper = ZooKeeperProcess(base_dir / "zookeeper") if zk_hosts is None else None
         self.servers: list[ServerProcess] = []
         self._admin: ZkCoordinator | None = None
         self._zk_started = False
@@ -83,17 +81,24 @@ class TestCluster:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, n: int, timeout_s: float = 90.0) -> TestCluster:
-        """Start ZooKeeper, initialise the cluster, start `n` servers and wait until ready."""
+        """`init`, start `n` servers and wait until ready."""
+        self.init()
+        for _ in range(n):
+            self.add_server()
+        self.wait_ready(timeout_s)
+        return self
+
+    def init(self) -> TestCluster:
+        """Start ZooKeeper (unless given `zk_hosts`), open the harness's own session and
+        initialise the cluster with `containers` containers; no server yet (`add_server`)."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.zookeeper.start()
-        self._zk_started = True
+        if self.zookeeper is not None:
+            self.zookeeper.start()
+            self._zk_started = True
         admin = ZkCoordinator(self.zk_hosts, self.name, session_timeout_s=10.0)
         admin.start()
         self._admin = admin
         admin.init_cluster(self.containers)
-        for _ in range(n):
-            self.add_server()
-        self.wait_ready(timeout_s)
         return self
 
     def server_args(self) -> list[str]:
@@ -104,11 +109,7 @@ class TestCluster:
             "--cluster",
             self.name,
             f"--zk-session-timeout={self.zk_session_timeout_s:g}",
-            "--log=pulsar",
-            "--checkpoint-store=pulsar",
-            f"--pulsar-url={self.pulsar.service_url}",
-            f"--pulsar-admin-url={self.pulsar.admin_url}",
-            f"--pulsar-namespace={self.pulsar_namespace}",
+            *self.pulsar.server_args(self.pulsar_namespace),
             "--host=127.0.0.1",
         ]
         if self.checkpoint_interval_s is not None:
@@ -132,9 +133,10 @@ class TestCluster:
         server.start(self.start_timeout_s)
         return server
 
-    def kill(self, i: int) -> None:
-        """kill -9 server `i`: its ZooKeeper session ends only when it times out."""
-        self.servers[i].kill()
+    def kill(self, i: int) -> float:
+        """kill -9 server `i`: its ZooKeeper session ends only when it times out. Returns the
+        wall-clock time the signal was sent."""
+        return self.servers[i].kill()
 
     def stop(self, i: int, timeout_s: float = 30.0) -> int:
         """SIGTERM server `i` and wait; returns its exit code."""
@@ -149,35 +151,27 @@ class TestCluster:
         return server.start(self.start_timeout_s)
 
     def alive(self, i: int) -> bool:
-        process = self.servers[i].process
-        return process is not None and process.poll() is None
+        return self.servers[i].running
 
     def zk_restart(self, down_s: float = 0.0) -> None:
         """Stop ZooKeeper, keep it down `down_s` seconds, start it again on the same port and
         data directory (sessions that have not timed out survive, as in production)."""
+        assert self.zookeeper is not None, "the ZooKeeper was given (zk_hosts), not started here"
         self.zookeeper.stop()
         if down_s > 0:
             time.sleep(down_s)
         self.zookeeper.start()
 
     def close(self) -> None:
-        """Stop every server (SIGTERM all at once, SIGKILL after 15 s), then ZooKeeper."""
-        running = [s for s in self.servers if s.process is not None and s.process.poll() is None]
-        for server in running:
-            assert server.process is not None
-            server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for server in running:
-            assert server.process is not None
-            try:
-                server.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                server.kill()
+        """Stop every server (SIGTERM all at once, SIGKILL after 15 s), then ZooKeeper (if
+        started here)."""
+        stop_all(self.servers, 15)
         if self._admin is not None:
             with contextlib.suppress(Exception):  # ZooKeeper may be down: the session just ends
                 self._admin.stop()
             self._admin = None
         if self._zk_started:
+            assert self.zookeeper is not None
             self.zookeeper.stop()
             self._zk_started = False
 
@@ -191,6 +185,9 @@ class TestCluster:
 
     @property
     def zk_hosts(self) -> str:
+        if self.zookeeper is None:
+            assert self._zk_hosts is not None
+            return self._zk_hosts
         return self.zookeeper.hosts
 
     def service(self, i: int) -> str:
@@ -248,10 +245,11 @@ class TestCluster:
 
     # ------------------------------------------------------------------ readiness
 
-    def not_ready(self) -> list[str]:
+    def not_ready(self, *, balanced: bool = False) -> list[str]:
         """Why the cluster is not ready; empty when every container is assigned to a live
         server, every running server is registered, and every live server serves exactly its
-        assigned containers (ServerInfo)."""
+        assigned containers (ServerInfo); with `balanced`, also when the running servers'
+        container counts differ by at most one (the controller has rebalanced)."""
         problems: list[str] = []
         admin = self.admin
         assignment, revision = admin.read_assignment()
@@ -260,6 +258,10 @@ class TestCluster:
         missing = sorted(set(range(self.containers)) - set(assigned))
         if missing:
             problems.append(f"unassigned containers {missing} (assignment revision {revision})")
+        if balanced:
+            loads = {s.target: len(assignment.get(s.target, ())) for s in self.servers if s.running}
+            if loads and max(loads.values()) - min(loads.values()) > 1:
+                problems.append(f"unbalanced: containers per server {loads}")
         for server, owned in sorted(assignment.items()):
             if owned and server not in live:
                 problems.append(f"{server} is assigned {sorted(owned)} but not live")
@@ -277,15 +279,15 @@ class TestCluster:
                 problems.append(f"{endpoint} serves {sorted(served)}, assigned {sorted(wanted)}")
         return problems
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Wait until `not_ready()` is empty; `TimeoutError` with the reasons and the end of
-        every server's log otherwise. A dead server that is still registered keeps the cluster
-        not ready until its session times out and the controller moves its containers."""
+    def wait_ready(self, timeout_s: float = 60.0, *, balanced: bool = False) -> None:
+        """Wait until `not_ready(balanced=...)` is empty; `TimeoutError` with the reasons and the
+        end of every server's log otherwise. A dead server that is still registered keeps the
+        cluster not ready until its session times out and the controller moves its containers."""
         deadline = time.monotonic() + timeout_s
         problems: list[str] = []
         while True:
             try:
-                problems = self.not_ready()
+                problems = self.not_ready(balanced=balanced)
             except KazooException as exc:  # ZooKeeper restarting, session moving
                 problems = [f"ZooKeeper: {type(exc).__name__}: {exc}"]
             if not problems:
@@ -335,43 +337,3 @@ def server_info_containers(
             tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s, metadata=metadata
         )
     return frozenset(int(c) for c in info.containers)
-
-
-# ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture
-def make_cluster(
-    tmp_path_factory: pytest.TempPathFactory, pulsar_service: PulsarService
-) -> Iterator[Callable[..., TestCluster]]:
-    """`make_cluster(**TestCluster options)` -> a not yet started `TestCluster`; call
-    `.start(n)`. Every cluster made is closed at the end of the test."""
-    made: list[TestCluster] = []
-
-    def make(**options: Any) -> TestCluster:
-        cluster = TestCluster(tmp_path_factory.mktemp("cluster"), pulsar_service, **options)
-        made.append(cluster)
-        return cluster
-
-    yield make
-    for cluster in made:
-        cluster.close()
-
-
-def cluster_fixture(n: int, *, scope: Any = "module", **options: Any) -> Any:
-    """A fixture of `scope` (default module) yielding a started `n`-server `TestCluster`:
-
-    cluster = cluster_fixture(3, containers=8)   # at module level of a test module
-    """
-
-    @pytest.fixture(scope=scope)
-    def fixture(
-        tmp_path_factory: pytest.TempPathFactory, pulsar_service: PulsarService
-    ) -> Iterator[TestCluster]:
-        cluster = TestCluster(tmp_path_factory.mktemp("cluster"), pulsar_service, **options)
-        try:
-            yield cluster.start(n)
-        finally:
-            cluster.close()
-
-    return fixture

@@ -1,16 +1,11 @@
-"""A real Apache Pulsar for the tests marked `pulsar`.
+"""A real Apache Pulsar standalone, started through `deploy/pulsar.sh` (`PulsarService.launch`)
+or a running one named by its URLs.
 
-The session fixture `pulsar_service` starts one Pulsar standalone through `deploy/pulsar.sh` on
-free loopback ports, in a temporary state directory, the first time a test asks for it, and
-stops it at the end of the session. (The first run on a machine downloads Pulsar's jars with
-`mvn` into ~/.cache; later runs start in 10-20 s.)
-
-Or reuse a running one: `TABLEKEEPER_PULSAR_URL=pulsar://host:6650` and
-`TABLEKEEPER_PULSAR_ADMIN_URL=http://host:8080`; add `TABLEKEEPER_PULSAR_DIR=<its --dir>` to let
-the tests that restart Pulsar do so through `deploy/pulsar.sh` (they are skipped otherwise).
-
-When Pulsar cannot be started the Pulsar tests are skipped, unless
-`TABLEKEEPER_REQUIRE_PULSAR=1` (set by the Makefile): then they fail.
+The tests get theirs from the session fixture `pulsar_service` (tests/support/pulsar_fixtures.py:
+one Pulsar on free loopback ports for the whole session, or a running one named by
+`TABLEKEEPER_PULSAR_URL` and `TABLEKEEPER_PULSAR_ADMIN_URL`); the benchmarks use the classes
+here directly (this module does not import pytest). The first run on a machine downloads
+Pulsar's jars with `mvn` into ~/.cache; later runs start in 10-20 s.
 
 Every test works in its own Pulsar namespace (`unique_namespace`), so tests never see each
 other's topics.
@@ -18,22 +13,16 @@ other's topics.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.support.server import REPO, free_port
 
-ENV_URL = "TABLEKEEPER_PULSAR_URL"
-ENV_ADMIN_URL = "TABLEKEEPER_PULSAR_ADMIN_URL"
-ENV_DIR = "TABLEKEEPER_PULSAR_DIR"
-ENV_REQUIRE = "TABLEKEEPER_REQUIRE_PULSAR"
 SCRIPT = REPO / "deploy" / "pulsar.sh"
 START_TIMEOUT_S = 600  # the first run downloads ~260 MB of jars
 
@@ -44,6 +33,75 @@ class PulsarService:
     admin_url: str
     deploy_dir: Path | None
     """The `deploy/pulsar.sh --dir` of this instance when the tests may stop and start it."""
+    env: dict[str, str] | None = None
+    """Extra environment variables for `deploy/pulsar.sh` (merged into `os.environ`), e.g.
+    `TK_PYTHON`, the Python with pulsar-client it checks the broker with."""
+
+    @classmethod
+    def launch(
+        cls,
+        deploy_dir: Path,
+        *,
+        timeout_s: int = 240,
+        env: dict[str, str] | None = None,
+    ) -> PulsarService:
+        """Start a Pulsar standalone on free loopback ports with its state in `deploy_dir` and
+        wait (`timeout_s`, the script's `--timeout`) until it serves. `RuntimeError` (with the
+        script's stderr) if it does not start; `close` it at the end."""
+        port, http_port, bookie_port = free_port(), free_port(), free_port()
+        command = [
+            str(SCRIPT),
+            "start",
+            "--dir",
+            str(deploy_dir),
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+            "--bookie-port",
+            str(bookie_port),
+            "--timeout",
+            str(timeout_s),
+        ]
+        service = cls("", "", deploy_dir, env)
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=max(START_TIMEOUT_S, timeout_s + 60),
+            check=False,
+            env=service._env(),
+        )
+        urls = done.stdout.split()
+        service.service_url = next((u for u in urls if u.startswith("pulsar://")), "")
+        service.admin_url = next((u for u in urls if u.startswith("http://")), "")
+        if done.returncode != 0 or not service.service_url or not service.admin_url:
+            service.close()
+            raise RuntimeError(f"deploy/pulsar.sh start failed:\n{done.stderr[-3000:]}")
+        return service
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, **(self.env or {}), **extra}
+
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id when started through `deploy/pulsar.sh` (its pid file)."""
+        if self.deploy_dir is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.deploy_dir / "pulsar.pid").read_text().strip())
+        return None
+
+    def server_args(self, namespace: str) -> list[str]:
+        """The `tablekeeper server` flags putting its log and checkpoints on this Pulsar, in
+        `namespace` (TENANT/NAMESPACE)."""
+        return [
+            "--log=pulsar",
+            "--checkpoint-store=pulsar",
+            f"--pulsar-url={self.service_url}",
+            f"--pulsar-admin-url={self.admin_url}",
+            f"--pulsar-namespace={namespace}",
+        ]
 
     def _ports(self) -> list[str]:
         """The --port/--http-port/--bookie-port options it was started with."""
@@ -75,7 +133,7 @@ class PulsarService:
             text=True,
             timeout=timeout_s,
             check=False,
-            env={**os.environ, "PULSAR_STOP_TIMEOUT": "20"},
+            env=self._env(PULSAR_STOP_TIMEOUT="20"),
         )
         if done.returncode != 0:
             raise RuntimeError(f"deploy/pulsar.sh {command} failed:\n{done.stderr[-3000:]}")
@@ -92,68 +150,18 @@ class PulsarService:
         """Start it again on the ports and state directory it had (after `stop`)."""
         self._script("start", 300)
 
+    def close(self) -> None:
+        """Stop it for good (when started here; a given one is left alone); never raises."""
+        if self.deploy_dir is None:
+            return
+        subprocess.run(
+            [str(SCRIPT), "stop", "--dir", str(self.deploy_dir)],
+            capture_output=True,
+            check=False,
+            env=self._env(PULSAR_STOP_TIMEOUT="15"),
+        )
+
 
 def unique_namespace(prefix: str) -> str:
     """A Pulsar namespace name nobody has used: `<prefix>-<time>-<random>`."""
     return f"{prefix}-{int(time.time())}-{uuid.uuid4().hex[:8]}"
-
-
-def _start_own(base: Path) -> Iterator[PulsarService]:
-    deploy_dir = base / "pulsar"
-    port, http_port, bookie_port = free_port(), free_port(), free_port()
-    command = [
-        str(SCRIPT),
-        "start",
-        "--dir",
-        str(deploy_dir),
-        "--port",
-        str(port),
-        "--http-port",
-        str(http_port),
-        "--bookie-port",
-        str(bookie_port),
-        "--timeout",
-        "240",
-    ]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _unavailable(f"deploy/pulsar.sh start did not finish: {exc}")
-        raise AssertionError("unreachable") from exc
-    if done.returncode != 0:
-        subprocess.run([str(SCRIPT), "stop", "--dir", str(deploy_dir)], check=False)
-        _unavailable(f"deploy/pulsar.sh start failed:\n{done.stderr[-3000:]}")
-    urls = done.stdout.split()
-    service = PulsarService(urls[0], urls[1], deploy_dir)
-    try:
-        yield service
-    finally:
-        subprocess.run(
-            [str(SCRIPT), "stop", "--dir", str(deploy_dir)],
-            capture_output=True,
-            check=False,
-            env={**os.environ, "PULSAR_STOP_TIMEOUT": "15"},
-        )
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get(ENV_REQUIRE, "") not in ("", "0"):
-        pytest.fail(f"Pulsar is required ({ENV_REQUIRE}) but unavailable: {reason}")
-    pytest.skip(f"no Pulsar available: {reason}")
-
-
-@pytest.fixture(scope="session")
-def pulsar_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarService]:
-    """The session's Pulsar (see the module docstring)."""
-    url = os.environ.get(ENV_URL)
-    if url:
-        admin_url = os.environ.get(ENV_ADMIN_URL)
-        if not admin_url:
-            _unavailable(f"{ENV_URL} is set but {ENV_ADMIN_URL} is not")
-            raise AssertionError("unreachable")
-        directory = os.environ.get(ENV_DIR)
-        yield PulsarService(url, admin_url, Path(directory) if directory else None)
-        return
-    yield from _start_own(tmp_path_factory.mktemp("pulsar-service"))

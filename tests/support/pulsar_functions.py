@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pulsar import ENV_REQUIRE
+from tests.support.pulsar_fixtures import ENV_REQUIRE
 from tests.support.server import REPO
 
 SCRIPT = REPO / "deploy" / "pulsar-functions.sh"

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,10 +57,15 @@ class ServerProcess:
     def log_path(self) -> Path:
         return self.data_dir.parent / f"{self.data_dir.name}-server.log"
 
-    def start(self, timeout_s: float = 30.0) -> ServerProcess:
-        """Start the process and wait until it reports SERVING."""
+    @property
+    def running(self) -> bool:
+        """Started and not exited (yet)."""
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout_s: float = 30.0, *, poll_s: float = 0.1) -> ServerProcess:
+        """Start the process and wait until it reports SERVING (see `wait_serving`)."""
         self.launch()
-        self.wait_serving(timeout_s)
+        self.wait_serving(timeout_s, poll_s=poll_s)
         return self
 
     def launch(self) -> ServerProcess:
@@ -88,14 +93,17 @@ class ServerProcess:
         log.close()
         return self
 
-    def wait_serving(self, timeout_s: float) -> None:
+    def wait_serving(self, timeout_s: float, *, poll_s: float = 0.1) -> None:
+        """Probe the gRPC health every `poll_s` seconds until SERVING. A benchmark timing a
+        start polls more often: the probe's reconnect backoff (half to twice `poll_s`) is then
+        shorter too, so SERVING is seen within about `poll_s` of the fact."""
         deadline = time.monotonic() + timeout_s
         # A private subchannel pool and short reconnect backoff: the probe must not share (and
         # slow down) the connection state of clients in the same test process.
         options = [
             ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 200),
+            ("grpc.initial_reconnect_backoff_ms", round(poll_s * 500)),
+            ("grpc.max_reconnect_backoff_ms", round(poll_s * 2000)),
         ]
         with self._probe_channel(options) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -113,7 +121,7 @@ class ServerProcess:
                     pass
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"server not serving after {timeout_s}s:\n{self.log_tail()}")
-                time.sleep(0.1)
+                time.sleep(poll_s)
 
     def _probe_channel(self, options: list[tuple[str, int]]) -> grpc.Channel:
         if self.tls_files is None:
@@ -147,6 +155,23 @@ class ServerProcess:
         except FileNotFoundError:
             return "(no log)"
 
+    def log_offset(self) -> int:
+        """The log's current size: pass it to `log_since` to read what is written after now
+        (the log accumulates across restarts)."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        """The log from byte `offset` (a `log_offset`) on."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
     def stop(self, timeout_s: float = 20.0) -> int:
         """SIGTERM and wait: the graceful path. Returns the exit code."""
         assert self.process is not None
@@ -159,12 +184,15 @@ class ServerProcess:
             self.process.wait()
             raise
 
-    def kill(self) -> None:
-        """kill -9: no shutdown code runs."""
+    def kill(self) -> float:
+        """kill -9: no shutdown code runs. Returns the wall-clock time (`time.time()`) the
+        signal was sent (or, if the process had exited already, now); the process is reaped."""
         assert self.process is not None
+        sent = time.time()
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        return sent
 
     def restart(self) -> ServerProcess:
         """Stop the process gracefully if it runs (after `kill` it does not), then start it again
@@ -174,3 +202,19 @@ class ServerProcess:
         if self.process is not None and self.process.poll() is None:
             self.stop()
         return self.start()
+
+
+def stop_all(servers: Iterable[ServerProcess], timeout_s: float = 15.0) -> None:
+    """Stop every running server of `servers`: SIGTERM to all at once, then SIGKILL to those
+    still running after `timeout_s`. Never raises for a server that does not stop."""
+    running = [s for s in servers if s.running]
+    for server in running:
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for server in running:
+        assert server.process is not None
+        try:
+            server.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            server.kill()

@@ -1,7 +1,8 @@
-"""A real ZooKeeper for tests, started with deploy/zookeeper.sh on a free port."""
+"""A real ZooKeeper for tests and benchmarks, started with deploy/zookeeper.sh on a free port."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -9,9 +10,12 @@ from tests.support.server import REPO, free_port
 
 
 class ZooKeeperProcess:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, env: dict[str, str] | None = None) -> None:
+        """`env`: extra environment variables for deploy/zookeeper.sh (merged into
+        `os.environ`), e.g. `TK_PYTHON`, the Python with kazoo it checks readiness with."""
         self.state_dir = state_dir
         self.port = free_port()
+        self.env = env
 
     @property
     def hosts(self) -> str:
@@ -23,13 +27,19 @@ class ZooKeeperProcess:
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            env={**os.environ, **self.env} if self.env is not None else None,
         )
         if result.returncode != 0:
             raise RuntimeError(f"zookeeper.sh {' '.join(args)} failed:\n{result.stderr}")
         return result.stdout.strip()
 
-    def start(self) -> ZooKeeperProcess:
-        self._run("start", "--port", str(self.port))
+    def start(self, timeout_s: int | None = None) -> ZooKeeperProcess:
+        """Start it and wait until it serves: `timeout_s` is the script's `--timeout` (its
+        default, 60 s, when None)."""
+        args = ["start", "--port", str(self.port)]
+        if timeout_s is not None:
+            args += ["--timeout", str(timeout_s)]
+        self._run(*args, timeout_s=max(120, (timeout_s or 0) + 60))
         return self
 
     def stop(self) -> None:
