@@ -3,6 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two install levels in the one .venv: `make run` needs only the server (the `server` extra);
+# everything else (tests, lint, protos, benchmarks) needs the full set, which includes it.
+SERVER_STAMP := $(VENV)/.installed-server
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto proto/tablekeeper_proto/etcd/*.proto proto/tablekeeper_proto/oxia/*.proto)
 DATA_DIR ?= ./data
@@ -19,13 +22,25 @@ OXIA_PORT ?= 6648
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
-$(STAMP): pyproject.toml
+# A venv whose pip knows PEP 735 dependency groups (`--group`, pip >= 25.1).
+define make-venv
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,dev]'
-	touch $(STAMP)
+	$(PY) -m pip install -q --upgrade 'pip>=25.1'
+endef
 
-install: $(STAMP)  ## create .venv and install the server, SDK and dev tools
+$(SERVER_STAMP): pyproject.toml
+	$(make-venv)
+	$(PY) -m pip install -q -e '.[server]'
+	touch $(SERVER_STAMP)
+
+# The full set: cluster mode and Pulsar (`cluster`, which includes `server`), the Spark connector
+# (`spark`, for tests/integration/test_spark.py) and the dev tools (the `dev` dependency group).
+$(STAMP): pyproject.toml
+	$(make-venv)
+	$(PY) -m pip install -q -e '.[cluster,spark]' --group dev
+	touch $(STAMP) $(SERVER_STAMP)
+
+install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar, Spark), SDK and dev tools
 
 # The SDK at the lowest versions pyproject.toml declares (grpcio, protobuf; the health-checking
 # package the test harness imports, at its declared floor), in a client-only environment.
@@ -39,7 +54,7 @@ $(FLOORS_STAMP): pyproject.toml
 	$(FLOORS_VENV)/bin/pip install -q --no-deps -e .
 	touch $(FLOORS_STAMP)
 
-run: $(STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT, OXIA_PORT)
+run: $(SERVER_STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT, OXIA_PORT)
 	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT) --etcd-port $(ETCD_PORT) --oxia-port $(OXIA_PORT)
 
 proto: $(STAMP)  ## regenerate proto/gen from proto/*.proto

@@ -53,7 +53,7 @@ def register_server(commands: Any) -> None:
     add_server_arguments(server)
 
     def run(args: argparse.Namespace) -> int:
-        from tablekeeper_server.main import run as run_server
+        from tablekeeper_server.extras import check_server
 
         try:
             resolved = resolve_settings(args, os.environ)
@@ -64,6 +64,9 @@ def register_server(commands: Any) -> None:
         if args.print_config:
             sys.stdout.write(printed_config(config, resolved))
             return EXIT_OK
+        check_server(config)  # before the imports that need the `server` extra's packages
+        from tablekeeper_server.main import run as run_server
+
         return run_server(config)
 
     server.set_defaults(run=run)
@@ -92,6 +95,9 @@ def register_token(commands: Any) -> None:
     create.add_argument("--expiry", help="lifetime, e.g. 90s, 15m, 1h, 7d (default: never expires)")
 
     def run(args: argparse.Namespace) -> int:
+        from tablekeeper_server.extras import require
+
+        require("tablekeeper token", {"jwt": "pyjwt"}, "server")
         from tablekeeper_server.security.tokens import create_token, parse_duration, read_secret
 
         try:

@@ -19,15 +19,14 @@ import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
-from tablekeeper_server.cluster.member import ClusterMember
-from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
+from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.config import ServerConfig, worker_command
 from tablekeeper_server.container.container import ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
@@ -49,6 +48,10 @@ from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 from tablekeeper_server.workers import supervise, worker_argv
+
+if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): only with --zk
+    from tablekeeper_server.cluster.member import ClusterMember
+    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
 
 log = logging.getLogger("tablekeeper.server")
 
@@ -149,6 +152,8 @@ def _checkpoint_store(
 
 async def _join_cluster(config: ServerConfig, clock: Clock) -> tuple[ZkCoordinator, int]:
     """Connect to ZooKeeper and read the cluster's number of containers."""
+    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+
     assert config.zk_hosts is not None
     coordinator = ZkCoordinator(
         config.zk_hosts,
@@ -255,11 +260,11 @@ async def serve(config: ServerConfig) -> None:
     if worker is not None:  # container j belongs to worker j
         admin.sibling_containers = [j for j in range(worker.count) if j != worker.index]
     # The port is fixed by configuration (never 0), so the endpoint we register is known now.
-    member = (
-        ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
-        if coordinator is not None
-        else None
-    )
+    member: ClusterMember | None = None
+    if coordinator is not None:
+        from tablekeeper_server.cluster.member import ClusterMember
+
+        member = ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
     owner_of = member.owner_of if member is not None else None
     if worker is not None:
         owner_of = worker.owner_of

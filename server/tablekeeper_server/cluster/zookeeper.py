@@ -23,19 +23,21 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
-from kazoo.recipe.election import Election
+from tablekeeper_server.extras import require_kazoo
+
+try:
+    from kazoo.client import KazooClient, KazooState
+    from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+    from kazoo.recipe.election import Election
+except ModuleNotFoundError as exc:  # installed without the `cluster` extra
+    require_kazoo(exc, "cluster mode (ZooKeeper)")
 
 from tablekeeper_proto.bookkeeper import cluster_pb2
+from tablekeeper_server.cluster.errors import ClusterError as ClusterError
 from tablekeeper_server.cluster.placement import Assignment, compute_assignment
 from tablekeeper_server.core.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
-
-
-class ClusterError(Exception):
-    pass
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tablekeeper_server.security.auth import Authenticator
 from tablekeeper_server.security.tls import ServerTls, TlsFiles
-from tablekeeper_server.security.tokens import SERVER_ROLE, TokenVerifier
 from tablekeeper_server.settings import BOOL, LIST, PATH, STRING, Setting
+
+if TYPE_CHECKING:  # tokens need pyjwt (the `server` extra); the CLI imports this module without
+    from tablekeeper_server.security.auth import Authenticator
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class SecurityConfig:
                 raise ValueError(f"{path}: no such file")
 
     def is_superuser(self, role: str | None) -> bool:
+        from tablekeeper_server.security.tokens import SERVER_ROLE
+
         return role == SERVER_ROLE or role in self.superuser_roles
 
     def server_tls(self) -> ServerTls | None:
@@ -65,6 +69,9 @@ class SecurityConfig:
     def authenticator(self) -> Authenticator | None:
         if not self.auth_on:
             return None
+        from tablekeeper_server.security.auth import Authenticator
+        from tablekeeper_server.security.tokens import TokenVerifier
+
         verifier = TokenVerifier.from_files(
             secret_key=self.auth_secret_key, public_key=self.auth_public_key
         )
