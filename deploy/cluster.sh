@@ -401,12 +401,21 @@ server_log_tails() { # the end of every server's log, to stderr
 
 # --- readiness ---------------------------------------------------------------
 
-cluster_status() { # cluster_status [--wait S]: `tablekeeper cluster status` of this cluster
-    local -a tls=()
+cluster_status() { # cluster_status [--wait S]: `tablekeeper cluster status`, asked of this cluster's servers
+    local -a tls=() addresses=()
     if [[ "$TLS" == 1 ]]; then # the servers are asked over TLS, as the admin client
         tls=(--tls-ca "$TLS_DIR/ca.pem" --tls-cert "$TLS_DIR/admin.pem" --tls-key "$TLS_DIR/admin-key.pem")
     fi
-    "$TABLEKEEPER" "${tls[@]}" cluster status --zk "$ZK_CONNECT" --cluster "$CLUSTER" "$@" 9>&-
+    local i GRPC_PORT METRICS_PORT # server_ports sets these: keep the caller's
+    for i in $(server_indexes); do
+        if server_ports "$i"; then addresses+=("127.0.0.1:$GRPC_PORT"); fi
+    done
+    if [[ ${#addresses[@]} == 0 ]]; then
+        echo "error: no servers in $DIR to ask" >&2
+        return 3
+    fi
+    # Any server answers for the whole cluster; the CLI tries them in order until one does.
+    "$TABLEKEEPER" "${tls[@]}" --service "bk://$(IFS=,; echo "${addresses[*]}")" -o text cluster status "$@" 9>&-
 }
 
 wait_ready() { # wait_ready I...: until servers I... are live and every container is served

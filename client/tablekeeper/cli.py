@@ -1,5 +1,6 @@
 """The `tablekeeper` command: manage namespaces and tables, read, write, scan and watch keys,
-hold sessions; `server` and `cluster` come from the server package when it is installed.
+hold sessions, show the cluster's state; `server`, `token` and `cluster init` come from the
+server package when it is installed.
 
 Keys: BookKeeper's own tools and clients use the key as its own routing key, so by default
 `tablekeeper put ns/t KEY VALUE` stores (pkey=KEY, lkey=KEY), which a BookKeeper client reads
@@ -10,9 +11,12 @@ and each has an environment variable (`TABLEKEEPER_SERVICE`, ...) that a flag ov
 
 Commands of other packages: every entry point of the `tablekeeper.cli` group is a function
 `register(commands)` that adds its subcommand to `commands` (the CLI's argparse subparsers)
-and sets `run` (a function of the parsed args returning the exit code) as its handler. The
-server package registers `server` and `cluster` this way (`tablekeeper_server.cli`); this
-package never imports it. Without it, those two commands say how to install it.
+and sets `run` (a function of the parsed args returning the exit code) as its handler; those
+of the `tablekeeper.cli.cluster` group add theirs to the `cluster` group the same way. The
+server package registers `server`, `token` and `cluster init` this way (`tablekeeper_server.cli`);
+this package never imports it. Without it, those commands say how to install it (`cluster
+init` without being listed: `cluster` then shows `status` alone, which asks the servers and
+needs nothing else). A plugin cannot replace a command of this package.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import importlib.metadata
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
 
+from tablekeeper._cli_cluster import cluster
 from tablekeeper._cli_completion import SHELLS, script
 from tablekeeper._cli_context import (
     EXIT_ERROR,
@@ -46,13 +51,15 @@ from tablekeeper.table import KeyValue
 from tablekeeper.watch import CompactedError
 
 PLUGIN_GROUP = "tablekeeper.cli"
+CLUSTER_PLUGIN_GROUP = "tablekeeper.cli.cluster"
 SERVER_COMMANDS = {
     "server": "run a server in the foreground",
-    "cluster": "cluster metadata in ZooKeeper: init once, then status",
     "token": "create bearer tokens for servers run with --auth-secret-key",
 }
 """Commands the server package provides (through `PLUGIN_GROUP`), named here only to say how to
 get them when it is missing."""
+SERVER_CLUSTER_COMMANDS = {"init": "create the cluster's metadata in ZooKeeper"}
+"""The same for the `cluster` group (through `CLUSTER_PLUGIN_GROUP`)."""
 
 
 # ---------------------------------------------------------------------------------- arguments
@@ -69,6 +76,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {text})")
     return value
 
 
@@ -199,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common, suppress=True)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = _Commands(subparsers, common)
-    _add_plugins(subparsers)
+    _add_plugins(subparsers, PLUGIN_GROUP, SERVER_COMMANDS, reserved=_CLIENT_COMMANDS)
+    _add_cluster_commands(commands)
     _add_catalog_commands(commands)
     _add_key_commands(commands)
     _add_stream_commands(commands)
@@ -223,20 +241,31 @@ def _version() -> str:
         return "unknown"
 
 
-def _add_plugins(subparsers: Any) -> None:
-    """Commands of installed packages (entry-point group `tablekeeper.cli`). A server command
-    whose package is missing gets a stand-in that says how to install it; a command whose
-    package fails to load gets one that says why, so the other commands keep working."""
+def _add_plugins(
+    subparsers: Any,
+    group: str,
+    expected: Mapping[str, str],
+    *,
+    reserved: Sequence[str] = (),
+    path: str = "",
+    listed: bool = True,
+) -> None:
+    """Commands of installed packages (entry-point `group`), added to `subparsers` (the
+    commands under `path`, e.g. "cluster"). An `expected` command (name -> help) whose package
+    is missing gets a stand-in that says how to install it (listed in the help only if
+    `listed`); a command whose package fails to load gets one that says why, so the other
+    commands keep working. Entry points named like a `reserved` command are ignored."""
     found: set[str] = set()
-    order = list(SERVER_COMMANDS)
+    order = list(expected)
     entry_points = sorted(
-        importlib.metadata.entry_points(group=PLUGIN_GROUP),
+        importlib.metadata.entry_points(group=group),
         key=lambda e: (order.index(e.name) if e.name in order else len(order), e.name),
     )
     for entry_point in entry_points:
-        if entry_point.name in found:
-            continue  # the same distribution seen twice on sys.path
+        if entry_point.name in found or entry_point.name in reserved:
+            continue  # the same distribution seen twice on sys.path, or not its command
         module = entry_point.value.partition(":")[0]
+        name = f"{path} {entry_point.name}".strip()
         try:
             entry_point.load()(subparsers)
         except Exception as exc:
@@ -246,24 +275,67 @@ def _add_plugins(subparsers: Any) -> None:
             ):
                 continue  # its package is not installed
             reason = f"cannot load it from {entry_point.value}: {type(exc).__name__}: {exc}"
-            _stand_in(subparsers, entry_point.name, "(broken, see its error)", reason)
+            help_text = "(broken, see its error)" if listed else None
+            _stand_in(subparsers, entry_point.name, name, help_text, reason)
         found.add(entry_point.name)
-    for name, help_text in SERVER_COMMANDS.items():
-        if name not in found:
+    for command, help_text in expected.items():
+        if command not in found:
             install = "pip install 'tablekeeper[server]'"
             reason = f"it comes with the server, which is not installed: {install}"
-            _stand_in(subparsers, name, f"{help_text} (needs the server: {install})", reason)
+            shown = f"{help_text} (needs the server: {install})" if listed else None
+            _stand_in(subparsers, command, f"{path} {command}".strip(), shown, reason)
 
 
-def _stand_in(subparsers: Any, name: str, help_text: str, reason: str) -> None:
-    """A command that only explains why it cannot run (exit 2); it accepts any arguments."""
+def _stand_in(subparsers: Any, command: str, name: str, help_text: str | None, reason: str) -> None:
+    """Command `command` (`tablekeeper NAME`) that only explains why it cannot run (exit 2); it
+    accepts any arguments. Without `help_text` it is not listed in the help."""
 
     def run(args: argparse.Namespace) -> int:
         print(f"error: `tablekeeper {name}`: {reason}", file=sys.stderr)
         return EXIT_USAGE
 
-    stand_in = subparsers.add_parser(name, help=help_text, add_help=False)
+    listing = {} if help_text is None else {"help": help_text}
+    stand_in = subparsers.add_parser(command, add_help=False, **listing)
     stand_in.set_defaults(run=run, stand_in=True)
+
+
+def _add_cluster_commands(commands: _Commands) -> None:
+    parser = commands.add(
+        "cluster",
+        "the cluster's state (status); init its metadata in ZooKeeper (with the server)",
+        description="`status` asks a server of --service for the cluster's state (no ZooKeeper "
+        "needed here). `init` creates a cluster's metadata in ZooKeeper; it comes with the "
+        "server package.",
+    )
+    actions = commands.group(parser, "cluster_command")
+    _add_plugins(
+        actions.subparsers,
+        CLUSTER_PLUGIN_GROUP,
+        SERVER_CLUSTER_COMMANDS,
+        path="cluster",
+        listed=False,
+    )
+    status = actions.add(
+        "status",
+        "live servers, the controller, the assignment, what each server serves and each "
+        "container's owner",
+        description="Ask the servers of --service (in order, until one answers) for the "
+        "cluster's state: its live servers, controller and container assignment, the "
+        "containers each live server reports serving (its ServerInfo), and per container its "
+        "owner and ownership epoch (containers whose owner is not the assigned server are "
+        "marked 'moving', those their owner let go of 'released'). The cluster is ready when "
+        "every container is assigned to a live server and every live server serves exactly "
+        "the containers assigned to it. A standalone server reports itself (with --workers, "
+        "each worker). -o json prints one JSON object; text and table the report.",
+    )
+    status.add_argument(
+        "--wait",
+        type=_non_negative_float,
+        default=None,
+        metavar="SECONDS",
+        help="ask until the cluster is ready, at most SECONDS (0 = ask once); exit 1 if it is "
+        "not ready by then (without --wait the exit code ignores readiness)",
+    )
 
 
 def _add_catalog_commands(commands: _Commands) -> None:
@@ -694,7 +766,10 @@ _HANDLERS: dict[str, Callable[[CommandContext], int]] = {
     "session": session,
     "admin": _admin,
     "auth": _auth,
+    "cluster": cluster,
 }
+_CLIENT_COMMANDS = (*_HANDLERS, "completion")
+"""This package's commands: no plugin may take their names."""
 _STREAMING = ("watch", "session")
 """Commands that run until Ctrl-C: an interrupt is how they end, so it exits 0."""
 

@@ -13,11 +13,13 @@ from collections.abc import Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+import grpc
+
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
 from tablekeeper._routes import RouteCache, RouteStats
-from tablekeeper._transport import RetryPolicy, parse_service_uri
-from tablekeeper.errors import TableKeeperError
+from tablekeeper._transport import RetryPolicy, _split_host_port, parse_service_uri
+from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_rpc_error
 from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
 from tablekeeper.table import AsyncTable, AsyncTxn
@@ -29,6 +31,17 @@ from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tab
 T = TypeVar("T")
 
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"
+
+
+def _service_endpoints(service: str) -> list[str]:
+    """Each `host:port` of a service URI, in order."""
+    target = service.split("://", 1)[1] if "://" in service else service
+    endpoints = []
+    for part in target.strip("/").split(","):
+        if part.strip():
+            host, port = _split_host_port(part.strip(), service)
+            endpoints.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return endpoints
 
 
 def _table_info(namespace: str, props: stream_pb2.StreamProperties) -> TableInfo:
@@ -266,6 +279,33 @@ class AsyncClient:
         stub = self._context.stub("admin", admin_pb2_grpc.AdminStub)
         return await stub.Status(admin_pb2.StatusRequest(), timeout=self.retry.call_timeout_s)
 
+    async def cluster_status(self) -> admin_pb2.ClusterStatusResponse:
+        """The cluster as one of its servers sees it (`ClusterStatusResponse`): live servers,
+        the controller, the container assignment, what each live server serves, each
+        container's owner and ownership epoch, and whether the cluster is `ready` (else its
+        `problems`). A standalone server answers for itself (`cluster` is empty).
+
+        The servers of the service URI are asked one at a time, in order, until one answers;
+        one that cannot be reached, or cannot read the cluster's state right now, is skipped.
+        Raises `UnavailableError` when none answers, `PermissionDeniedError` unless a superuser
+        asks (on servers with authentication)."""
+        failures: list[str] = []
+        for endpoint in _service_endpoints(self.service):
+            stub = self._context.stub("admin", admin_pb2_grpc.AdminStub, endpoint)
+            try:
+                response: admin_pb2.ClusterStatusResponse = await stub.ClusterStatus(
+                    admin_pb2.ClusterStatusRequest(), timeout=self.retry.call_timeout_s
+                )
+                return response
+            except grpc.aio.AioRpcError as exc:
+                error = error_for_rpc_error(exc, idempotent=True)
+                if not isinstance(error, UnavailableError):
+                    raise error from None
+                failures.append(f"{endpoint}: {error}")
+        raise UnavailableError(
+            f"no server of {self.service} answered ClusterStatus ({'; '.join(failures)})"
+        )
+
     async def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
         """The server's version and endpoints (`ServerInfoResponse`)."""
         stub: tablekeeper_pb2_grpc.TableKeeperStub = self._context.stub(
@@ -401,6 +441,10 @@ class Client:
     def status(self) -> Any:
         """The server's per-range status (`StatusResponse`)."""
         return self._runner.run(self._async.status())
+
+    def cluster_status(self) -> admin_pb2.ClusterStatusResponse:
+        """The cluster's live servers, assignment, owners and readiness; see `AsyncClient`."""
+        return self._runner.run(self._async.cluster_status())
 
     def route_stats(self) -> RouteStats:
         """How often routes were fetched and invalidated (a copy)."""

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.errors import ClusterError
+from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import ServerConfig, worker_command
 from tablekeeper_server.container.container import ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
@@ -284,6 +285,14 @@ async def serve(config: ServerConfig) -> None:
         if authenticator is not None and authenticator.verifier is not None
         else None,
     )
+    if coordinator is not None and member is not None:
+        admin.cluster_view = ZooKeeperView(
+            coordinator, config.cluster, member.endpoint, registry.serving
+        )
+    else:
+        endpoints = worker.endpoints if worker is not None else (server.endpoint,)
+        index = worker.index if worker is not None else 0
+        admin.cluster_view = FixedView(endpoints, index, num_containers, registry.serving)
     if member is not None:
         assert server.forwarder is not None and server.endpoint == member.endpoint
         cluster_member = member

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tablekeeper import Client
+from tablekeeper_server.cluster.zookeeper import ZkCoordinator
 from tests.support.cluster import TestCluster
 from tests.support.server import REPO, TABLEKEEPER, ServerProcess, free_port
 
@@ -219,7 +220,7 @@ def test_version_and_completion() -> None:
     result = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=60)
     lines = ok(result).splitlines()
     assert lines[0].split() == [
-        "server", "cluster", "token", "ns", "table", "put", "get", "incr", "del", "scan",
+        "server", "token", "cluster", "ns", "table", "put", "get", "incr", "del", "scan",
         "watch", "session", "admin", "auth", "completion",
     ]  # fmt: skip
     assert lines[1:] == [
@@ -867,19 +868,44 @@ def test_timeout_bounds_a_call() -> None:
         failed(result, 3, "error: UnavailableError")
 
 
+def test_cluster_status_of_an_unreachable_service_is_one_line() -> None:
+    """No server of the URI answers: one line naming them, exit 3 (also after --wait)."""
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    service = "bk://" + ",".join(dead)
+    for result in (
+        tk("cluster", "status", service=service),
+        tk("cluster", "status", "--wait", "0.5", service=service),
+    ):
+        stderr = failed(result, 3, f"error: UnavailableError: no server of {service} answered")
+        assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr, stderr
+        assert all(address in stderr for address in dead), stderr
+    assert failed(tk("cluster", "status", "--wait", "-1"), 2, "must be >= 0")
+
+
 @pytest.mark.pulsar
 def test_listings_and_cluster_status_in_cluster_mode(
     make_cluster: Callable[..., TestCluster],
 ) -> None:
     """Listings asked of a server that does not own the root range are forwarded to its owner;
-    `cluster status -o json` reports the same facts as the text report."""
+    `cluster status` asks the servers of --service (the first address is dead: the next one
+    answers) and `-o json` reports the same facts as the text report; `--wait` turns a cluster
+    that is not ready into exit 1."""
     cluster = make_cluster(containers=2).start(2)
-    zk = ["--zk", cluster.zk_hosts, "--cluster", cluster.name]
-    status = json.loads(ok(tk("cluster", "status", *zk, "--wait", "60", "-o", "json")))
+    dead = f"127.0.0.1:{free_port()}"
+    both = f"bk://{dead},{cluster.endpoint(0)},{cluster.endpoint(1)}"
+    status = json.loads(ok(tk("cluster", "status", "--wait", "60", "-o", "json", service=both)))
+    assert status["cluster"] == cluster.name and status["containers"] == 2
     assert status["ready"] is True and status["problems"] == []
     assert sorted(status["servers"]) == sorted(cluster.endpoint(i) for i in range(2))
+    assert status["controller"] == cluster.controller()
+    assert status["assignment"] == {s: sorted(c) for s, c in cluster.assignment().items()}
+    assert status["serving"] == status["assignment"]
     root_owner = next(o["owner"] for o in status["owners"] if o["container"] == 0)
     assert status["assignment"][root_owner][0] == 0
+    for owner in status["owners"]:
+        ownership = cluster.owner(owner["container"])
+        assert ownership is not None and owner["assigned_to"] == owner["owner"]
+        assert (owner["owner"], owner["epoch"]) == (ownership.endpoint, ownership.epoch)
     others = [i for i in range(2) if cluster.endpoint(i) != root_owner]
     assert others, status  # two servers share two containers: one of them lacks the root
     svc = cluster.service(others[0])
@@ -888,10 +914,29 @@ def test_listings_and_cluster_status_in_cluster_mode(
     assert "cl_ns" in ok(tk("ns", "list", service=svc)).split()
     assert ok(tk("table", "list", "cl_ns", service=svc)) == "t\n"
     failed(tk("table", "list", "cl_nope", service=svc), 3, "error: NamespaceNotFoundError")
-    text = ok(tk("cluster", "status", *zk, env={"TABLEKEEPER_OUTPUT": "text"}))
+    text = ok(
+        tk("cluster", "status", env={"TABLEKEEPER_OUTPUT": "text", "TABLEKEEPER_SERVICE": svc})
+    )
     assert f"cluster {cluster.name}: 2 storage containers" in text and "ready: yes" in text
+    assert f"servers: {', '.join(sorted(status['servers']))}" in text.splitlines()
+    zk = ["--zk", cluster.zk_hosts, "--cluster", cluster.name]
     init = json.loads(ok(tk("-o", "json", "cluster", "init", *zk, "--containers", "2")))
     assert init == {"cluster": cluster.name, "containers": 2, "created": False}
+    # A registered server that never answers: the cluster is not ready while it is live.
+    ghost = ZkCoordinator(cluster.zk_hosts, cluster.name)
+    ghost.start()
+    try:
+        ghost.register(dead)
+        waited = tk("cluster", "status", "--wait", "1", service=svc)
+        once = tk("cluster", "status", "-o", "json", service=svc)
+    finally:
+        ghost.stop()
+    assert waited.returncode == 1, (waited.stdout, waited.stderr)
+    assert waited.stdout.splitlines()[-1].startswith("ready: no (")
+    assert f"{dead}: ServerInfo failed: UNAVAILABLE" in waited.stdout
+    doc = json.loads(ok(once))  # without --wait, exit 0 whether ready or not
+    assert doc["ready"] is False and dead in doc["servers"]
+    assert doc["serving"][dead].startswith("ServerInfo failed: UNAVAILABLE")
 
 
 # --------------------------------------------------------------------------- server command

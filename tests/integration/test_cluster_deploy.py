@@ -1,10 +1,11 @@
 """deploy/cluster.sh end to end: start a 2-server cluster (its own ZooKeeper, the session's
 Pulsar), check `status`, read and write through every server's URI with the SDK, add a third
 server with `start 3`, then `stop` and check that every process is gone. Plus the script's
-argument checks and `tablekeeper cluster status`'s per-container owners."""
+argument checks and the per-container owners of `tablekeeper cluster status`'s report."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
@@ -14,10 +15,15 @@ import time
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tablekeeper import Client
+from tablekeeper._cli_cluster import report
+from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
+from tablekeeper_server.cluster.status import ZooKeeperView
 from tablekeeper_server.cluster.zookeeper import Controller, ZkCoordinator
+from tablekeeper_server.rpc.admin import cluster_status_response
 from tests.support.pulsar import PulsarService, unique_namespace
 from tests.support.server import REPO, TABLEKEEPER, free_port
 from tests.support.zookeeper import ZooKeeperProcess
@@ -169,9 +175,12 @@ def test_start_status_use_grow_stop(tmp_path: Path, pulsar_service: PulsarServic
 
 
 def test_cli_status_shows_owners_and_moving_containers(tmp_path: Path) -> None:
-    """`tablekeeper cluster status` per container: assigned server, owner and epoch; a container
-    owned by another server than its assigned one is marked moving; `--wait` reports readiness
-    in its exit code (here never ready: the registered server does not answer ServerInfo)."""
+    """`tablekeeper cluster status`'s report per container: assigned server, owner and epoch; a
+    container owned by another server than its assigned one is marked moving, one nobody
+    claimed unclaimed; a live server that does not answer ServerInfo makes the cluster not
+    ready. The report of the view a server composes from this ZooKeeper state (its Admin
+    service's ClusterStatus; here composed in-process, since no real server runs: test_cli and
+    test_cluster_status ask real ones)."""
     zookeeper = ZooKeeperProcess(tmp_path / "zookeeper").start()
     server = ZkCoordinator(zookeeper.hosts, "owners")
     try:
@@ -180,32 +189,37 @@ def test_cli_status_shows_owners_and_moving_containers(tmp_path: Path) -> None:
         server.register("127.0.0.1:7001")
         server.run_for_controller("127.0.0.1:7001", Controller(server).lead)
         deadline = time.monotonic() + 15
-        while server.read_assignment()[0].get("127.0.0.1:7001") != frozenset(range(3)):
+        while server.read_assignment()[0].get("127.0.0.1:7001") != frozenset(range(3)) or (
+            server.controller() != "127.0.0.1:7001"
+        ):
             assert time.monotonic() < deadline, "no assignment"
             time.sleep(0.05)
         server.claim(0, "127.0.0.1:7001")
         server.claim(1, "127.0.0.1:7002")
         server.claim(1, "127.0.0.1:7002")
-        command = [str(TABLEKEEPER), "cluster", "status", "--zk", zookeeper.hosts]
-        status = subprocess.run(
-            [*command, "--cluster", "owners"], capture_output=True, text=True, timeout=60
-        )
-        waited = subprocess.run(
-            [*command, "--cluster", "owners", "--wait", "1"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        # Asked by a server that is not registered (so every live one is asked over the
+        # network): 127.0.0.1:7001 does not listen.
+        view = ZooKeeperView(server, "owners", "127.0.0.1:7999", lambda: [], peer_timeout_s=5)
+        status = asyncio.run(view.view(_server_info))
     finally:
         server.stop()
         zookeeper.stop()
-    assert status.returncode == 0, status.stderr
-    lines = status.stdout.splitlines()
+    lines = report(cluster_status_response(status))
     assert "servers: 127.0.0.1:7001" in lines and "controller: 127.0.0.1:7001" in lines
     assert "  127.0.0.1:7001: [0, 1, 2]" in lines
     rows = {int(line.split()[0]): line.split()[1:] for line in lines if re.match(r"^ +\d+ ", line)}
     assert rows[0] == ["127.0.0.1:7001", "127.0.0.1:7001", "(1)"]
     assert rows[1] == ["127.0.0.1:7001", "127.0.0.1:7002", "(2)", "moving"]
     assert rows[2] == ["127.0.0.1:7001", "-", "unclaimed"]
-    assert lines[-1].startswith("ready: no (127.0.0.1:7001: ServerInfo failed")
-    assert waited.returncode == 1 and waited.stdout.splitlines()[-1].startswith("ready: no")
+    assert lines[-1].startswith("ready: no (127.0.0.1:7001: ServerInfo failed: UNAVAILABLE")
+
+
+async def _server_info(endpoint: str, timeout_s: float) -> list[int]:
+    """ServerInfo of the server at `endpoint` (what a server's ClusterStatus asks its peers)."""
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        stub = tablekeeper_pb2_grpc.TableKeeperStub(channel)
+        try:
+            info = await stub.ServerInfo(tablekeeper_pb2.ServerInfoRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise ConnectionError(exc.code().name) from None
+    return list(info.containers)

@@ -3,6 +3,7 @@ assignment reconciliation and ownership epochs."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -12,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tablekeeper_server.cluster.status import ContainerOwner, ZooKeeperView
 from tablekeeper_server.cluster.zookeeper import (
     ClusterError,
     Controller,
     Ownership,
     ZkCoordinator,
 )
+from tablekeeper_server.errors import UnavailableError
 from tests.support.zookeeper import ZooKeeperProcess
 
 pytestmark = pytest.mark.integration
@@ -185,31 +188,39 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cluster_cli_init_and_status(
+def test_cluster_cli_init_and_the_status_view(
     zookeeper: ZooKeeperProcess, connect: Callable[[], ZkCoordinator]
 ) -> None:
+    """`tablekeeper cluster init`, then the view a server's ClusterStatus composes from
+    ZooKeeper (`cluster.status.ZooKeeperView`; the CLI's `cluster status` asks a server for it,
+    see test_cli and test_cluster_status)."""
     zk = ["--zk", zookeeper.hosts, "--cluster", "cli-cluster"]
-    missing = run_cli("cluster", "status", *zk)
-    assert missing.returncode == 3 and "not initialised" in missing.stderr
-    first = run_cli("cluster", "init", *zk, "--containers", "4")
-    assert first.returncode == 0, first.stderr
-    assert "initialised with 4 storage containers" in first.stdout
-    again = run_cli("cluster", "init", *zk, "--containers", "4")
-    assert again.returncode == 0 and "already initialised" in again.stdout
-    conflict = run_cli("cluster", "init", *zk, "--containers", "8")
-    assert conflict.returncode == 3 and "already exists with 4" in conflict.stderr
-
     server = ZkCoordinator(zookeeper.hosts, "cli-cluster")
     server.start()
     try:
+        view = ZooKeeperView(server, "cli-cluster", "127.0.0.1:7001", lambda: [0, 1, 2, 3])
+        with pytest.raises(UnavailableError, match="not initialised"):
+            asyncio.run(view.view(None))
+        first = run_cli("cluster", "init", *zk, "--containers", "4")
+        assert first.returncode == 0, first.stderr
+        assert "initialised with 4 storage containers" in first.stdout
+        again = run_cli("cluster", "init", *zk, "--containers", "4")
+        assert again.returncode == 0 and "already initialised" in again.stdout
+        conflict = run_cli("cluster", "init", *zk, "--containers", "8")
+        assert conflict.returncode == 3 and "already exists with 4" in conflict.stderr
+
         server.register("127.0.0.1:7001")
         server.run_for_controller("127.0.0.1:7001", Controller(server).lead)
         wait_for(lambda: server.read_assignment()[0] == {"127.0.0.1:7001": frozenset(range(4))})
-        status = run_cli("cluster", "status", *zk)
+        wait_for(lambda: server.controller() == "127.0.0.1:7001")
+        for container in range(4):
+            server.claim(container, "127.0.0.1:7001")
+        status = asyncio.run(view.view(None))
     finally:
         server.stop()
-    assert status.returncode == 0, status.stderr
-    assert "cluster cli-cluster: 4 storage containers" in status.stdout
-    assert "servers: 127.0.0.1:7001" in status.stdout
-    assert "controller: 127.0.0.1:7001" in status.stdout
-    assert "127.0.0.1:7001: [0, 1, 2, 3]" in status.stdout
+    assert status.name == "cli-cluster" and status.containers == 4
+    assert status.servers == ("127.0.0.1:7001",) and status.controller == "127.0.0.1:7001"
+    assert status.assignment == {"127.0.0.1:7001": frozenset(range(4))}
+    assert status.serving == {"127.0.0.1:7001": frozenset(range(4))}
+    assert status.owners == {c: ContainerOwner("127.0.0.1:7001", 1) for c in range(4)}
+    assert status.problems() == []

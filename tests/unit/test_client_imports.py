@@ -85,12 +85,41 @@ def _cli_without_server(
     )
 
 
-@pytest.mark.parametrize("command", ["server", "cluster"])
-def test_server_commands_say_how_to_get_them_without_the_server(command: str) -> None:
-    result = _cli_without_server(command, "--data-dir", "/tmp/x")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["server", "--data-dir", "/tmp/x"],
+        ["token", "create", "--subject", "x"],
+        ["cluster", "init", "--zk", "127.0.0.1:1", "--cluster", "c", "--containers", "3"],
+    ],
+)
+def test_server_commands_say_how_to_get_them_without_the_server(argv: list[str]) -> None:
+    result = _cli_without_server(*argv)
     assert result.returncode == 2, result.stderr
+    command = " ".join(argv[:2] if argv[0] == "cluster" else argv[:1])
+    assert f"`tablekeeper {command}`" in result.stderr, result.stderr
     assert "pip install 'tablekeeper[server]'" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_cluster_group_shows_status_alone_without_the_server() -> None:
+    """`cluster status` is the client's own (it asks the servers); `cluster init` comes with
+    the server, and without it is not listed (it still says how to get it, above)."""
+    without = _cli_without_server("cluster", "--help")
+    assert without.returncode == 0, without.stderr
+    listed = without.stdout.split("positional arguments:")[1].split("options:")[0]
+    assert "status" in listed and "init" not in listed, without.stdout
+    status_help = _cli_without_server("cluster", "status", "--help")
+    assert status_help.returncode == 0 and "--wait SECONDS" in status_help.stdout
+    with_server = subprocess.run(
+        [sys.executable, "-m", "tablekeeper.cli", "cluster", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert with_server.returncode == 0, with_server.stderr
+    listed = with_server.stdout.split("positional arguments:")[1].split("options:")[0]
+    assert "init" in listed and "status" in listed, with_server.stdout
 
 
 def test_client_commands_work_without_the_server() -> None:
@@ -99,7 +128,8 @@ def test_client_commands_work_without_the_server() -> None:
     assert "complete -o default -F _tablekeeper tablekeeper" in result.stdout
     help_text = _cli_without_server("--help")
     assert help_text.returncode == 0, help_text.stderr
-    assert "needs the server: pip install 'tablekeeper[server]'" in help_text.stdout
+    words = " ".join(help_text.stdout.split())  # as argparse wrapped them
+    assert "needs the server: pip install 'tablekeeper[server]'" in words
 
 
 def test_a_broken_server_package_breaks_only_its_commands() -> None:

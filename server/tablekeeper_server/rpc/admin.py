@@ -1,18 +1,27 @@
-"""The Admin service: checkpoints on demand and per-range status (for `tablekeeper admin`),
-listings of namespaces and tables (for `tablekeeper ns list` / `table list`), and permissions
-(for `tablekeeper auth`, and the access checks of other servers)."""
+"""The Admin service: checkpoints on demand and per-range status (for `tablekeeper admin`), the
+cluster's state (for `tablekeeper cluster status`; composed in `cluster.status`), listings of
+namespaces and tables (for `tablekeeper ns list` / `table list`), and permissions (for
+`tablekeeper auth`, and the access checks of other servers)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc
+import grpc
+
+from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2
+from tablekeeper_server.cluster.status import ClusterView, ViewSource
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
-from tablekeeper_server.errors import BadRequestError, InvalidNamespaceNameError
+from tablekeeper_server.errors import BadRequestError, InvalidNamespaceNameError, UnavailableError
 from tablekeeper_server.range.replica import Range
-from tablekeeper_server.rpc.proxy import RemoteCatalogClient, local_or_forward, was_forwarded
+from tablekeeper_server.rpc.proxy import (
+    TABLEKEEPER_SERVICE,
+    RemoteCatalogClient,
+    local_or_forward,
+    was_forwarded,
+)
 from tablekeeper_server.rpc.status import serve, serve_admin
 from tablekeeper_server.security.access import Permission, parse_permissions, permission_names
 
@@ -62,6 +71,47 @@ def range_status(range_: Range, clock: Clock) -> admin_pb2.RangeStatus:
     return status
 
 
+def cluster_status_response(view: ClusterView) -> admin_pb2.ClusterStatusResponse:
+    """`view` on the wire, with its readiness and problems."""
+    assigned = view.assigned_to()
+    containers = []
+    for container in range(view.containers):
+        entry = admin_pb2.ContainerStatus(
+            container=container, assigned_to=assigned.get(container, "")
+        )
+        owner = view.owners.get(container)
+        if owner is not None:
+            entry.owner.CopyFrom(
+                admin_pb2.ContainerOwnership(
+                    endpoint=owner.endpoint, epoch=owner.epoch, released=owner.released
+                )
+            )
+        containers.append(entry)
+    serving = []
+    for server in view.servers:
+        served = view.serving.get(server, "not asked")
+        if isinstance(served, str):
+            serving.append(admin_pb2.ServerContainers(server=server, error=served))
+        else:
+            serving.append(admin_pb2.ServerContainers(server=server, containers=sorted(served)))
+    problems = view.problems()
+    return admin_pb2.ClusterStatusResponse(
+        cluster=view.name,
+        num_storage_containers=view.containers,
+        servers=view.servers,
+        controller=view.controller or "",
+        assignment=[
+            admin_pb2.ServerContainers(server=server, containers=sorted(owned))
+            for server, owned in sorted(view.assignment.items())
+        ],
+        assignment_revision=view.revision,
+        serving=serving,
+        containers=containers,
+        ready=not problems,
+        problems=problems,
+    )
+
+
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(
         self, registry: ContainerRegistry, *, checkpoint_store: str, interval_s: float
@@ -75,6 +125,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         """A worker of `--workers`: one container of each other worker. Checkpoint and Status
         cover the whole host: what is here, plus each other worker's answer (asked through
         that container's route)."""
+        self.cluster_view: ViewSource | None = None
+        """What ClusterStatus reports (set by the composition root): ZooKeeper's record in
+        cluster mode, the fixed split of a standalone server (and its workers) otherwise."""
 
     async def _siblings(
         self, method: str, request: Any, response_type: Any, context: Any
@@ -131,6 +184,41 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for other in await self._siblings("Status", request, admin_pb2.StatusResponse, context):
             response.ranges.extend(other.ranges)
         return response
+
+    async def ClusterStatus(  # noqa: N802
+        self, request: admin_pb2.ClusterStatusRequest, context: Any
+    ) -> admin_pb2.ClusterStatusResponse:
+        """Any server answers for the whole cluster (a `--workers` worker for every worker):
+        the other servers are asked for their ServerInfo directly, not forwarded to."""
+
+        async def handle() -> admin_pb2.ClusterStatusResponse:
+            source = self.cluster_view
+            if source is None:
+                raise UnavailableError("this server has no view of its cluster yet")
+            return cluster_status_response(await source.view(self._ask_serving))
+
+        return await serve_admin("ClusterStatus", context, handle)
+
+    async def _ask_serving(self, endpoint: str, timeout_s: float) -> list[int]:
+        """The containers the server at `endpoint` serves: its ServerInfo, asked the way this
+        server forwards to it (TLS, its own token)."""
+        remote = self._registry.remote
+        if not isinstance(remote, RemoteCatalogClient):
+            raise UnavailableError("this server has no channel to other servers")
+        try:
+            info = await remote.forwarder.ask(
+                endpoint,
+                TABLEKEEPER_SERVICE + "ServerInfo",
+                tablekeeper_pb2.ServerInfoRequest(),
+                tablekeeper_pb2.ServerInfoResponse,
+                timeout_s,
+            )
+        except grpc.aio.AioRpcError as exc:
+            details = (exc.details() or "").strip()
+            raise UnavailableError(
+                f"{exc.code().name}{f' ({details})' if details else ''}"
+            ) from None
+        return [int(c) for c in info.containers]
 
     async def ListNamespaces(  # noqa: N802
         self, request: admin_pb2.ListNamespacesRequest, context: Any

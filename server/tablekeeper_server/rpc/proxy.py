@@ -208,6 +208,25 @@ class Forwarder:
         finally:
             call.cancel()
 
+    async def ask(
+        self,
+        endpoint: str,
+        path: str,
+        request: Any,
+        response_type: Callable[..., R],
+        timeout_s: float,
+    ) -> R:
+        """Call `path` on the server at `endpoint` itself (not on a container's owner), as this
+        server: over the channel and credentials forwarding uses, with this server's own
+        identity. Errors are the call's `grpc.aio.AioRpcError`."""
+        method = self._channel(endpoint).unary_unary(
+            path,
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,  # type: ignore[attr-defined]
+        )
+        response: R = await method(request, metadata=self._own_identity, timeout=timeout_s)
+        return response
+
     def _identity(self, context: Any) -> tuple[tuple[str, str], ...]:
         """Who the forwarded call is from: the caller's token if it sent one, else this server
         (which has authenticated the caller itself)."""

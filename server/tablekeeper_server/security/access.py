@@ -5,7 +5,8 @@ Permissions are bits per (namespace, role), kept in the root range (`RootCatalog
 - `write`: put, delete, increment, txn (txns also need `read`), sessions;
 - `admin`: create and delete tables, grant and revoke permissions on the namespace.
 Superusers (`--superuser-roles`, and servers calling each other) may do everything, and only they
-create or delete namespaces and call the server-wide admin RPCs (status, checkpoint).
+create or delete namespaces and call the server-wide admin RPCs (status, cluster status,
+checkpoint).
 
 The etcd and Oxia front-ends are checked against the TableKeeper namespace their data lives in:
 `etcd` (the keyspace is table `etcd/keyspace`) and `oxia` (Oxia namespace N is table `oxia/N`, so
@@ -165,6 +166,7 @@ RULES: dict[str, Rule] = {
     ],
     _ADMIN + "Checkpoint": SUPERUSER,
     _ADMIN + "Status": SUPERUSER,
+    _ADMIN + "ClusterStatus": SUPERUSER,
     _ADMIN + "ListNamespaces": ANY,
     _ADMIN + "ListTables": lambda r: [Target(Permission.READ, namespace=r.namespace)],
     _ADMIN + "Grant": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],

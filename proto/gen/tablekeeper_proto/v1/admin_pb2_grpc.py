@@ -44,6 +44,11 @@ class AdminStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/tablekeeper.v1.Admin/ClusterStatus',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
+                _registered_method=True)
         self.ListNamespaces = channel.unary_unary(
                 '/tablekeeper.v1.Admin/ListNamespaces',
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ListNamespacesRequest.SerializeToString,
@@ -87,6 +92,14 @@ class AdminServicer:
 
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClusterStatus(self, request, context):
+        """The cluster's live servers, controller, assignment, what each live server serves, each
+        container's owner, and whether it is ready (`tablekeeper cluster status`). Superusers only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -142,6 +155,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusResponse.SerializeToString,
             ),
             'ListNamespaces': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNamespaces,
@@ -228,6 +246,33 @@ class Admin:
             '/tablekeeper.v1.Admin/Status',
             tablekeeper__proto_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_admin__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/ClusterStatus',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.ClusterStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
