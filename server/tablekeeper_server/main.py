@@ -24,21 +24,34 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tablekeeper_server.catalog.meta import CONTAINER_META_STREAM_ID
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import ServerConfig, worker_command
-from tablekeeper_server.container.container import ContainerEnv, OpenRangeLimit
+from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
-from tablekeeper_server.errors import CorruptionError
+from tablekeeper_server.errors import CorruptionError, StreamNotFoundError
 from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.logging_setup import configure_logging
-from tablekeeper_server.metrics import LiveCounts, OpenFilesStats, RangeStats, ServerMetrics
+from tablekeeper_server.metrics import (
+    META_TABLE,
+    ROOT_TABLE,
+    SYSTEM_NAMESPACE,
+    UNKNOWN,
+    LiveCounts,
+    OpenFilesStats,
+    RangeStats,
+    ServerMetrics,
+    TableKey,
+    TableLabels,
+    TableNames,
+)
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
@@ -189,6 +202,12 @@ async def serve(config: ServerConfig) -> None:
     failpoints = Failpoints.from_env()
     log_backend, log_description, close_log = _log_backend(config, failpoints)
     checkpoint_store, close_checkpoint_store = _checkpoint_store(config, clock)
+    # Table names for the metrics' labels, learned as table ranges open (from the root range,
+    # here or on its owner; `registry` and `admin` exist by the time the first range opens).
+    table_names = TableNames(
+        lambda stream_id: _table_name(registry, admin, stream_id),
+        lambda: {r.name.stream_id for r in registry.all_ranges()},
+    )
     env = ContainerEnv(
         num_containers=num_containers,
         log_backend=log_backend,
@@ -202,13 +221,15 @@ async def serve(config: ServerConfig) -> None:
         failpoints=failpoints,
         open_hosted_ranges_on_start=coordinator is not None,
         range_limit=OpenRangeLimit(config.max_open_ranges, clock),
+        on_table_range_opened=table_names.opened,
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
     # A worker: its share.
     hosted = [c for c in range(num_containers) if worker is None or worker.owns(c)]
     registry = ContainerRegistry(env, [] if coordinator else hosted)
     metrics.register_range_stats(
-        lambda: [_range_stats(r, env.clock) for r in registry.all_ranges()]
+        lambda: [_range_stats(r, env.clock, table_names) for r in registry.all_ranges()],
+        TableLabels(config.metrics_max_tables),
     )
     metrics.register_open_files(
         lambda: OpenFilesStats(
@@ -368,6 +389,7 @@ async def serve(config: ServerConfig) -> None:
     if oxia is not None:
         await oxia.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
+    table_names.close()
     await registry.stop()
     await asyncio.to_thread(close_log)
     await asyncio.to_thread(close_checkpoint_store)
@@ -473,12 +495,36 @@ async def _start_oxia(
     return oxia
 
 
-def _range_stats(range_: Range, clock: Clock) -> RangeStats:
+async def _table_name(
+    registry: ContainerRegistry, admin: AdminServicer, stream_id: int
+) -> TableKey | None:
+    """(namespace, table) of table `stream_id` from the root range, here or on its owner; None
+    if the table is gone."""
+    try:
+        props = await registry.stream_props(stream_id)
+        namespace, _ = await admin.access("", "", stream_id)  # the namespace's name, with it
+    except StreamNotFoundError:
+        return None
+    return namespace, props.stream_name
+
+
+def _range_labels(range_: Range, names: TableNames) -> TableKey:
+    stream_id = range_.name.stream_id
+    if stream_id == ROOT_STREAM_ID:
+        return SYSTEM_NAMESPACE, ROOT_TABLE
+    if stream_id == CONTAINER_META_STREAM_ID:
+        return SYSTEM_NAMESPACE, META_TABLE
+    return names.get(stream_id) or (UNKNOWN, UNKNOWN)
+
+
+def _range_stats(range_: Range, clock: Clock, names: TableNames) -> RangeStats:
     checkpointer = range_.checkpointer
     stats = checkpointer.stats if checkpointer is not None else None
     done = stats is not None and stats.count > 0
+    namespace, table = _range_labels(range_, names)
     return RangeStats(
-        range=range_.name.log_name,
+        namespace=namespace,
+        table=table,
         wal_bytes=range_.wal_bytes(),
         applied_sequence=range_.applied_sequence,
         checkpoint_age_s=(clock.now_ms() - stats.created_at_ms) / 1000 if stats and done else None,

@@ -1,16 +1,26 @@
 """Prometheus metrics of one server, registered in a registry passed in (no global state).
 
-Labels: per range (`range`, its log name) and per storage container, never per namespace or
-table name: a name would need a catalog lookup at every scrape (from the scrape thread), and the
-number of tables is up to the users, so neither is cheap or bounded. Counts of ranges are
-bounded by `--max-open-ranges`; containers by the cluster's fixed container count.
+Labels: per storage container (bounded by the cluster's fixed container count), and per table,
+`namespace` and `table`, for the figures of the open ranges (`tablekeeper_range_*`, summed or
+maxed over the table's ranges open on this server; per range figures are in `tablekeeper admin
+status`). Table labels are bounded: at most `--metrics-max-tables` (namespace, table) pairs at
+once (`TableLabels`); the ranges of further tables are counted under `<other>`. The root and
+meta ranges are labelled `<system>`/`<root>` and `<system>`/`<meta>`. These values cannot
+collide with real names: namespace and table names cannot contain `<` or `>`.
+
+Names are learned when a table range opens (`TableNames`, off the request path: a catalog read,
+local or from the root range's owner), so a scrape never reads the catalog. A table whose
+ranges all closed (deleted, idle and evicted, moved away) has no series and gives its label up.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+import logging
 import platform
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -28,6 +38,8 @@ _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+log = logging.getLogger(__name__)
 
 
 class ServerMetrics:
@@ -89,9 +101,12 @@ class ServerMetrics:
         self.requests.labels(method, str(code)).inc()
         self.request_seconds.labels(method).observe(seconds)
 
-    def register_range_stats(self, stats: Callable[[], list[RangeStats]]) -> None:
-        """`stats()` returns one `RangeStats` per open range at scrape time."""
-        self.registry.register(_RangeCollector(stats))
+    def register_range_stats(
+        self, stats: Callable[[], list[RangeStats]], labels: TableLabels
+    ) -> None:
+        """`stats()` returns one `RangeStats` per open range at scrape time; `labels` bounds
+        the (namespace, table) label pairs of their series."""
+        self.registry.register(_RangeCollector(stats, labels))
 
     def register_container_stats(self, stats: Callable[[], dict[int, tuple[int, int]]]) -> None:
         """`stats()` returns {container id: (open ranges, estimated keys)} at scrape time."""
@@ -194,11 +209,126 @@ class _OpenFilesCollector(Collector):
         )
 
 
+SYSTEM_NAMESPACE = "<system>"
+"""The `namespace` label of the root and meta ranges."""
+ROOT_TABLE = "<root>"
+META_TABLE = "<meta>"
+OTHER = "<other>"
+"""`namespace` and `table` of the ranges of tables over the `TableLabels` bound."""
+UNKNOWN = "<unknown>"
+"""`namespace` and `table` of a range whose table's name is not known (yet)."""
+TableKey = tuple[str, str]
+"""(namespace, table name)."""
+_OTHER_KEY = (OTHER, OTHER)
+_NOT_COUNTED = frozenset(
+    {(SYSTEM_NAMESPACE, ROOT_TABLE), (SYSTEM_NAMESPACE, META_TABLE), (UNKNOWN, UNKNOWN)}
+)
+
+
+class TableLabels:
+    """Which tables get their own `namespace`/`table` labels: at most `max_tables` at once.
+
+    `assign` is called at every scrape with the tables that have open ranges. A table keeps its
+    labels for as long as it has open ranges here; one that has none at a scrape (deleted,
+    evicted as idle, moved to another server) gives them up. Tables beyond the bound are
+    labelled `<other>`; when labels are free again the next ones, in name order, take them. The
+    root and meta ranges and `<unknown>` are not counted. Thread-safe (scrapes may overlap)."""
+
+    def __init__(self, max_tables: int) -> None:
+        self.max_tables = max_tables
+        self._labelled: set[TableKey] = set()
+        self._lock = threading.Lock()
+
+    def assign(self, tables: Iterable[TableKey]) -> dict[TableKey, TableKey]:
+        """The labels of each of `tables` (the tables with open ranges now)."""
+        present = set(tables)
+        with self._lock:
+            self._labelled &= present
+            for key in sorted(present - self._labelled - _NOT_COUNTED):
+                if len(self._labelled) >= self.max_tables:
+                    break
+                self._labelled.add(key)
+            return {
+                key: key if key in self._labelled or key in _NOT_COUNTED else _OTHER_KEY
+                for key in present
+            }
+
+
+class TableNames:
+    """The (namespace, table) of tables whose ranges this server opened, by table (stream) id.
+
+    `opened` (on the event loop, when a table range opens) starts learning a name it does not
+    know, through `resolve` (a catalog read, None if the table is gone; retried a few times if
+    it fails), so the request
+    that opened the range never waits for it. `get` may be called from any thread (the scrape
+    thread). At most `entries_max` names are kept beyond those of tables with open ranges
+    (`open_tables()`); a name dropped is learned again when its table opens again."""
+
+    RETRIES = 4
+    RETRY_DELAY_S = 1.0
+
+    def __init__(
+        self,
+        resolve: Callable[[int], Awaitable[TableKey | None]],
+        open_tables: Callable[[], set[int]],
+        entries_max: int = 10_000,
+    ) -> None:
+        self._resolve = resolve
+        self._open_tables = open_tables
+        self._entries_max = entries_max
+        self._names: dict[int, TableKey] = {}
+        self._learning: dict[int, asyncio.Task[None]] = {}
+
+    def get(self, stream_id: int) -> TableKey | None:
+        return self._names.get(stream_id)
+
+    def opened(self, stream_id: int) -> None:
+        if stream_id in self._names or stream_id in self._learning:
+            return
+        task = asyncio.get_running_loop().create_task(self._learn(stream_id))
+        self._learning[stream_id] = task
+        task.add_done_callback(lambda _: self._learning.pop(stream_id, None))
+
+    def forget(self, stream_id: int) -> None:
+        self._names.pop(stream_id, None)
+
+    async def learned(self) -> None:
+        """Until the names being learned now are known (or given up)."""
+        await asyncio.gather(*list(self._learning.values()), return_exceptions=True)
+
+    async def _learn(self, stream_id: int) -> None:
+        for attempt in range(self.RETRIES + 1):
+            try:
+                name = await self._resolve(stream_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == self.RETRIES:
+                    log.info("table %d: no name for its metrics (%s)", stream_id, exc)
+                    return
+                await asyncio.sleep(self.RETRY_DELAY_S * 2**attempt)
+                continue
+            if name is None:
+                return
+            if len(self._names) >= self._entries_max:
+                keep = self._open_tables()
+                self._names = {k: v for k, v in self._names.items() if k in keep}
+            self._names[stream_id] = name
+            return
+
+    def close(self) -> None:
+        for task in list(self._learning.values()):
+            task.cancel()
+
+
 @dataclass(frozen=True, slots=True)
 class RangeStats:
     """One open range, as the metrics endpoint reports it."""
 
-    range: str
+    namespace: str
+    """Its table's namespace, or `SYSTEM_NAMESPACE` (root and meta ranges), or `UNKNOWN`."""
+    table: str
+    """Its table's name, or `ROOT_TABLE`, `META_TABLE`, `UNKNOWN`."""
     wal_bytes: int
     applied_sequence: int
     checkpoint_age_s: float | None
@@ -209,31 +339,97 @@ class RangeStats:
     checkpoint_files_reused: int
 
 
+@dataclass(slots=True)
+class _TableTotals:
+    ranges: int = 0
+    wal_bytes: int = 0
+    applied_sequence: int = 0
+    checkpointed: int = 0
+    checkpoint_age_s: float = 0.0
+    checkpoint_duration_s: float = 0.0
+    checkpoint_bytes_uploaded: int = 0
+    checkpoint_files_uploaded: int = 0
+    checkpoint_files_reused: int = 0
+
+    def add(self, r: RangeStats) -> None:
+        self.ranges += 1
+        self.wal_bytes += r.wal_bytes
+        self.applied_sequence += r.applied_sequence
+        if r.checkpoint_age_s is None:
+            return
+        self.checkpointed += 1
+        self.checkpoint_age_s = max(self.checkpoint_age_s, r.checkpoint_age_s)
+        self.checkpoint_duration_s = max(self.checkpoint_duration_s, r.checkpoint_duration_s)
+        self.checkpoint_bytes_uploaded += r.checkpoint_bytes_uploaded
+        self.checkpoint_files_uploaded += r.checkpoint_files_uploaded
+        self.checkpoint_files_reused += r.checkpoint_files_reused
+
+
 class _RangeCollector(Collector):
-    def __init__(self, stats: Callable[[], list[RangeStats]]) -> None:
+    """The open ranges' figures, one series per table (see the module doc)."""
+
+    def __init__(self, stats: Callable[[], list[RangeStats]], labels: TableLabels) -> None:
         self._stats = stats
+        self._labels = labels
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        def family(name: str, text: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"tablekeeper_range_{name}", text, labels=["range"])
+        ranges = self._stats()
+        assigned = self._labels.assign((r.namespace, r.table) for r in ranges)
+        totals: dict[TableKey, _TableTotals] = {}
+        for r in ranges:
+            totals.setdefault(assigned[(r.namespace, r.table)], _TableTotals()).add(r)
+        folded = sum(1 for key, label in assigned.items() if label != key)
 
-        wal = family("wal_bytes", "Bytes in the range's write-ahead log")
-        applied = family("applied_sequence", "Last log sequence applied to the range's store")
-        age = family("checkpoint_age_seconds", "Seconds since the range's last checkpoint")
-        duration = family("checkpoint_duration_seconds", "Duration of the last checkpoint")
-        uploaded = family("checkpoint_bytes_uploaded", "Bytes the last checkpoint uploaded")
-        files_up = family("checkpoint_files_uploaded", "Files the last checkpoint uploaded")
-        files_reused = family("checkpoint_files_reused", "Stored files the last one reused")
-        for r in self._stats():
-            wal.add_metric([r.range], r.wal_bytes)
-            applied.add_metric([r.range], r.applied_sequence)
-            if r.checkpoint_age_s is not None:
-                age.add_metric([r.range], r.checkpoint_age_s)
-                duration.add_metric([r.range], r.checkpoint_duration_s)
-                uploaded.add_metric([r.range], r.checkpoint_bytes_uploaded)
-                files_up.add_metric([r.range], r.checkpoint_files_uploaded)
-                files_reused.add_metric([r.range], r.checkpoint_files_reused)
-        yield from (wal, applied, age, duration, uploaded, files_up, files_reused)
+        def family(name: str, text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=["namespace", "table"])
+
+        open_ranges = family("tablekeeper_table_open_ranges", "Ranges of the table open here")
+        wal = family(
+            "tablekeeper_range_wal_bytes",
+            "Bytes in the write-ahead logs of the table's open ranges",
+        )
+        applied = family(
+            "tablekeeper_range_applied_sequence",
+            "Sum over the table's open ranges of the last log sequence applied to its store",
+        )
+        age = family(
+            "tablekeeper_range_checkpoint_age_seconds",
+            "Seconds since the oldest last checkpoint of the table's open ranges (of those "
+            "checkpointed by this process)",
+        )
+        duration = family(
+            "tablekeeper_range_checkpoint_duration_seconds",
+            "Longest duration of the last checkpoints of the table's open ranges",
+        )
+        uploaded = family(
+            "tablekeeper_range_checkpoint_bytes_uploaded",
+            "Bytes the last checkpoints of the table's open ranges uploaded",
+        )
+        files_up = family(
+            "tablekeeper_range_checkpoint_files_uploaded",
+            "Files the last checkpoints of the table's open ranges uploaded",
+        )
+        files_reused = family(
+            "tablekeeper_range_checkpoint_files_reused",
+            "Stored files the last checkpoints of the table's open ranges reused",
+        )
+        for key, t in sorted(totals.items()):
+            labels = list(key)
+            open_ranges.add_metric(labels, t.ranges)
+            wal.add_metric(labels, t.wal_bytes)
+            applied.add_metric(labels, t.applied_sequence)
+            if t.checkpointed:
+                age.add_metric(labels, t.checkpoint_age_s)
+                duration.add_metric(labels, t.checkpoint_duration_s)
+                uploaded.add_metric(labels, t.checkpoint_bytes_uploaded)
+                files_up.add_metric(labels, t.checkpoint_files_uploaded)
+                files_reused.add_metric(labels, t.checkpoint_files_reused)
+        yield from (open_ranges, wal, applied, age, duration, uploaded, files_up, files_reused)
+        yield GaugeMetricFamily(
+            "tablekeeper_metrics_folded_tables",
+            "Tables with open ranges counted under <other> (over --metrics-max-tables)",
+            value=folded,
+        )
 
 
 class _ContainerCollector(Collector):

@@ -15,6 +15,7 @@ import enum
 import logging
 import shutil
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,9 @@ class ContainerEnv:
     history_budget: HistoryBudget | None = None
     """The server-wide bound on the bytes of change events ranges keep in memory for watches
     (one object shared by every range; `ContainerRegistry` makes it from `limits`)."""
+    on_table_range_opened: Callable[[int], None] | None = None
+    """Told (on the event loop) the table (stream) id of each table range opened here; the
+    metrics learn the table's name from it. It must not block."""
 
 
 class ContainerState(enum.Enum):
@@ -354,6 +358,8 @@ class StorageContainer:
             limit.release()
             raise
         limit.opened(key, self, range_)
+        if self.env.on_table_range_opened is not None:
+            self.env.on_table_range_opened(stream_id)
         if self.meta is not None and self.env.open_hosted_ranges_on_start:
             try:
                 await self.meta.record_hosted(stream_id, range_id, ttl_seconds)
