@@ -484,12 +484,6 @@ def config_from_settings(resolved: Resolved, worker: WorkerSlot | None = None) -
     return config
 
 
-def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerConfig:
-    """The configuration the flags in `args`, `environ` and the configuration file give
-    (raises `ValueError`, a `SettingError`)."""
-    return config_from_settings(resolve_settings(args, environ), WorkerSlot.from_env(environ))
-
-
 def effective_values(config: ServerConfig) -> dict[str, Any]:
     """Each setting's value in `config`, by key (what `config_from_settings` made of them)."""
     values = {}
