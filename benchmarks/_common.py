@@ -13,6 +13,17 @@ from types import FrameType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+SRC_PATHS = [REPO / "client", REPO / "server", REPO / "proto" / "gen"]
+
+
+def src_env() -> dict[str, str]:
+    """This environment with this tree's sources (client, server, proto/gen) first on
+    PYTHONPATH: the processes a benchmark starts run this tree's SDK and server, also when the
+    benchmark runs from a copy of the repository with another tree's virtualenv."""
+    env = dict(os.environ)
+    src = os.pathsep.join(str(p) for p in SRC_PATHS)
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

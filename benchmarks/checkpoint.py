@@ -40,7 +40,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,9 +49,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tablekeeper import AsyncClient, Client, RetryPolicy
 from tablekeeper_server.core.routing import routing_hash, split_hash_space
 
@@ -61,7 +57,7 @@ REPO_ROOT = BENCH_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
 
-from tests.support.server import free_port  # noqa: E402
+from tests.support.server import ServerProcess, stop_all  # noqa: E402
 
 OUT_DIR = BENCH_DIR / "out"
 TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
@@ -128,85 +124,39 @@ def one_key_per_range(first: int, count: int, ranges: int) -> list[int]:
 
 @dataclass
 class Server:
-    name: str
+    """A standalone server over three directories (data, WAL, checkpoints); its log goes
+    next to the data directory."""
+
     data: Path
     wal: Path
     checkpoints: Path
-    log: Path
     wal_segment_bytes: int = 8 * 1024 * 1024
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: ServerProcess = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.process = ServerProcess(
+            self.data,
+            metrics_port=0,
+            extra_args=[
+                *("--wal-dir", str(self.wal)),
+                *("--checkpoint-dir", str(self.checkpoints)),
+                *("--checkpoint-interval", "0"),
+                *("--wal-segment-bytes", str(self.wal_segment_bytes)),
+            ],
+        )
 
     @property
     def service(self) -> str:
-        return f"bk://127.0.0.1:{self.port}"
+        return self.process.service
 
     def start(self, timeout_s: float = 600.0) -> float:
         """Start and wait until the health check says SERVING; returns the seconds it took."""
         started = time.monotonic()
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    str(TABLEKEEPER),
-                    "server",
-                    "--data-dir",
-                    str(self.data),
-                    "--wal-dir",
-                    str(self.wal),
-                    "--checkpoint-dir",
-                    str(self.checkpoints),
-                    "--checkpoint-interval",
-                    "0",
-                    "--wal-segment-bytes",
-                    str(self.wal_segment_bytes),
-                    "--port",
-                    str(self.port),
-                    "--metrics-port",
-                    "0",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_ROOT,
-                start_new_session=True,
-            )
-        options = [
-            ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.initial_reconnect_backoff_ms", 20),
-            ("grpc.max_reconnect_backoff_ms", 100),
-        ]
-        with grpc.insecure_channel(f"127.0.0.1:{self.port}", options=options) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"{self.name} server exited with {self.process.returncode}")
-                try:
-                    status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if status.status == health_pb2.HealthCheckResponse.SERVING:
-                        return time.monotonic() - started
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() - started > timeout_s:
-                    raise TimeoutError(f"{self.name} server not serving after {timeout_s}s")
-                time.sleep(0.02)
+        self.process.start(timeout_s, poll_s=0.02)
+        return time.monotonic() - started
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(300)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def log_offset(self) -> int:
-        return self.log.stat().st_size if self.log.exists() else 0
-
-    def log_since(self, offset: int) -> str:
-        with open(self.log, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
+        stop_all([self.process], 300)
 
     def disk(self) -> dict[str, int]:
         return {
@@ -351,12 +301,12 @@ def recovery_lines(log: str, table_id: int) -> dict[str, Any]:
 def timed_recovery(
     server: Server, table_id: int, probe: list[int], values: Values, total: int, sample: int
 ) -> dict[str, Any]:
-    offset = server.log_offset()
+    offset = server.process.log_offset()
     started = time.monotonic()
     serving_s = server.start()
     first_read_s, all_ranges_s = asyncio.run(first_reads(server.service, probe, values, started))
     checked = asyncio.run(verify_sample(server.service, total, values, sample))
-    log = server.log_since(offset)
+    log = server.process.log_since(offset)
     return {
         "serving_s": serving_s,
         "first_read_s": first_read_s,
@@ -477,20 +427,11 @@ def main() -> int:
     values = Values(args.value_size)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report = Report(config=config)
-    main_server = Server(
-        "main",
-        work / "data",
-        work / "wal",
-        work / "checkpoints",
-        work / "main.log",
-        args.wal_segment_bytes,
-    )
+    main_server = Server(work / "data", work / "wal", work / "checkpoints", args.wal_segment_bytes)
     baseline = Server(
-        "baseline",
         work / "baseline-data",
         work / "baseline-wal",
         work / "baseline-checkpoints",
-        work / "baseline.log",
         args.wal_segment_bytes,
     )
     try:

@@ -63,19 +63,11 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-SRC_PATHS = [REPO_ROOT / "client", REPO_ROOT / "server", REPO_ROOT / "proto" / "gen"]
-# This tree's SDK and server, also when run from a copy of the repository (PYTHONPATH is set
-# the same way for every process started here).
-for _path in reversed(SRC_PATHS):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
 
-import grpc  # noqa: E402
-
 from benchmarks._common import (  # noqa: E402
+    SRC_PATHS,
     fmt,
     git_info,
     no_nan,
@@ -83,7 +75,17 @@ from benchmarks._common import (  # noqa: E402
     positive_int,
     proc_cpu_s,
     sigterm_as_interrupt,
+    src_env,
 )
+
+# This tree's SDK and server, also when run from a copy of the repository (PYTHONPATH is set
+# the same way for every process started here: `src_env`).
+for _path in reversed(SRC_PATHS):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import grpc  # noqa: E402
+
 from tablekeeper import AsyncClient  # noqa: E402
 from tablekeeper._transport import RetryPolicy  # noqa: E402
 from tablekeeper.bulk import table_layout  # noqa: E402
@@ -112,13 +114,6 @@ _T0 = time.monotonic()
 
 def eprint(*args: object) -> None:
     print(f"[{time.monotonic() - _T0:7.1f}s]", *args, file=sys.stderr, flush=True)
-
-
-def src_env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = os.pathsep.join(str(p) for p in SRC_PATHS)
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 def median_or_none(values: Sequence[float | None]) -> float | None:

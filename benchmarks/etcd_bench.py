@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "proto" / "gen"))
 sys.path.insert(0, str(REPO))
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc  # noqa: E402
-from tests.support.server import free_port  # noqa: E402
+from tests.support.etcd import EtcdProcess  # noqa: E402
+from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
 TOOL_MODULE = REPO / "benchmarks" / "etcd_tool"
-TABLEKEEPER = Path(sys.executable).parent / "tablekeeper"
 RANGE_KEY = b"bench/range"
 
 
@@ -72,50 +72,24 @@ def wait_ready(endpoint: str, timeout_s: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def etcd_server() -> Iterator[str]:
-    port = free_port()
-    script = REPO / "deploy" / "etcd.sh"
-    subprocess.run(
-        [str(script), "start", "--port", str(port), "--peer-port", str(free_port()), "--fresh"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        endpoint = f"127.0.0.1:{port}"
-        wait_ready(endpoint)
-        yield endpoint
-    finally:
-        subprocess.run([str(script), "stop", "--port", str(port)], stdout=subprocess.DEVNULL)
+    with EtcdProcess().start() as etcd:
+        wait_ready(etcd.endpoint)
+        yield etcd.endpoint
 
 
 @contextlib.contextmanager
 def tablekeeper_server() -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="tk-etcd-bench-") as work:
-        log = open(Path(work) / "server.log", "wb")  # noqa: SIM115 (owned by the child)
-        process = subprocess.Popen(
-            [
-                str(TABLEKEEPER),
-                "server",
-                "--data-dir",
-                str(Path(work) / "data"),
-                "--port",
-                str(free_port()),
-                "--metrics-port",
-                "0",
-                "--etcd-port",
-                str(port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        server = ServerProcess(
+            Path(work) / "data", metrics_port=0, extra_args=["--etcd-port", str(port)]
+        ).start(60)
         try:
             endpoint = f"127.0.0.1:{port}"
             wait_ready(endpoint)
             yield endpoint
         finally:
-            process.terminate()
-            process.wait(30)
-            log.close()
+            server.stop(30)
 
 
 def seed_range_key(endpoint: str, value_size: int) -> None:

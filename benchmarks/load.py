@@ -25,8 +25,6 @@ import os
 import platform
 import random
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -34,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
@@ -50,12 +48,21 @@ from _etcd import etcd_kv_pb2_grpc as epb_grpc  # noqa: E402
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for tests.support and benchmarks._common
 
-from benchmarks._common import percentile  # noqa: E402
-from tests.support.server import free_port  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    fmt,
+    git_info,
+    no_nan,
+    percentile,
+    positive_int,
+    proc_cpu_s,
+    sigterm_as_interrupt,
+    src_env,
+)
+from tests.support.etcd import EtcdProcess  # noqa: E402
+from tests.support.server import ServerProcess, stop_all  # noqa: E402
 
 OPS = ("put", "get", "incr")
 TARGETS = ("tablekeeper", "etcd")
-ETCD_SCRIPT = REPO_ROOT / "deploy" / "etcd.sh"
 OUT_DIR = BENCH_DIR / "out"
 COUNTER = struct.Struct(">q")  # 8-byte big-endian signed, like BookKeeper's long values
 MAX_CAS_ATTEMPTS = 10_000
@@ -330,18 +337,6 @@ class TableKeeperDriver:
 # --------------------------------------------------------------------------- measuring
 
 
-def proc_cpu_s(pid: int | None) -> float | None:
-    """User+system CPU seconds of a process (Linux /proc), None if unknown."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class CellResult:
     target: str
@@ -476,114 +471,47 @@ async def preload(driver: Driver, keys: Sequence[bytes], value: bytes) -> float:
 # --------------------------------------------------------------------------- servers
 
 
-def wait_tcp(port: int, deadline_s: float, proc: subprocess.Popen[bytes] | None) -> None:
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise BenchError(f"server exited with code {proc.returncode} during startup")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        if time.monotonic() >= deadline_s:
-            raise BenchError(f"nothing accepts on 127.0.0.1:{port}")
-        time.sleep(0.1)
-
-
 @dataclass
 class ManagedServers:
     """Servers started by --start-servers; stop() tears all of them down."""
 
     workdir: Path
     keep_data: bool
-    tk_proc: subprocess.Popen[bytes] | None = None
-    tk_log: Path | None = None
-    etcd_port: int | None = None
-    etcd_pid: int | None = None
-    etcd_env: dict[str, str] = field(default_factory=dict)
+    tablekeeper: ServerProcess | None = None
+    etcd: EtcdProcess | None = None
 
     def start_tablekeeper(self, startup_timeout_s: float) -> str:
-        port, metrics_port = free_port(), free_port()
-        data_dir = self.workdir / "tablekeeper"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        exe = Path(sys.executable).parent / "tablekeeper"
-        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "tablekeeper.cli"]
-        cmd += [
-            "server",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(metrics_port),
-        ]
-        env = dict(os.environ)
-        src_path = os.pathsep.join(str(REPO_ROOT / p) for p in ("client", "server", "proto/gen"))
-        env["PYTHONPATH"] = src_path + (
-            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-        )
-        self.tk_log = self.workdir / "tablekeeper.log"
-        with open(self.tk_log, "wb") as log:
-            self.tk_proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=str(REPO_ROOT),
-                start_new_session=True,
-            )
-        eprint(
-            f"started TableKeeper pid {self.tk_proc.pid} on 127.0.0.1:{port} (log {self.tk_log})"
+        self.tablekeeper = ServerProcess(
+            self.workdir / "tablekeeper", env={"PYTHONPATH": src_env()["PYTHONPATH"]}
         )
         try:
-            wait_tcp(port, time.monotonic() + startup_timeout_s, self.tk_proc)
-        except BenchError as e:
-            raise BenchError(f"TableKeeper: {e}") from e
-        return f"bk://127.0.0.1:{port}"
+            self.tablekeeper.start(startup_timeout_s)
+        except (RuntimeError, TimeoutError) as e:
+            raise BenchError(f"TableKeeper: {str(e).splitlines()[0]}") from e
+        assert self.tablekeeper.process is not None
+        eprint(
+            f"started TableKeeper pid {self.tablekeeper.process.pid} on {self.tablekeeper.target} "
+            f"(log {self.tablekeeper.log_path})"
+        )
+        return self.tablekeeper.service
 
     def start_etcd(self, startup_timeout_s: float) -> str:
-        port, peer_port = free_port(), free_port()
-        self.etcd_env = dict(os.environ, ETCD_DEPLOY_DIR=str(self.workdir / "etcd"))
-        out = subprocess.run(
-            [
-                "bash",
-                str(ETCD_SCRIPT),
-                "start",
-                "--port",
-                str(port),
-                "--peer-port",
-                str(peer_port),
-                "--wait",
-                str(int(startup_timeout_s)),
-            ],
-            env=self.etcd_env,
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode != 0:
-            raise BenchError(f"deploy/etcd.sh start failed:\n{out.stderr}{out.stdout}")
-        self.etcd_port = port
-        pid_file = self.workdir / "etcd" / str(port) / "etcd.pid"
-        with contextlib.suppress(OSError, ValueError):
-            self.etcd_pid = int(pid_file.read_text().strip())
-        endpoint = out.stdout.strip().splitlines()[-1]
-        eprint(f"started etcd pid {self.etcd_pid} on {endpoint}")
-        return endpoint
+        self.etcd = EtcdProcess(self.workdir / "etcd")
+        try:
+            self.etcd.start(wait_s=int(startup_timeout_s))
+        except RuntimeError as e:
+            raise BenchError(str(e)) from e
+        eprint(f"started etcd pid {self.etcd.pid} on {self.etcd.endpoint}")
+        return self.etcd.endpoint
 
     def stop(self) -> None:
-        if self.tk_proc is not None and self.tk_proc.poll() is None:
-            self.tk_proc.send_signal(signal.SIGTERM)
-            try:
-                self.tk_proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.tk_proc.kill()
-                self.tk_proc.wait(timeout=10)
-            eprint(f"stopped TableKeeper (exit {self.tk_proc.returncode})")
-        if self.etcd_port is not None:
-            subprocess.run(
-                ["bash", str(ETCD_SCRIPT), "stop", "--port", str(self.etcd_port)],
-                env=self.etcd_env,
-                check=False,
-            )
-            self.etcd_port = None
+        if self.tablekeeper is not None and self.tablekeeper.running:
+            stop_all([self.tablekeeper], 20)
+            assert self.tablekeeper.process is not None
+            eprint(f"stopped TableKeeper (exit {self.tablekeeper.process.returncode})")
+        if self.etcd is not None:
+            self.etcd.stop()
+            self.etcd = None
         if not self.keep_data:
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
@@ -601,24 +529,11 @@ def etcd_pid_from_deploy(endpoint: str) -> int | None:
     return pid if proc_cpu_s(pid) is not None else None
 
 
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 # --------------------------------------------------------------------------- reporting
 
 
 def eprint(*args: object) -> None:
     print(*args, file=sys.stderr, flush=True)
-
-
-def fmt(x: float | None, digits: int = 2) -> str:
-    if x is None or x != x:  # None or NaN
-        return "-"
-    return f"{x:.{digits}f}"
 
 
 def render_table(results: Sequence[CellResult]) -> str:
@@ -678,34 +593,6 @@ def render_ratios(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def no_nan(obj: Any) -> Any:
-    """NaN/inf (e.g. a percentile of zero samples) become JSON null."""
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(obj, dict):
-        return {k: no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [no_nan(v) for v in obj]
-    return obj
-
-
-def git_info() -> dict[str, Any]:
-    def run(*args: str) -> str | None:
-        try:
-            return subprocess.run(
-                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return None
-
-    status = run("status", "--porcelain", "--untracked-files=no")
-    return {
-        "sha": run("rev-parse", "HEAD"),
-        "branch": run("rev-parse", "--abbrev-ref", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
-    }
-
-
 def etcd_version() -> str | None:
     exe = shutil.which("etcd")
     if exe is None:
@@ -731,13 +618,6 @@ def csv_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
         return items
 
     return parse
-
-
-def positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return v
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -926,18 +806,6 @@ async def run_with_cleanup(
             await d.close()
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     targets = list(TARGETS) if args.target == "both" else [args.target]
@@ -960,11 +828,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 servers = ManagedServers(workdir=workdir, keep_data=args.keep_data)
                 if "tablekeeper" in targets:
                     tk_service = servers.start_tablekeeper(args.startup_timeout)
-                    assert servers.tk_proc is not None
-                    pids["tablekeeper"] = servers.tk_proc.pid
+                    assert servers.tablekeeper is not None and servers.tablekeeper.process
+                    pids["tablekeeper"] = servers.tablekeeper.process.pid
                 if "etcd" in targets:
                     etcd_endpoint = servers.start_etcd(args.startup_timeout)
-                    pids["etcd"] = servers.etcd_pid
+                    assert servers.etcd is not None
+                    pids["etcd"] = servers.etcd.pid
 
             if pids["etcd"] is None and "etcd" in targets:
                 pids["etcd"] = etcd_pid_from_deploy(etcd_endpoint)
@@ -989,8 +858,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = asyncio.run(run_with_cleanup(args, drivers, pids))
         except BenchError as e:
             eprint(f"error: {e}")
-            if servers is not None and servers.tk_log is not None:
-                eprint(f"TableKeeper log tail:\n{tail(servers.tk_log)}")
+            if servers is not None and servers.tablekeeper is not None:
+                eprint(f"TableKeeper log tail:\n{servers.tablekeeper.log_tail(30)}")
             return 1
         except KeyboardInterrupt:
             eprint("interrupted")

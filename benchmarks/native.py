@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import json
 import os
 import shutil
@@ -26,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.server import ServerProcess, free_port  # noqa: E402
+from tests.support.etcd import EtcdProcess  # noqa: E402
+from tests.support.server import ServerProcess  # noqa: E402
 
-ETCD_SCRIPT = REPO / "deploy" / "etcd.sh"
 GHZ_DEFAULT = REPO / ".deploy" / "bin" / "ghz"
 TABLE_NAMESPACE, TABLE_NAME = "bench", "native"
 
@@ -140,7 +138,7 @@ def tablekeeper_target(
     )
 
 
-def etcd_target(port: int, pid: int, work: Path, args: argparse.Namespace) -> Target:
+def etcd_target(etcd: EtcdProcess, work: Path, args: argparse.Namespace) -> Target:
     keys = [b"key-%06d" % i for i in range(args.keys)]
     value = b64(b"v" * args.value_size)
     puts = [{"key": b64(k), "value": value} for k in keys]
@@ -153,10 +151,11 @@ def etcd_target(port: int, pid: int, work: Path, args: argparse.Namespace) -> Ta
         }
         for i in range(max(1, len(keys) // args.batch))
     ]
+    assert etcd.pid is not None, "etcd is not running"
     return Target(
         name="etcd",
-        address=f"127.0.0.1:{port}",
-        pid=pid,
+        address=etcd.endpoint,
+        pid=etcd.pid,
         protoset=protoset(work / "etcd.protoset", REPO / "benchmarks" / "_etcd", "etcd_kv.proto"),
         calls={
             "put": "etcdserverpb.KV.Put",
@@ -245,20 +244,6 @@ def prefill(args: argparse.Namespace, target: Target) -> None:
         raise RuntimeError(f"prefill of {target.name} failed: {result.get('errorDistribution')}")
 
 
-@contextlib.contextmanager
-def etcd(work: Path) -> Iterator[tuple[int, int]]:
-    port, peer = free_port(), free_port()
-    env = {**os.environ, "ETCD_DEPLOY_DIR": str(work / "etcd")}
-    start = [str(ETCD_SCRIPT), "start", "--port", str(port), "--peer-port", str(peer)]
-    subprocess.run(start, check=True, capture_output=True, env=env, cwd=REPO)
-    try:
-        pid = int((work / "etcd" / str(port) / "etcd.pid").read_text().strip())
-        yield port, pid
-    finally:
-        stop = [str(ETCD_SCRIPT), "stop", "--port", str(port)]
-        subprocess.run(stop, check=False, capture_output=True, env=env, cwd=REPO)
-
-
 def cell_rows(cells: list[Cell]) -> list[str]:
     """The cells as a Markdown table, one row each."""
     rows = [
@@ -311,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess(args.work / "tk", extra_args=args.server_args.split())
         server.start(timeout_s=60)
         try:
-            with etcd(args.work) as (etcd_port, etcd_pid):
+            with EtcdProcess(args.work / "etcd").start() as etcd:
                 targets = [
                     tablekeeper_target(server, args.work, args),
-                    etcd_target(etcd_port, etcd_pid, args.work, args),
+                    etcd_target(etcd, args.work, args),
                 ]
                 for target in targets:
                     prefill(args, target)

@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from tablekeeper_server.log.local import LocalLogBackend
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks._common import percentile  # noqa: E402
-from tests.support.server import free_port  # noqa: E402
+from tests.support.pulsar import PulsarService  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
 GROUP_RECORDS_MAX = 1024  # as in range/replica.py
@@ -131,22 +130,16 @@ async def run_cell(
 def own_pulsar() -> Iterator[tuple[str, str]]:
     """Start a Pulsar standalone through deploy/pulsar.sh on free ports; stop it afterwards."""
     state = Path(tempfile.mkdtemp(prefix="wal-bench-pulsar-"))
-    script = REPO / "deploy" / "pulsar.sh"
-    ports = [f"--port={free_port()}", f"--http-port={free_port()}", f"--bookie-port={free_port()}"]
     print("starting Pulsar through deploy/pulsar.sh ...", file=sys.stderr)
-    done = subprocess.run(
-        [str(script), "start", f"--dir={state}", *ports],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        sys.exit(f"deploy/pulsar.sh start failed:\n{done.stderr[-2000:]}")
-    service_url, admin_url = done.stdout.split()[:2]
     try:
-        yield service_url, admin_url
+        pulsar = PulsarService.launch(state)
+    except RuntimeError as e:
+        shutil.rmtree(state, ignore_errors=True)
+        sys.exit(str(e))
+    try:
+        yield pulsar.service_url, pulsar.admin_url
     finally:
-        subprocess.run([str(script), "stop", f"--dir={state}"], capture_output=True, check=False)
+        pulsar.close()
         shutil.rmtree(state, ignore_errors=True)
 
 

@@ -38,7 +38,6 @@ from benchmarks.native import (  # noqa: E402
     Target,
     cell_rows,
     cpu_s,
-    etcd,
     etcd_target,
     ghz,
     prefill,
@@ -47,6 +46,7 @@ from benchmarks.native import (  # noqa: E402
 )
 from tablekeeper.routing import RangeInfo, RangeRouter  # noqa: E402
 from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc  # noqa: E402
+from tests.support.etcd import EtcdProcess  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="tk-workers-") as tmp:
         args.work = Path(tmp)
-        with etcd(args.work) as (etcd_port, etcd_pid):
-            anchor = etcd_target(etcd_port, etcd_pid, args.work, args)
+        with EtcdProcess(args.work / "etcd").start() as etcd:
+            anchor = etcd_target(etcd, args.work, args)
             prefill(args, anchor)
             for count in counts:
                 server = ServerProcess(
