@@ -5,6 +5,8 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
 
 DEFAULT_DIR="${TK_CLUSTER_DIR:-${REPO_ROOT}/.deploy/cluster}"
 TABLEKEEPER="${TK_TABLEKEEPER:-${REPO_ROOT}/.venv/bin/tablekeeper}"
@@ -78,10 +80,6 @@ Only the service URIs go to stdout; progress goes to stderr, so
 EOF
 }
 
-log() { echo "cluster.sh: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 is_number() { [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]; }
 
 CMD=""
@@ -279,15 +277,9 @@ server_indexes() {
 
 # Prints the pid if server I's pid file names a live `tablekeeper server` on its data dir.
 server_pid() {
-    local sdir pid cmdline
+    local sdir
     sdir="$(server_dir "$1")"
-    [[ -f "$sdir/server.pid" ]] || return 1
-    pid="$(cat "$sdir/server.pid" 2>/dev/null || true)"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
-    [[ "$cmdline" == *" server "* && "$cmdline" == *"--data-dir $sdir/data "* ]] || return 1
-    echo "$pid"
+    live_pid "$sdir/server.pid" " server " "--data-dir $sdir/data "
 }
 
 server_ports() { # server_ports I -> sets GRPC_PORT and METRICS_PORT from servers/I/ports
@@ -297,26 +289,6 @@ server_ports() { # server_ports I -> sets GRPC_PORT and METRICS_PORT from server
     # shellcheck disable=SC1090
     source "$file"
     [[ -n "$GRPC_PORT" && -n "$METRICS_PORT" ]]
-}
-
-# True if 127.0.0.1:PORT cannot be bound the way a server binds it (SO_REUSEADDR): something
-# listens there, or an outgoing connection uses it as its local port (which a connect probe
-# would miss). Without python, only the listening case is detected.
-port_in_use() {
-    if [[ -x "$PYTHON" ]]; then
-        "$PYTHON" - "$1" <<'PY' 2>/dev/null
-import socket, sys
-with socket.socket() as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", int(sys.argv[1])))
-    except OSError:
-        sys.exit(0)  # in use
-sys.exit(1)
-PY
-    else
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-    fi
 }
 
 # Ports of this DIR that a new server must not take: every server's, ZooKeeper's, Pulsar's.
@@ -369,16 +341,11 @@ start_server() { # start_server I: start server I (its recorded ports, else two 
             --tls-ca "$TLS_DIR/ca.pem")
     fi
     args+=("${SERVER_ARGS[@]}")
-    rm -f "$sdir/server.pid"
     echo "=== $(date -Is) starting server $i: $TABLEKEEPER ${args[*]}" >>"$sdir/server.log"
-    # setsid: own session, so Ctrl-C in the calling shell does not reach the server. The inner
-    # shell records its pid and execs the server.
-    # shellcheck disable=SC2016
-    setsid bash -c 'echo $$ >"$0"; exec "$@"' "$sdir/server.pid" "$TABLEKEEPER" "${args[@]}" \
-        </dev/null >>"$sdir/server.log" 2>&1 9>&- &
-    for _ in $(seq 1 50); do [[ -s "$sdir/server.pid" ]] && break; sleep 0.1; done
-    pid="$(cat "$sdir/server.pid" 2>/dev/null || true)"
-    [[ -n "$pid" ]] || die "server $i did not launch (see $sdir/server.log)"
+    # In the caller's directory: relative paths among SERVER_ARGS are the caller's.
+    launch "$sdir/server.pid" "$sdir/server.log" "$PWD" -- "$TABLEKEEPER" "${args[@]}" ||
+        die "server $i did not launch (see $sdir/server.log)"
+    pid="$(cat "$sdir/server.pid")"
     log "server $i: pid $pid, bk://127.0.0.1:$GRPC_PORT, metrics :$METRICS_PORT, log $sdir/server.log"
 }
 
@@ -459,11 +426,6 @@ wait_ready() { # wait_ready I...: until servers I... are live and every containe
 
 # --- commands ----------------------------------------------------------------
 
-take_lock() {
-    exec 9>"$DIR/.lock"
-    flock -w "$((TIMEOUT + STOP_TIMEOUT + 300))" 9 || die "another start/stop holds $DIR/.lock"
-}
-
 service_uris() { # one bk:// URI per running server
     local i
     for i in $(server_indexes); do
@@ -472,7 +434,7 @@ service_uris() { # one bk:// URI per running server
 }
 
 do_start() {
-    take_lock
+    take_lock "$DIR/.lock" "$((TIMEOUT + STOP_TIMEOUT + 300))"
     [[ -x "$TABLEKEEPER" ]] || die "$TABLEKEEPER not found (run 'make install' or set TK_TABLEKEEPER)"
     resolve_settings
     write_settings
@@ -553,30 +515,16 @@ EOF
 }
 
 do_stop() {
-    take_lock
+    take_lock "$DIR/.lock" "$((TIMEOUT + STOP_TIMEOUT + 300))"
     local i pid pids=()
     for i in $(server_indexes); do
         if pid="$(server_pid "$i")"; then
             log "stopping server $i (pid $pid)"
-            kill -TERM "$pid" 2>/dev/null || true
             pids+=("$pid")
         fi
     done
-    local deadline=$((SECONDS + STOP_TIMEOUT)) alive
-    while true; do
-        alive=()
-        for pid in "${pids[@]}"; do
-            if kill -0 "$pid" 2>/dev/null; then alive+=("$pid"); fi
-        done
-        (( ${#alive[@]} > 0 )) || break
-        if (( SECONDS >= deadline )); then
-            log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL: ${alive[*]}"
-            kill -KILL "${alive[@]}" 2>/dev/null || true
-            sleep 0.5
-            break
-        fi
-        sleep 0.2
-    done
+    # All at once: each drains and closes its containers while the others do.
+    (( ${#pids[@]} == 0 )) || terminate "$STOP_TIMEOUT" "" "${pids[@]}"
     for i in $(server_indexes); do
         if ! server_pid "$i" >/dev/null; then
             rm -f "$(server_dir "$i")/server.pid"

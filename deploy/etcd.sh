@@ -5,6 +5,8 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
 HOST="127.0.0.1"
 
 usage() {
@@ -45,8 +47,8 @@ Examples:
 EOF
 }
 
-die() {
-    echo "etcd.sh: $*" >&2
+die() { # this script's errors carry no "ERROR:" (as before lib/common.sh)
+    log "$*"
     exit 1
 }
 
@@ -82,11 +84,11 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ -n "${CMD}" ]] || { echo "Usage: deploy/etcd.sh <start|stop|status> [options] (see --help)" >&2; exit 2; }
-[[ "${PORT}" =~ ^[0-9]+$ ]] || die "--port must be a number"
+is_uint "${PORT}" || die "--port must be a number"
 [[ -z "${PEER_PORT}" ]] && PEER_PORT=$((PORT + 1))
-[[ "${PEER_PORT}" =~ ^[0-9]+$ ]] || die "--peer-port must be a number"
-[[ "${WAIT_S}" =~ ^[0-9]+$ ]] || die "--wait must be a whole number of seconds"
-[[ "${QUOTA_BYTES}" =~ ^[0-9]+$ ]] || die "--quota-bytes must be a number"
+is_uint "${PEER_PORT}" || die "--peer-port must be a number"
+is_uint "${WAIT_S}" || die "--wait must be a whole number of seconds"
+is_uint "${QUOTA_BYTES}" || die "--quota-bytes must be a number"
 
 BASE_DIR="${ETCD_DEPLOY_DIR:-${REPO_ROOT}/.deploy/etcd}"
 RUN_DIR="${BASE_DIR}/${PORT}"
@@ -98,25 +100,8 @@ if [[ -z "${DATA_DIR}" ]]; then
 fi
 ENDPOINT="${HOST}:${PORT}"
 
-# True if the process exists and is not a zombie (an exited child not yet reaped,
-# or one orphaned under a PID 1 that does not reap, still answers kill -0).
-alive() {
-    local state
-    state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
-    [[ -n "${state}" && "${state}" != Z && "${state}" != X ]]
-}
-
 # Prints the pid from the pid file if that process is alive and is an etcd.
-running_pid() {
-    local pid
-    [[ -f "${PID_FILE}" ]] || return 1
-    pid="$(cat "${PID_FILE}" 2>/dev/null || true)"
-    [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
-    alive "${pid}" || return 1
-    # Guard against a recycled pid belonging to something else.
-    tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q etcd || return 1
-    echo "${pid}"
-}
+running_pid() { live_pid "${PID_FILE}" etcd; }
 
 healthy() {
     local body
@@ -124,19 +109,12 @@ healthy() {
     [[ "${body}" == *'"health":"true"'* ]]
 }
 
-port_in_use() {
-    ss -Htln "sport = :$1" 2>/dev/null | grep -q .
-}
-
 ensure_installed() {
     if command -v etcd >/dev/null 2>&1; then
         return 0
     fi
-    echo "etcd.sh: etcd not found; installing Debian package etcd-server" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    # Wait for a concurrent apt/dpkg run instead of failing on its lock.
-    apt-get -o DPkg::Lock::Timeout=600 update -qq
-    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends etcd-server
+    log "etcd not found"
+    apt_install etcd-server
     command -v etcd >/dev/null 2>&1 || die "etcd still not on PATH after install"
 }
 
@@ -177,8 +155,10 @@ do_start() {
     for var in $(compgen -e); do
         [[ "${var}" == ETCD_* ]] && clean_env+=(-u "${var}")
     done
-    # setsid: own session, so the member outlives this script and its terminal.
-    env "${clean_env[@]}" setsid nohup etcd \
+    # ETCD_* variables are removed from the environment (env -u) before etcd starts; each start
+    # begins a new log.
+    : >"${LOG_FILE}"
+    launch "${PID_FILE}" "${LOG_FILE}" "${PWD}" -- env "${clean_env[@]}" etcd \
         --name "${name}" \
         --data-dir "${DATA_DIR}" \
         --listen-client-urls "${client_url}" \
@@ -195,26 +175,15 @@ do_start() {
         --max-txn-ops 1024 \
         --logger zap \
         --log-outputs stderr \
-        --log-level warn \
-        </dev/null >"${LOG_FILE}" 2>&1 &
-    pid=$!
-    echo "${pid}" >"${PID_FILE}"
+        --log-level warn || die "failed to launch etcd (see ${LOG_FILE})"
+    pid="$(cat "${PID_FILE}")"
 
-    local deadline=$((SECONDS + WAIT_S))
-    until healthy; do
-        if ! alive "${pid}"; then
-            rm -f "${PID_FILE}"
-            tail -n 20 "${LOG_FILE}" >&2 || true
-            die "etcd exited during startup; log: ${LOG_FILE}"
-        fi
-        if ((SECONDS >= deadline)); then
-            kill -TERM "${pid}" 2>/dev/null || true
-            rm -f "${PID_FILE}"
-            tail -n 20 "${LOG_FILE}" >&2 || true
-            die "etcd not healthy after ${WAIT_S}s; log: ${LOG_FILE}"
-        fi
-        sleep 0.2
-    done
+    # Unlike the other scripts, an etcd that does not become healthy is stopped again.
+    if ! (wait_probe etcd "${pid}" "$((SECONDS + WAIT_S))" 0.2 "${LOG_FILE}" healthy); then
+        kill -TERM "${pid}" 2>/dev/null || true
+        rm -f "${PID_FILE}"
+        exit 1
+    fi
     echo "etcd started (pid ${pid}, data ${DATA_DIR}, log ${LOG_FILE})" >&2
     echo "${ENDPOINT}"
 }
@@ -226,17 +195,7 @@ do_stop() {
         echo "etcd on port ${PORT} is not running" >&2
         return 0
     fi
-    kill -TERM "${pid}" 2>/dev/null || true
-    local deadline=$((SECONDS + WAIT_S))
-    while alive "${pid}"; do
-        if ((SECONDS >= deadline)); then
-            echo "etcd.sh: pid ${pid} ignored SIGTERM for ${WAIT_S}s; sending SIGKILL" >&2
-            kill -KILL "${pid}" 2>/dev/null || true
-            sleep 0.2
-            break
-        fi
-        sleep 0.1
-    done
+    terminate "${WAIT_S}" "" "${pid}"
     rm -f "${PID_FILE}"
     echo "etcd on port ${PORT} stopped (pid ${pid})" >&2
 }

@@ -5,6 +5,8 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$SCRIPT_DIR/lib/common.sh"
 
 PORT="${ZK_PORT:-2181}"
 DIR="${ZK_DIR:-${REPO_ROOT}/.deploy/zookeeper}"
@@ -48,9 +50,6 @@ Installs the Debian 'zookeeper' package with apt-get if it is missing (needs roo
 EOF
 }
 
-log() { echo "zookeeper.sh: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
 CMD=""
 PORT_GIVEN=0
 while [[ $# -gt 0 ]]; do
@@ -67,8 +66,8 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ -n "$CMD" ]] || { usage >&2; exit 2; }
-[[ "$PORT" =~ ^[0-9]+$ ]] || die "bad --port: $PORT"
-[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "bad --timeout: $TIMEOUT"
+is_uint "$PORT" || die "bad --port: $PORT"
+is_uint "$TIMEOUT" || die "bad --timeout: $TIMEOUT"
 
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
@@ -81,26 +80,10 @@ LOG_FILE="$DIR/zookeeper.log"
 # --- helpers -----------------------------------------------------------------
 
 # Prints the pid if the pid file names a live ZooKeeper JVM started from this DIR.
-running_pid() {
-    [[ -f "$PID_FILE" ]] || return 1
-    local pid
-    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-    kill -0 "$pid" 2>/dev/null || return 1
-    # Guard against pid reuse: the command line must be ours.
-    local cmdline
-    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
-    [[ "$cmdline" == *"$MAIN_CLASS"* && "$cmdline" == *"$CONF_DIR/zoo.cfg"* ]] || return 1
-    echo "$pid"
-}
+running_pid() { live_pid "$PID_FILE" "$MAIN_CLASS" "$CONF_DIR/zoo.cfg"; }
 
 current_port() {
     if [[ -f "$PORT_FILE" ]]; then cat "$PORT_FILE"; else echo "$PORT"; fi
-}
-
-port_in_use() {
-    # true if something listens on 127.0.0.1:$1 (or on all interfaces)
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 four_letter() { # four_letter PORT CMD
@@ -147,23 +130,9 @@ PY
 
 ensure_installed() {
     [[ -f "$ZK_JAR" ]] && return 0
-    log "Debian package 'zookeeper' not installed; installing it with apt-get"
-    local sudo=""
-    if [[ "$(id -u)" != 0 ]]; then
-        command -v sudo >/dev/null || die "not root and no sudo: install the 'zookeeper' package"
-        sudo="sudo"
-    fi
-    $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+    log "Debian package 'zookeeper' not installed"
+    apt_install zookeeper
     [[ -f "$ZK_JAR" ]] || die "apt-get install zookeeper did not provide $ZK_JAR"
-}
-
-ensure_java() {
-    command -v java >/dev/null && return 0
-    log "java not found; installing openjdk-17-jre-headless with apt-get"
-    local sudo=""; [[ "$(id -u)" == 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 }
 
 write_config() {
@@ -207,14 +176,9 @@ do_status() {
     return 3
 }
 
-take_lock() {
-    exec 9>"$DIR/.lock"
-    flock -w "$((TIMEOUT + STOP_TIMEOUT))" 9 || die "another start/stop holds $DIR/.lock"
-}
-
 do_start() {
     local pid
-    take_lock
+    take_lock "$DIR/.lock" "$((TIMEOUT + STOP_TIMEOUT))"
     if pid="$(running_pid)"; then
         local port; port="$(current_port)"
         if [[ "$PORT_GIVEN" == 1 && "$port" != "$PORT" ]]; then
@@ -225,7 +189,7 @@ do_start() {
     else
         rm -f "$PID_FILE"
         ensure_installed
-        ensure_java
+        ensure_java 8
         [[ -f "$SLF4J_BINDING" ]] || SLF4J_BINDING=""
         if port_in_use "$PORT"; then
             die "port $PORT is already in use by another process"
@@ -236,65 +200,38 @@ do_start() {
         {
             echo "=== $(date -Is) starting ZooKeeper on 127.0.0.1:$PORT"
         } >>"$LOG_FILE"
-        # setsid: own session, so Ctrl-C / process-group kills of the caller do
-        # not take ZooKeeper down.  The inner shell records its pid and execs java.
-        # shellcheck disable=SC2016,SC2086
-        setsid bash -c 'echo $$ >"$0"; exec "$@"' "$PID_FILE" \
+        # shellcheck disable=SC2086
+        launch "$PID_FILE" "$LOG_FILE" "$PWD" -- \
             java $HEAP $EXTRA_OPTS -Djava.net.preferIPv4Stack=true \
             -Dorg.slf4j.simpleLogger.showDateTime=true \
             -Dorg.slf4j.simpleLogger.dateTimeFormat="yyyy-MM-dd'T'HH:mm:ss.SSS" \
             -Dzookeeper.log.dir="$DIR" \
-            -cp "$cp" "$MAIN_CLASS" "$CONF_DIR/zoo.cfg" \
-            </dev/null >>"$LOG_FILE" 2>&1 9>&- &
-        # wait for the pid file written by the child
-        for _ in $(seq 1 50); do [[ -s "$PID_FILE" ]] && break; sleep 0.1; done
-        pid="$(cat "$PID_FILE" 2>/dev/null || true)"
-        [[ -n "$pid" ]] || die "failed to launch java (see $LOG_FILE)"
+            -cp "$cp" "$MAIN_CLASS" "$CONF_DIR/zoo.cfg" ||
+            die "failed to launch java (see $LOG_FILE)"
+        pid="$(cat "$PID_FILE")"
         log "started pid $pid, log $LOG_FILE"
     fi
 
-    local deadline=$((SECONDS + TIMEOUT))
-    until probe "$PORT"; do
-        if ! running_pid >/dev/null; then
-            tail -n 30 "$LOG_FILE" >&2 || true
-            rm -f "$PID_FILE"
-            die "ZooKeeper exited during start-up (log: $LOG_FILE)"
-        fi
-        if (( SECONDS >= deadline )); then
-            tail -n 30 "$LOG_FILE" >&2 || true
-            die "ZooKeeper not ready after ${TIMEOUT}s (still running as pid $pid; log: $LOG_FILE)"
-        fi
-        sleep 0.3
-    done
+    wait_probe ZooKeeper "$pid" "$((SECONDS + TIMEOUT))" 0.3 "$LOG_FILE" probe "$PORT"
     log "ready"
-    exec 9>&-
+    release_lock
     echo "127.0.0.1:$PORT"
 }
 
 do_stop() {
     local pid
-    take_lock
+    take_lock "$DIR/.lock" "$((TIMEOUT + STOP_TIMEOUT))"
     if ! pid="$(running_pid)"; then
         rm -f "$PID_FILE"
         log "not running"
         return 0
     fi
     log "stopping pid $pid"
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + STOP_TIMEOUT))
-    while kill -0 "$pid" 2>/dev/null; do
-        if (( SECONDS >= deadline )); then
-            log "still alive after ${STOP_TIMEOUT}s, sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            sleep 0.5
-            break
-        fi
-        sleep 0.2
-    done
+    terminate "$STOP_TIMEOUT" "" "$pid"
     rm -f "$PID_FILE"
     echo "=== $(date -Is) stopped" >>"$LOG_FILE"
     log "stopped"
-    exec 9>&-
+    release_lock
 }
 
 case "$CMD" in
