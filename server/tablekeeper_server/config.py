@@ -160,8 +160,12 @@ class ServerConfig:
             raise ValueError("--pulsar-timeout must be positive")
         if self.cluster_mode:
             self._validate_cluster()
-            if self.etcd_port:
-                raise ValueError("--etcd-port is not available in cluster mode yet")
+            if self.etcd_port and self.security.auth_on:
+                # etcd's users and the permissions on namespace etcd are read from the root
+                # range on the server that answers, which in cluster mode may be elsewhere.
+                raise ValueError(
+                    "--etcd-port with authentication is not available in cluster mode yet"
+                )
             if self.oxia_port:
                 raise ValueError("--oxia-port is not available in cluster mode yet")
 

@@ -55,7 +55,8 @@ from tablekeeper_server.metrics import (
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
-from tablekeeper_server.rpc.proxy import RemoteCatalogClient
+from tablekeeper_server.rpc.frontends import FrontEndPeers
+from tablekeeper_server.rpc.proxy import Forwarder, RemoteCatalogClient
 from tablekeeper_server.rpc.server import SERVICE_NAMES, GrpcServer
 from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
@@ -287,6 +288,10 @@ async def serve(config: ServerConfig) -> None:
         from tablekeeper_server.cluster.member import ClusterMember
 
         member = ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
+        # Published with our membership: other servers pass etcd calls on to the keyspace's
+        # owner at its etcd port.
+        if config.etcd_port:
+            coordinator.frontends["etcd"] = f"{config.advertised_host}:{config.etcd_port}"
     owner_of = member.owner_of if member is not None else None
     if worker is not None:
         owner_of = worker.owner_of
@@ -346,7 +351,11 @@ async def serve(config: ServerConfig) -> None:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
         front = _FrontEndSecurity(tls, authenticator, metrics)
-        etcd = await _start_etcd(config, registry, front) if config.etcd_port else None
+        etcd = (
+            await _start_etcd(config, registry, front, _etcd_peers(coordinator, member, server))
+            if config.etcd_port
+            else None
+        )
         oxia = await _start_oxia(config, registry, front) if config.oxia_port else None
     except BaseException:
         await server.stop(0)
@@ -458,10 +467,31 @@ class _FrontEndSecurity:
         return [AuthInterceptor(self.authenticator, self.metrics.auth_failed)]
 
 
+def _etcd_peers(
+    coordinator: ZkCoordinator | None, member: ClusterMember | None, server: GrpcServer
+) -> tuple[Forwarder, FrontEndPeers] | None:
+    """Cluster mode: how the etcd front-end reaches the root range's owner (the forwarder) and
+    the other servers' etcd ports (their ZooKeeper registrations)."""
+    if coordinator is None or member is None or server.forwarder is None:
+        return None
+    peers = FrontEndPeers(
+        "etcd",
+        member.endpoint,
+        member.owner_of,
+        coordinator.server_frontends,
+        coordinator.live_servers,
+    )
+    return server.forwarder, peers
+
+
 async def _start_etcd(
-    config: ServerConfig, registry: ContainerRegistry, front: _FrontEndSecurity
+    config: ServerConfig,
+    registry: ContainerRegistry,
+    front: _FrontEndSecurity,
+    cluster: tuple[Forwarder, FrontEndPeers] | None,
 ) -> EtcdServer:
-    """The etcd v3 API on `--etcd-port`, over the keyspace table (created on first start)."""
+    """The etcd v3 API on `--etcd-port`, over the keyspace table (created on first start).
+    `cluster`: cluster mode (calls pass through to the keyspace's owner)."""
     etcd = EtcdServer(
         registry,
         bind_host=config.bind_host,
@@ -470,6 +500,8 @@ async def _start_etcd(
         value_bytes_max=config.limits.value_bytes_max,
         tls=front.tls,
         interceptors=front.interceptors(),
+        forwarder=cluster[0] if cluster is not None else None,
+        peers=cluster[1] if cluster is not None else None,
     )
     await etcd.start()
     log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)

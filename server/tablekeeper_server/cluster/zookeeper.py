@@ -5,7 +5,10 @@ decisions are made by `placement` and by the serving code.
 Layout under `/tablekeeper/<cluster>`:
 
     metadata              ClusterMetadata{num_storage_containers}; written once by `cluster init`
-    servers/<endpoint>    ephemeral, one per live server (its gRPC host:port)
+    servers/<endpoint>    ephemeral, one per live server (its gRPC host:port); its data is
+                          "<endpoint>[ <front-end>=<host:port>...]": the protocol front-ends it
+                          serves (etcd, oxia), so other servers can pass calls on to them
+                          (nodes of older servers hold just the endpoint)
     controller/           kazoo Election: the live server that runs the controller
     assignment            ClusterAssignmentData{endpoint -> containers}; its ZooKeeper version is
                           the assignment's revision (writes are compare-and-set on it)
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tablekeeper_server.extras import require_kazoo
@@ -58,6 +61,18 @@ def _decode_owner(raw: bytes) -> Ownership:
     return Ownership(endpoint, int(epoch), released=rest == ["released"])
 
 
+def _encode_server(endpoint: str, frontends: Mapping[str, str]) -> bytes:
+    return " ".join(
+        [endpoint, *(f"{name}={address}" for name, address in frontends.items())]
+    ).encode()
+
+
+def _decode_frontends(raw: bytes) -> dict[str, str]:
+    """A server node's front-end addresses (none in an older server's node: just its endpoint)."""
+    _, *fields = raw.decode().split(" ")
+    return dict(field.split("=", 1) for field in fields if "=" in field)
+
+
 class ZkCoordinator:
     """One server's (or tool's) connection to the cluster's coordination state.
 
@@ -89,6 +104,9 @@ class ZkCoordinator:
         self._term = threading.Event()
         """Set when the current controller term must end (session lost, or stopping)."""
         self.zk.add_listener(self._on_state)
+        self.frontends: dict[str, str] = {}
+        """Front-end name (etcd, oxia) -> this server's address of it, published by
+        `register`; set before registering."""
 
     # ------------------------------------------------------------------ session
 
@@ -176,12 +194,13 @@ class ZkCoordinator:
     def register(self, endpoint: str) -> None:
         """Announce this server as live (an ephemeral node, gone when the session ends)."""
         path = f"{self.root}/servers/{endpoint}"
+        data = _encode_server(endpoint, self.frontends)
         try:
-            self.zk.create(path, endpoint.encode(), ephemeral=True)
+            self.zk.create(path, data, ephemeral=True)
         except NodeExistsError:
             # Our own node from a previous session that has not expired yet: replace it.
             self.zk.delete(path)
-            self.zk.create(path, endpoint.encode(), ephemeral=True)
+            self.zk.create(path, data, ephemeral=True)
 
     def deregister(self, endpoint: str) -> None:
         """Stop being a live server (before shutting down: the controller moves our containers
@@ -191,6 +210,14 @@ class ZkCoordinator:
 
     def live_servers(self) -> list[str]:
         return sorted(self.zk.get_children(f"{self.root}/servers"))
+
+    def server_frontends(self, endpoint: str) -> dict[str, str] | None:
+        """The front-end addresses live server `endpoint` published (None: not live)."""
+        try:
+            raw, _ = self.zk.get(f"{self.root}/servers/{endpoint}")
+        except NoNodeError:
+            return None
+        return _decode_frontends(raw)
 
     def watch_servers(self, callback: Callable[[list[str]], None]) -> None:
         """Call `callback(sorted endpoints)` now and whenever membership changes."""

@@ -39,6 +39,9 @@ ERRORS: dict[str, tuple[grpc.StatusCode, str]] = {
     "lease_ttl_too_large": (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL"),
     "request_too_large": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large"),
     "stopped": (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped"),
+    # Cluster mode: no server to pass the call to (nothing was sent), or it went away mid-call.
+    "no_leader": (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader"),
+    "leader_changed": (grpc.StatusCode.UNAVAILABLE, "etcdserver: leader changed"),
     "timeout": (grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out"),
     "user_empty": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty"),
     "user_exists": (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name already exists"),

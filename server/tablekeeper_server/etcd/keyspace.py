@@ -5,28 +5,29 @@ hash ranges: it is the single range of table `etcd/keyspace` (created at start i
 its revisions are that range's log positions. Writes are logged as etcd txns (see `etcd.apply`);
 reads run synchronously on the range's applied state, so they are linearizable on the range's
 owner. Leases are the range's sessions (a lease id is the revision that created it).
+
+In cluster mode the range lives on whichever server owns its container; the other servers pass
+etcd calls through to that server's etcd port (`etcd.server`). The table is then found (or
+made) through the root range's owner, in the background: until then calls answer etcd's
+"no leader" (retry).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_proto.etcd import apply_pb2, rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.errors import (
-    NamespaceExistsError,
-    NamespaceNotFoundError,
-    StreamExistsError,
-    StreamNotFoundError,
-)
 from tablekeeper_server.etcd.apply import run_read_only_txn
 from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
 from tablekeeper_server.etcd.state import PastView, StoreView, do_range
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.rpc.frontends import ensure_table
+from tablekeeper_server.rpc.proxy import Forwarder
 
 log = logging.getLogger(__name__)
 
@@ -34,34 +35,55 @@ NAMESPACE = "etcd"
 TABLE = "keyspace"
 CLUSTER_ID = 0x746B6574636431  # "tketcd1"
 MEMBER_ID = 0x746B31  # "tk1"
+OPEN_RETRY_S_MAX = 2.0
 
 
 class Keyspace:
-    def __init__(self, registry: ContainerRegistry) -> None:
+    def __init__(self, registry: ContainerRegistry, forwarder: Forwarder | None = None) -> None:
+        """`forwarder`: cluster mode (the root range may be on another server)."""
         self.registry = registry
         self.stream_id = 0
+        self._forwarder = forwarder
+        self._opening: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
         """Find (or create) the keyspace's table and open its range, so its leases are timed
-        from now on (a range's sessions are timed only while it is open)."""
-        root = self.registry.root
-        try:
-            props = root.get_stream(NAMESPACE, TABLE)
-        except (NamespaceNotFoundError, StreamNotFoundError):
-            with contextlib.suppress(NamespaceExistsError):
-                await root.create_namespace(NAMESPACE, stream_pb2.NamespaceConfiguration())
-            conf = stream_pb2.StreamConfiguration(
-                min_num_ranges=1, initial_num_ranges=1, storage_type=stream_pb2.TABLE
-            )
-            try:
-                props = await root.create_stream(NAMESPACE, TABLE, conf)
-            except StreamExistsError:
-                props = root.get_stream(NAMESPACE, TABLE)
+        from now on (a range's sessions are timed only while it is open). In cluster mode
+        this goes on in the background until the root range's owner answers."""
+        if self._forwarder is None:
+            await self._open_table()
+        else:
+            self._opening = asyncio.create_task(self._open_until_done(), name="etcd-keyspace")
+
+    async def close(self) -> None:
+        if self._opening is not None:
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
+
+    async def _open_table(self) -> None:
+        conf = stream_pb2.StreamConfiguration(
+            min_num_ranges=1, initial_num_ranges=1, storage_type=stream_pb2.TABLE
+        )
+        props = await ensure_table(self.registry, self._forwarder, NAMESPACE, TABLE, conf)
         self.stream_id = props.stream_id
-        range_ = await self.range()
-        log.info("etcd keyspace: table %s/%s, range %s", NAMESPACE, TABLE, range_.name.log_name)
+        log.info("etcd keyspace: table %s/%s (id %d)", NAMESPACE, TABLE, self.stream_id)
+        if self._forwarder is None:
+            await self.range()
+
+    async def _open_until_done(self) -> None:
+        pause_s = 0.1
+        while True:
+            try:
+                await self._open_table()
+                return
+            except Exception as exc:  # the root range has no owner yet, or it is starting
+                log.info("etcd keyspace not reachable yet (%s); retrying", exc)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, OPEN_RETRY_S_MAX)
 
     async def range(self) -> Range:
+        if not self.stream_id:
+            raise EtcdError("no_leader")  # cluster mode: the table is not found yet
         return await self.registry.table_range(self.stream_id, KEYSPACE_PKEY)
 
     @staticmethod

@@ -1,7 +1,12 @@
 """The etcd v3 API's own gRPC server, on `--etcd-port` (etcd's clients expect its services at
 the root of an endpoint of their own). With authentication on, it takes the server's credentials
 plus tokens from its own `Authenticate` (`etcd.auth`), and checks the caller's permissions on
-namespace `etcd` (`security.access`)."""
+namespace `etcd` (`security.access`).
+
+In cluster mode every server may run this port; a server that does not own the keyspace range's
+container passes each etcd call through to the owner's etcd port (`rpc.frontends.PassThrough`,
+before authentication: the owner checks the caller's token), and answers MemberList itself with
+every live server's client URL."""
 
 from __future__ import annotations
 
@@ -12,10 +17,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from tablekeeper_proto.etcd import rpc_pb2_grpc
+from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
-from tablekeeper_server.etcd.errors import ERRORS
+from tablekeeper_server.etcd.errors import ERRORS, EtcdError
 from tablekeeper_server.etcd.keyspace import Keyspace
 from tablekeeper_server.etcd.servicers import (
     PROGRESS_INTERVAL_S,
@@ -25,9 +31,28 @@ from tablekeeper_server.etcd.servicers import (
     MaintenanceServicer,
     WatchServicer,
 )
+from tablekeeper_server.rpc.frontends import (
+    FrontEndPeers,
+    NoOwnerError,
+    PassThrough,
+    Unavailable,
+    method_kinds,
+)
 from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import secure_front_end
 from tablekeeper_server.security.tls import ServerTls
+
+FRONT_END = "etcd"
+"""The name this front-end's address is published under in cluster membership."""
+PASSED_THROUGH = method_kinds(
+    service
+    for service in rpc_pb2.DESCRIPTOR.services_by_name.values()
+    if service.name != "Cluster"  # MemberList is answered by every server
+)
+UNAVAILABLE = Unavailable(
+    no_owner=ERRORS["no_leader"], owner_lost=ERRORS["leader_changed"], own_prefix="etcdserver:"
+)
 
 
 class EtcdServer:
@@ -42,8 +67,13 @@ class EtcdServer:
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
         progress_interval_s: float = PROGRESS_INTERVAL_S,
+        forwarder: Forwarder | None = None,
+        peers: FrontEndPeers | None = None,
     ) -> None:
-        self.keyspace = Keyspace(registry)
+        """`forwarder` and `peers`: cluster mode (`forwarder` reaches the root range's owner,
+        `peers` the other servers' etcd ports)."""
+        self.keyspace = Keyspace(registry, forwarder)
+        self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
         # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.
         self.security = secure_front_end(
@@ -53,8 +83,20 @@ class EtcdServer:
             invalid_token_message=ERRORS["invalid_auth_token"][1],
         )
         message_max = value_bytes_max + 2 * 1024 * 1024
+        interceptors = list(self.security.interceptors)
+        self._pass_through: PassThrough | None = None
+        if peers is not None:
+            self._pass_through = PassThrough(
+                PASSED_THROUGH,
+                self._locate,
+                UNAVAILABLE,
+                forget=peers.forget,
+                credentials=tls.channel_credentials() if tls is not None else None,
+                message_bytes_max=message_max,
+            )
+            interceptors.insert(0, self._pass_through)
         self._server = grpc.aio.server(
-            interceptors=self.security.interceptors,
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
@@ -62,7 +104,8 @@ class EtcdServer:
             ],
         )
         self.port = listen(self._server, bind_host, port, tls)
-        client_url = f"http://{advertised_host}:{self.port}"
+        scheme = "https" if tls is not None else "http"
+        client_url = f"{scheme}://{advertised_host}:{self.port}"
         rpc_pb2_grpc.add_KVServicer_to_server(
             KVServicer(self.keyspace, value_bytes_max), self._server
         )
@@ -70,7 +113,10 @@ class EtcdServer:
         rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
         self._lease = LeaseServicer(self.keyspace)
         rpc_pb2_grpc.add_LeaseServicer_to_server(self._lease, self._server)
-        rpc_pb2_grpc.add_ClusterServicer_to_server(ClusterServicer(client_url), self._server)
+        rpc_pb2_grpc.add_ClusterServicer_to_server(
+            ClusterServicer(client_url, peers.members if peers is not None else None, scheme),
+            self._server,
+        )
         rpc_pb2_grpc.add_MaintenanceServicer_to_server(
             MaintenanceServicer(self.keyspace), self._server
         )
@@ -91,3 +137,27 @@ class EtcdServer:
         self._watch.streams.shutdown()
         self._lease.streams.shutdown()
         await self._server.stop(grace_s)
+        await self.keyspace.close()
+        if self._pass_through is not None:
+            await self._pass_through.close()
+
+    async def _locate(self, forwarded: bool) -> str | None:
+        """Cluster mode: None if the keyspace range is served here (or its error is best
+        answered here), else the etcd address of the server that owns it."""
+        assert self._peers is not None
+        try:
+            await self.keyspace.range()
+            return None
+        except NotServedHereError as elsewhere:
+            container_id = elsewhere.container_id
+        except (EtcdError, TableKeeperError):
+            return None  # not ready, suspended, root range unreachable: the handler says so
+        if forwarded:
+            raise NoOwnerError(f"container {container_id} is not served here")
+        owner = self._peers.owner_of(container_id)
+        if owner is None or owner == self._peers.self_endpoint:
+            raise NoOwnerError(f"container {container_id} has no other owner right now")
+        address = await self._peers.address(owner)
+        if address is None:
+            raise NoOwnerError(f"{owner} does not serve etcd (or is gone)")
+        return address

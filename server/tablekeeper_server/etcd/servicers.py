@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
@@ -307,6 +308,11 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
         try:
             while True:
                 yield await stream.next(reader)
+        except EtcdError as exc:  # e.g. the keyspace is not open here (cluster mode)
+            await context.abort(exc.code, exc.message)
+        except TableKeeperError as exc:
+            error = from_tablekeeper(exc)
+            await context.abort(error.code, error.message)
         finally:
             reader.cancel()
             await stream.close()
@@ -560,23 +566,42 @@ def _lease_now(range_: Range, key: bytes) -> int:
 
 
 class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
-    def __init__(self, client_url: str) -> None:
+    """MemberList: the etcd client URL of every server (clients discover endpoints from it).
+    Standalone that is this server; in cluster mode `members()` gives every live server's."""
+
+    def __init__(
+        self,
+        client_url: str,
+        members: Callable[[], Awaitable[list[tuple[str, str]]]] | None = None,
+        scheme: str = "http",
+    ) -> None:
         self._client_url = client_url
+        self._members = members
+        self._scheme = scheme
 
     async def MemberList(  # noqa: N802
         self, request: rpc_pb2.MemberListRequest, context: Context
     ) -> rpc_pb2.MemberListResponse:
+        if self._members is None:
+            members = [("tablekeeper", MEMBER_ID, self._client_url)]
+        else:
+            members = [
+                (endpoint, _member_id(endpoint), f"{self._scheme}://{address}")
+                for endpoint, address in await self._members()
+            ]
         return rpc_pb2.MemberListResponse(
             header=Keyspace.header(0),
             members=[
-                rpc_pb2.Member(
-                    ID=MEMBER_ID,
-                    name="tablekeeper",
-                    peerURLs=[self._client_url],
-                    clientURLs=[self._client_url],
-                )
+                rpc_pb2.Member(ID=member_id, name=name, peerURLs=[url], clientURLs=[url])
+                for name, member_id, url in members
             ],
         )
+
+
+def _member_id(endpoint: str) -> int:
+    """A stable, non-zero member id for a server of a cluster (etcd's are 64-bit)."""
+    digest = hashlib.blake2b(endpoint.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1 or 1
 
 
 class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):

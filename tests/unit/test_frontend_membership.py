@@ -1,0 +1,50 @@
+"""Cluster mode's front-end settings and the front-end addresses a server publishes with its
+ZooKeeper membership (and reading an older server's node, which holds just its endpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tablekeeper_server.cluster.zookeeper import _decode_frontends, _encode_server
+from tablekeeper_server.config import ServerConfig
+from tablekeeper_server.security.config import SecurityConfig
+
+pytestmark = pytest.mark.unit
+
+CLUSTER = ServerConfig(zk_hosts="127.0.0.1:2181", log_backend="pulsar", checkpoint_store="pulsar")
+
+
+def test_a_server_node_carries_its_front_end_addresses() -> None:
+    raw = _encode_server("127.0.0.1:4181", {"etcd": "127.0.0.1:2379", "oxia": "127.0.0.1:6648"})
+    assert raw == b"127.0.0.1:4181 etcd=127.0.0.1:2379 oxia=127.0.0.1:6648"
+    assert _decode_frontends(raw) == {"etcd": "127.0.0.1:2379", "oxia": "127.0.0.1:6648"}
+
+
+def test_an_older_servers_node_has_no_front_ends() -> None:
+    assert _encode_server("127.0.0.1:4181", {}) == b"127.0.0.1:4181"
+    assert _decode_frontends(b"127.0.0.1:4181") == {}
+
+
+def test_the_etcd_port_is_allowed_in_cluster_mode() -> None:
+    replace(CLUSTER, etcd_port=2379).validate()
+
+
+def test_the_etcd_port_with_authentication_is_refused_in_cluster_mode() -> None:
+    secured = SecurityConfig(auth_secret_key=Path("token.key"))
+    config = replace(CLUSTER, etcd_port=2379, security=secured)
+    with pytest.raises(ValueError, match="--etcd-port with authentication"):
+        config.validate()
+
+
+def test_the_oxia_port_is_still_refused_in_cluster_mode() -> None:
+    with pytest.raises(ValueError, match="--oxia-port is not available in cluster mode"):
+        replace(CLUSTER, oxia_port=6648).validate()
+
+
+def test_workers_still_refuse_the_etcd_port() -> None:
+    config = ServerConfig(workers=2, containers=2, etcd_port=2379)
+    with pytest.raises(ValueError, match="--workers 1 with"):
+        config.validate()
