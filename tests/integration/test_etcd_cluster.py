@@ -4,7 +4,10 @@ Three real servers, ZooKeeper and Pulsar; the owner is killed with SIGKILL mid-t
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -25,6 +28,7 @@ CONTAINERS = 4
 CALL_TIMEOUT_S = 10.0
 WAIT_S = 90.0
 T = TypeVar("T")
+ETCDCTL = shutil.which("etcdctl")
 
 
 class Etcd:
@@ -194,6 +198,26 @@ def test_etcd_through_a_non_owner_and_after_the_owner_dies(
         urls = sorted(url for member in members.members for url in member.clientURLs)
         assert urls == sorted(f"http://{address}" for address in addresses)
         assert len({member.ID for member in members.members}) == 3
+
+        # etcd's own command-line client, through the non-owner.
+        if ETCDCTL is not None:
+            env = {**os.environ, "ETCDCTL_API": "3"}
+
+            def etcdctl(*args: str) -> str:
+                done = subprocess.run(
+                    [ETCDCTL, f"--endpoints={via.address}", *args],
+                    capture_output=True,
+                    text=True,
+                    timeout=CALL_TIMEOUT_S * 3,
+                    env=env,
+                )
+                assert done.returncode == 0, f"etcdctl {' '.join(args)}: {done.stderr}"
+                return done.stdout
+
+            assert etcdctl("put", "ctl/a", "from-etcdctl").strip() == "OK"
+            assert etcdctl("get", "ctl/a", "--print-value-only").strip() == "from-etcdctl"
+            listed = etcdctl("member", "list")
+            assert all(f"http://{address}" in listed for address in addresses), listed
 
         acknowledged = {f"ack/{i:02d}": str(i) for i in range(20)}
         revision = 0

@@ -79,7 +79,11 @@ def from_tablekeeper(exc: TableKeeperError) -> EtcdError:
     """TableKeeper's errors in etcd's terms: what a client should do about them (retry on
     UNAVAILABLE, like an etcd member that is not ready) with TableKeeper's reason."""
     if isinstance(exc, UnavailableError | RouteNotFoundError):
-        return EtcdError("unavailable", code=grpc.StatusCode.UNAVAILABLE, message=exc.message)
+        # In etcd's style ("etcdserver: ..."): the pass-through of cluster mode tells the
+        # answers of an etcd port from failures of the connection to it by that prefix.
+        return EtcdError(
+            "unavailable", code=grpc.StatusCode.UNAVAILABLE, message=f"etcdserver: {exc.message}"
+        )
     if isinstance(exc, ResourceLimitError):
         return EtcdError("request_too_large")
     if isinstance(exc, BadRequestError):
