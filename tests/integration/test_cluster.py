@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -259,10 +258,8 @@ def test_any_server_forwards_to_the_owner(make_cluster: Callable[..., TestCluste
             table = client.table(NS, TABLE)
             table.put(pkey, "k", f"via {i}")
             assert table.get(pkey, "k").value == f"via {i}".encode()  # type: ignore[union-attr]
-        metrics = urllib.request.urlopen(
-            f"http://127.0.0.1:{cluster.servers[i].metrics_port}/metrics", timeout=10
-        ).read()
-        assert re.search(rb'tablekeeper_forwarded_requests_total\{method="Put"\} [1-9]', metrics)
+        metrics = cluster.servers[i].metrics()
+        assert re.search(r'tablekeeper_forwarded_requests_total\{method="Put"\} [1-9]', metrics)
 
 
 def test_watch_through_a_server_that_does_not_own_the_range(

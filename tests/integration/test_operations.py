@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -29,12 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server.stop()
 
 
-def _metrics(server: ServerProcess) -> str:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return str(reply.read().decode())
-
-
 def _gauge(text: str, name: str) -> float:
     match = re.search(rf"^{name} (\S+)$", text, re.M)
     assert match, f"{name} not in /metrics"
@@ -42,7 +35,7 @@ def _gauge(text: str, name: str) -> float:
 
 
 def test_metrics_process_build_info_watches_and_sessions(server: ServerProcess) -> None:
-    text = _metrics(server)
+    text = server.metrics()
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"):
         assert re.search(rf"^{name}", text, re.M), name
     build = re.search(r"^tablekeeper_build_info\{(.*)\} 1\.0$", text, re.M)
@@ -57,7 +50,7 @@ def test_metrics_process_build_info_watches_and_sessions(server: ServerProcess) 
         with handle.session("p", ttl_s=10), handle.watch("p", "k"):
 
             def counts() -> tuple[float, float]:
-                text = _metrics(server)
+                text = server.metrics()
                 return (
                     _gauge(text, "tablekeeper_open_watches"),
                     _gauge(text, "tablekeeper_live_sessions"),

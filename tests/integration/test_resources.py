@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,8 +146,7 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
 
 
 def _metric(server: ServerProcess, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics") as reply:
-        text = reply.read().decode()
+    text = server.metrics()
     for line in text.splitlines():
         if line.startswith(f"{name} "):
             return float(line.split()[1])

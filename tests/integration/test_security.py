@@ -13,7 +13,6 @@ import socket
 import ssl
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,7 @@ def test_calls_without_a_valid_token_are_refused_and_counted(
             with pytest.raises(UnauthenticatedError) as refused:
                 client.table("sec", "t").get("p", "k")
             assert message in str(refused.value) or message == "invalid", refused.value
-    metrics = scrape(token_server)
+    metrics = token_server.metrics()
     for reason in ("anonymous", "expired", "invalid_token"):
         assert counter(metrics, "tablekeeper_auth_failures_total", reason=reason) >= 1, reason
     log = token_server.log_path.read_text(errors="replace")
@@ -372,12 +371,6 @@ def served_certificate(port: int) -> bytes:
     return der
 
 
-def scrape(server: ServerProcess) -> str:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return str(response.read().decode())
-
-
 def counter(metrics: str, name: str, **labels: str) -> float:
     for line in metrics.splitlines():
         if not line.startswith(name + "{"):
@@ -469,7 +462,7 @@ def test_a_tls_cluster_forwards_with_the_callers_identity(
         ):
             client.table("shared", "t")
         forwarded = counter(
-            scrape(cluster.servers[i]), "tablekeeper_forwarded_requests_total", method="Put"
+            cluster.servers[i].metrics(), "tablekeeper_forwarded_requests_total", method="Put"
         )
         assert forwarded >= 1, f"server {i} forwarded no put"
     # The root range's owner dies: another server restores it, permissions included.

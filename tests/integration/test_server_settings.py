@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,12 +47,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server.stop()
 
 
-def _metrics(server: ServerProcess) -> str:
-    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return str(reply.read().decode())
-
-
 def _by_table(text: str, name: str) -> dict[tuple[str, str], float]:
     pattern = rf'^{name}{{namespace="([^"]*)",table="([^"]*)"}} (\S+)$'
     return {(m[1], m[2]): float(m[3]) for m in re.finditer(pattern, text, re.M)}
@@ -76,7 +69,7 @@ def test_settings_come_from_the_flags_the_environment_and_the_file(server: Serve
         with pytest.raises(TableKeeperError, match="limit is 1024"):  # [limits] of the file
             table.put("k", "k", b"x" * 1025)
         client.delete_table("limits", "t")  # its metric labels are for the test below
-    text = _metrics(server)  # on the --metrics-port flag's port, not the file's port 1
+    text = server.metrics()  # on the --metrics-port flag's port, not the file's port 1
     assert _gauge(text, "tablekeeper_max_open_ranges") == 37
 
 
@@ -129,7 +122,7 @@ def test_metrics_are_labelled_by_namespace_and_table_within_the_bound(
 
     def wait_for(what: str, condition: dict[tuple[str, str], bool]) -> None:
         def holds() -> bool:
-            text = _metrics(server)
+            text = server.metrics()
             wal = _by_table(text, "tablekeeper_range_wal_bytes")
             return (
                 all((wal.get(key, 0) > 0) == wanted for key, wanted in condition.items())
@@ -149,7 +142,7 @@ def test_metrics_are_labelled_by_namespace_and_table_within_the_bound(
         write(client, "m2", "c")
         wait_for("m2/c under <other>", {("<other>", "<other>"): True, ("m2", "c"): False})
 
-        text = _metrics(server)
+        text = server.metrics()
         ranges = _by_table(text, "tablekeeper_table_open_ranges")
         assert ranges[("m1", "a")] >= 2 and ranges[("m1", "b")] >= 2  # the tables' ranges
         assert ranges[("<system>", "<root>")] == 1 and ranges[("<system>", "<meta>")] == 5

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +149,12 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {what} after {timeout_s}s:\n{self.log_tail()}")
             time.sleep(0.01)
+
+    def metrics(self, timeout_s: float = 10.0) -> str:
+        """The Prometheus text the server's metrics port serves now."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+            return str(reply.read().decode())
 
     def log_tail(self, lines: int = 40) -> str:
         try:
