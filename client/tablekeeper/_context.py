@@ -21,7 +21,7 @@ import grpc
 
 from tablekeeper._coalesce import Coalescer
 from tablekeeper._routes import RouteCache, RoutedMethod
-from tablekeeper._transport import RetryPolicy, call, new_channel
+from tablekeeper._transport import RetryPolicy, call, new_channel, within
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2_grpc
 
@@ -136,15 +136,23 @@ class ClientContext:
             status_of=status_of,
         )
 
-    async def root(self, method: str, request: Any, *, idempotent: bool) -> Any:
-        """Call a root range method (namespaces, tables) through the service URI."""
+    async def root(
+        self, method: str, request: Any, *, idempotent: bool, timeout: float | None = None
+    ) -> Any:
+        """Call a root range method (namespaces, tables) through the service URI, the whole
+        call (retries included) bounded by `timeout` (see `_transport.within`)."""
         stub = self.stub("root", storage_pb2_grpc.RootRangeServiceStub)
-        return await self.call(
-            getattr(stub, method),
-            request,
-            metadata=ROOT_METADATA,
-            idempotent=idempotent,
-            status_of=lambda r: r.code,
+        return await within(
+            self.call(
+                getattr(stub, method),
+                request,
+                metadata=ROOT_METADATA,
+                idempotent=idempotent,
+                status_of=lambda r: r.code,
+            ),
+            timeout,
+            what=method,
+            write=not idempotent,
         )
 
     async def close(self) -> None:

@@ -18,7 +18,7 @@ import grpc
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
 from tablekeeper._routes import RouteCache, RouteStats
-from tablekeeper._transport import RetryPolicy, _split_host_port, parse_service_uri
+from tablekeeper._transport import RetryPolicy, _split_host_port, parse_service_uri, within
 from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_rpc_error
 from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
@@ -60,6 +60,10 @@ class AsyncClient:
 
     `service` is `bk://host:port` (several `host:port` separated by commas are balanced).
     Use `async with AsyncClient(...) as client:` or call `close()`.
+
+    The namespace, table and permission calls take `timeout=` (seconds for the whole call,
+    retries included; None: only the `RetryPolicy` bounds it), as the table ops do: past it
+    they raise `DeadlineExceededError`, a write `WriteTimeoutError` (it may have been applied).
     """
 
     def __init__(
@@ -134,86 +138,124 @@ class AsyncClient:
 
     # ------------------------------------------------------------------ namespaces
 
-    async def create_namespace(self, name: str) -> int:
+    async def create_namespace(self, name: str, *, timeout: float | None = None) -> int:
         """Create a namespace; returns its id. Raises `NamespaceExistsError`."""
         response = await self._context.root(
-            "CreateNamespace", storage_pb2.CreateNamespaceRequest(name=name), idempotent=False
+            "CreateNamespace",
+            storage_pb2.CreateNamespaceRequest(name=name),
+            idempotent=False,
+            timeout=timeout,
         )
         return int(response.ns_props.namespace_id)
 
-    async def get_namespace(self, name: str) -> int:
+    async def get_namespace(self, name: str, *, timeout: float | None = None) -> int:
         """The namespace's id. Raises `NamespaceNotFoundError`."""
         response = await self._context.root(
-            "GetNamespace", storage_pb2.GetNamespaceRequest(name=name), idempotent=True
+            "GetNamespace",
+            storage_pb2.GetNamespaceRequest(name=name),
+            idempotent=True,
+            timeout=timeout,
         )
         return int(response.ns_props.namespace_id)
 
-    async def delete_namespace(self, name: str) -> None:
+    async def delete_namespace(self, name: str, *, timeout: float | None = None) -> None:
         """Delete a namespace and every table in it."""
         await self._context.root(
-            "DeleteNamespace", storage_pb2.DeleteNamespaceRequest(name=name), idempotent=False
+            "DeleteNamespace",
+            storage_pb2.DeleteNamespaceRequest(name=name),
+            idempotent=False,
+            timeout=timeout,
         )
         for key in [key for key in self._table_ids if key[0] == name]:
             self._context.routes.forget_table(self._table_ids.pop(key))
 
-    async def list_namespaces(self) -> list[NamespaceInfo]:
+    async def list_namespaces(self, *, timeout: float | None = None) -> list[NamespaceInfo]:
         """Every namespace, ordered by name (TableKeeper's Admin service; BookKeeper has no
         listing)."""
-        response = await self._admin_list("ListNamespaces", admin_pb2.ListNamespacesRequest())
+        response = await self._admin_list(
+            "ListNamespaces", admin_pb2.ListNamespacesRequest(), timeout
+        )
         return [NamespaceInfo(p.namespace_name, p.namespace_id) for p in response.namespaces]
 
-    async def _admin_list(self, method: str, request: Any) -> Any:
-        return await self._context.call(
-            getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
-            request,
-            idempotent=True,
-            status_of=lambda r: r.code,
+    async def _admin_list(self, method: str, request: Any, timeout: float | None) -> Any:
+        return await within(
+            self._context.call(
+                getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
+                request,
+                idempotent=True,
+                status_of=lambda r: r.code,
+            ),
+            timeout,
+            what=method,
+            write=False,
         )
 
     # ------------------------------------------------------------------ permissions
 
-    async def grant(self, namespace: str, role: str, permissions: Sequence[str]) -> list[str]:
+    async def grant(
+        self, namespace: str, role: str, permissions: Sequence[str], *, timeout: float | None = None
+    ) -> list[str]:
         """Give `role` permissions ("read", "write", "admin") on `namespace`; returns all it has
         there now. Needs admin on the namespace (or a superuser)."""
         request = admin_pb2.GrantRequest(
             namespace=namespace, role=role, permissions=list(permissions)
         )
-        return list((await self._admin_change("Grant", request)).permissions)
+        return list((await self._admin_change("Grant", request, timeout)).permissions)
 
-    async def revoke(self, namespace: str, role: str, permissions: Sequence[str] = ()) -> list[str]:
+    async def revoke(
+        self,
+        namespace: str,
+        role: str,
+        permissions: Sequence[str] = (),
+        *,
+        timeout: float | None = None,
+    ) -> list[str]:
         """Take permissions (all, if none are named) of `role` on `namespace`; returns what it
         keeps there."""
         request = admin_pb2.RevokeRequest(
             namespace=namespace, role=role, permissions=list(permissions)
         )
-        return list((await self._admin_change("Revoke", request)).permissions)
+        return list((await self._admin_change("Revoke", request, timeout)).permissions)
 
-    async def list_permissions(self, namespace: str) -> dict[str, list[str]]:
+    async def list_permissions(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, list[str]]:
         """role -> permissions on `namespace`."""
         response = await self._admin_list(
-            "ListPermissions", admin_pb2.ListPermissionsRequest(namespace=namespace)
+            "ListPermissions", admin_pb2.ListPermissionsRequest(namespace=namespace), timeout
         )
         return {grant.role: list(grant.permissions) for grant in response.grants}
 
-    async def _admin_change(self, method: str, request: Any) -> Any:
-        return await self._context.call(
-            getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
-            request,
-            idempotent=True,  # setting permissions again gives the same result
-            status_of=lambda r: r.code,
+    async def _admin_change(self, method: str, request: Any, timeout: float | None) -> Any:
+        return await within(
+            self._context.call(
+                getattr(self._context.stub("admin", admin_pb2_grpc.AdminStub), method),
+                request,
+                idempotent=True,  # setting permissions again gives the same result
+                status_of=lambda r: r.code,
+            ),
+            timeout,
+            what=method,
+            write=True,
         )
 
     # ------------------------------------------------------------------ tables
 
-    async def list_tables(self, namespace: str) -> list[TableInfo]:
+    async def list_tables(self, namespace: str, *, timeout: float | None = None) -> list[TableInfo]:
         """The namespace's tables, ordered by name. Raises `NamespaceNotFoundError`."""
         response = await self._admin_list(
-            "ListTables", admin_pb2.ListTablesRequest(namespace=namespace)
+            "ListTables", admin_pb2.ListTablesRequest(namespace=namespace), timeout
         )
         return [_table_info(namespace, props) for props in response.tables]
 
     async def create_table(
-        self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
+        self,
+        namespace: str,
+        name: str,
+        *,
+        ranges: int = 4,
+        ttl_seconds: int = 0,
+        timeout: float | None = None,
     ) -> TableInfo:
         """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
         `ttl_seconds` > 0 makes keys invisible that long after their last write."""
@@ -229,15 +271,19 @@ class AsyncClient:
             ttl_seconds=ttl_seconds,
         )
         request = storage_pb2.CreateStreamRequest(ns_name=namespace, name=name, stream_conf=conf)
-        response = await self._context.root("CreateStream", request, idempotent=False)
+        response = await self._context.root(
+            "CreateStream", request, idempotent=False, timeout=timeout
+        )
         return self._known(_table_info(namespace, response.stream_props))
 
-    async def get_table(self, namespace: str, name: str) -> TableInfo:
+    async def get_table(
+        self, namespace: str, name: str, *, timeout: float | None = None
+    ) -> TableInfo:
         """The table's `TableInfo`. Raises `TableNotFoundError`."""
         request = storage_pb2.GetStreamRequest(
             stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=name)
         )
-        response = await self._context.root("GetStream", request, idempotent=True)
+        response = await self._context.root("GetStream", request, idempotent=True, timeout=timeout)
         return self._known(_table_info(namespace, response.stream_props))
 
     def _known(self, info: TableInfo) -> TableInfo:
@@ -245,20 +291,23 @@ class AsyncClient:
         self._table_ids[(info.namespace, info.name)] = info.table_id
         return info
 
-    async def delete_table(self, namespace: str, name: str) -> None:
+    async def delete_table(
+        self, namespace: str, name: str, *, timeout: float | None = None
+    ) -> None:
         """Delete a table and its keys. Raises `TableNotFoundError`."""
         await self._context.root(
             "DeleteStream",
             storage_pb2.DeleteStreamRequest(ns_name=namespace, name=name),
             idempotent=False,
+            timeout=timeout,
         )
         table_id = self._table_ids.pop((namespace, name), None)
         if table_id is not None:
             self._context.routes.forget_table(table_id)
 
-    async def table(self, namespace: str, name: str) -> AsyncTable:
+    async def table(self, namespace: str, name: str, *, timeout: float | None = None) -> AsyncTable:
         """A handle on an existing table. Raises `TableNotFoundError`."""
-        return AsyncTable(self._context, await self.get_table(namespace, name))
+        return AsyncTable(self._context, await self.get_table(namespace, name, timeout=timeout))
 
     async def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
         """Checkpoint one table's ranges now (or every open range if no table is given) and
@@ -375,60 +424,81 @@ class Client:
     ) -> None:
         self.close()
 
-    def create_namespace(self, name: str) -> int:
+    def create_namespace(self, name: str, *, timeout: float | None = None) -> int:
         """Create a namespace; returns its id. Raises `NamespaceExistsError`."""
-        return self._runner.run(self._async.create_namespace(name))
+        return self._runner.run(self._async.create_namespace(name, timeout=timeout))
 
-    def get_namespace(self, name: str) -> int:
+    def get_namespace(self, name: str, *, timeout: float | None = None) -> int:
         """The namespace's id. Raises `NamespaceNotFoundError`."""
-        return self._runner.run(self._async.get_namespace(name))
+        return self._runner.run(self._async.get_namespace(name, timeout=timeout))
 
-    def delete_namespace(self, name: str) -> None:
+    def delete_namespace(self, name: str, *, timeout: float | None = None) -> None:
         """Delete a namespace and every table in it."""
-        self._runner.run(self._async.delete_namespace(name))
+        self._runner.run(self._async.delete_namespace(name, timeout=timeout))
 
-    def list_namespaces(self) -> list[NamespaceInfo]:
+    def list_namespaces(self, *, timeout: float | None = None) -> list[NamespaceInfo]:
         """Every namespace, ordered by name."""
-        return self._runner.run(self._async.list_namespaces())
+        return self._runner.run(self._async.list_namespaces(timeout=timeout))
 
-    def list_tables(self, namespace: str) -> list[TableInfo]:
+    def list_tables(self, namespace: str, *, timeout: float | None = None) -> list[TableInfo]:
         """The namespace's tables, ordered by name. Raises `NamespaceNotFoundError`."""
-        return self._runner.run(self._async.list_tables(namespace))
+        return self._runner.run(self._async.list_tables(namespace, timeout=timeout))
 
-    def grant(self, namespace: str, role: str, permissions: Sequence[str]) -> list[str]:
+    def grant(
+        self, namespace: str, role: str, permissions: Sequence[str], *, timeout: float | None = None
+    ) -> list[str]:
         """Give `role` permissions ("read", "write", "admin") on `namespace`; returns all it has
         there now."""
-        return self._runner.run(self._async.grant(namespace, role, permissions))
+        return self._runner.run(self._async.grant(namespace, role, permissions, timeout=timeout))
 
-    def revoke(self, namespace: str, role: str, permissions: Sequence[str] = ()) -> list[str]:
+    def revoke(
+        self,
+        namespace: str,
+        role: str,
+        permissions: Sequence[str] = (),
+        *,
+        timeout: float | None = None,
+    ) -> list[str]:
         """Take permissions (all, if none are named) of `role` on `namespace`; returns what it
         keeps there."""
-        return self._runner.run(self._async.revoke(namespace, role, permissions))
+        return self._runner.run(self._async.revoke(namespace, role, permissions, timeout=timeout))
 
-    def list_permissions(self, namespace: str) -> dict[str, list[str]]:
+    def list_permissions(
+        self, namespace: str, *, timeout: float | None = None
+    ) -> dict[str, list[str]]:
         """role -> permissions on `namespace`."""
-        return self._runner.run(self._async.list_permissions(namespace))
+        return self._runner.run(self._async.list_permissions(namespace, timeout=timeout))
 
     def create_table(
-        self, namespace: str, name: str, *, ranges: int = 4, ttl_seconds: int = 0
+        self,
+        namespace: str,
+        name: str,
+        *,
+        ranges: int = 4,
+        ttl_seconds: int = 0,
+        timeout: float | None = None,
     ) -> TableInfo:
         """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
         `ttl_seconds` > 0 makes keys invisible that long after their last write."""
         return self._runner.run(
-            self._async.create_table(namespace, name, ranges=ranges, ttl_seconds=ttl_seconds)
+            self._async.create_table(
+                namespace, name, ranges=ranges, ttl_seconds=ttl_seconds, timeout=timeout
+            )
         )
 
-    def get_table(self, namespace: str, name: str) -> TableInfo:
+    def get_table(self, namespace: str, name: str, *, timeout: float | None = None) -> TableInfo:
         """The table's `TableInfo`. Raises `TableNotFoundError`."""
-        return self._runner.run(self._async.get_table(namespace, name))
+        return self._runner.run(self._async.get_table(namespace, name, timeout=timeout))
 
-    def delete_table(self, namespace: str, name: str) -> None:
+    def delete_table(self, namespace: str, name: str, *, timeout: float | None = None) -> None:
         """Delete a table and its keys."""
-        self._runner.run(self._async.delete_table(namespace, name))
+        self._runner.run(self._async.delete_table(namespace, name, timeout=timeout))
 
-    def table(self, namespace: str, name: str) -> Table:
+    def table(self, namespace: str, name: str, *, timeout: float | None = None) -> Table:
         """A handle on an existing table. Raises `TableNotFoundError`."""
-        return Table(self._runner, self._runner.run(self._async.table(namespace, name)))
+        return Table(
+            self._runner, self._runner.run(self._async.table(namespace, name, timeout=timeout))
+        )
 
     def server_info(self) -> tablekeeper_pb2.ServerInfoResponse:
         """The server's version and endpoints (`ServerInfoResponse`)."""

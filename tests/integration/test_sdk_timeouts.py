@@ -121,3 +121,41 @@ async def test_async_timeout(server: ServerProcess, namespace: str) -> None:
             with pytest.raises(WriteTimeoutError):
                 await table.batch_put([("p", "x", "1")], timeout=0.3)
         assert await table.count("p", timeout=30) >= 1
+
+
+def test_namespace_table_and_permission_calls_take_a_timeout(
+    server: ServerProcess, namespace: str
+) -> None:
+    policy = RetryPolicy(deadline_s=60.0, call_timeout_s=30.0)
+    with Client(server.service, retry=policy) as client:
+        assert client.get_table(namespace, "t", timeout=10).name == "t"
+        assert namespace in [ns.name for ns in client.list_namespaces(timeout=10)]
+        with frozen(server):
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceededError) as read:
+                client.get_namespace(namespace, timeout=0.5)
+            with pytest.raises(DeadlineExceededError):
+                client.list_tables(namespace, timeout=0.5)
+            with pytest.raises(DeadlineExceededError):
+                client.table(namespace, "t", timeout=0.5)
+            with pytest.raises(WriteTimeoutError) as write:
+                client.create_table(namespace, "u", ranges=2, timeout=0.5)
+            with pytest.raises(WriteTimeoutError):
+                client.grant(namespace, "reader", ["read"], timeout=0.5)
+            elapsed = time.monotonic() - started
+        assert elapsed < 10, elapsed  # the policy alone would wait 30 s per attempt
+        assert "timeout=0.5s" in str(read.value) and not read.value.outcome_unknown
+        assert write.value.outcome_unknown and not write.value.retryable
+        assert client.get_namespace(namespace, timeout=30) > 0
+        with pytest.raises(ValueError):
+            client.list_namespaces(timeout=-1)
+
+
+async def test_async_namespace_calls_take_a_timeout(server: ServerProcess, namespace: str) -> None:
+    async with AsyncClient(server.service) as client:
+        assert (await client.get_table(namespace, "t", timeout=10)).name == "t"
+        with frozen(server):
+            with pytest.raises(WriteTimeoutError):
+                await client.create_namespace("n" + uuid.uuid4().hex[:8], timeout=0.3)
+            with pytest.raises(DeadlineExceededError):
+                await client.list_permissions(namespace, timeout=0.3)
