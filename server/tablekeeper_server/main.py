@@ -68,7 +68,7 @@ if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): 
     from tablekeeper_server.cluster.member import ClusterMember
     from tablekeeper_server.cluster.zookeeper import ZkCoordinator
 
-log = logging.getLogger("tablekeeper.server")
+log = logging.getLogger(__name__)
 
 
 def _lock_data_dir(data_dir: Path) -> int:

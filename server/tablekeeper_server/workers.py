@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 
-log = logging.getLogger("tablekeeper.workers")
+log = logging.getLogger(__name__)
 
 ENV_VAR = "TABLEKEEPER_WORKER"
 """How the supervisor tells a worker process its slot (internal; JSON)."""

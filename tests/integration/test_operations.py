@@ -74,7 +74,7 @@ def test_json_log_lines(server: ServerProcess) -> None:
         assert {"time", "level", "logger", "message"} <= set(entry), entry
         assert "worker" not in entry
     assert any(
-        e["logger"] == "tablekeeper.server" and "serving on" in e["message"] for e in entries
+        e["logger"] == "tablekeeper_server.main" and "serving on" in e["message"] for e in entries
     )
 
 

@@ -15,13 +15,13 @@ pytestmark = pytest.mark.unit
 
 def _record(message: str = "hello %s", *args: object) -> logging.LogRecord:
     return logging.LogRecord(
-        "tablekeeper.server", logging.WARNING, __file__, 1, message, args, None
+        "tablekeeper_server.main", logging.WARNING, __file__, 1, message, args, None
     )
 
 
 def test_json_has_time_level_logger_message_and_worker() -> None:
     entry = json.loads(JsonFormatter(worker=2).format(_record("hello %s", "there")))
-    assert entry["level"] == "WARNING" and entry["logger"] == "tablekeeper.server"
+    assert entry["level"] == "WARNING" and entry["logger"] == "tablekeeper_server.main"
     assert entry["message"] == "hello there" and entry["worker"] == 2
     assert entry["time"].endswith("+00:00")
     assert "worker" not in json.loads(JsonFormatter().format(_record()))
@@ -44,9 +44,9 @@ def test_text_keeps_the_worker_prefix(capsys: pytest.CaptureFixture[str]) -> Non
     root.handlers.clear()
     try:
         configure_logging("INFO", "text", worker=1)
-        logging.getLogger("tablekeeper.server").info("up")
+        logging.getLogger("tablekeeper_server.main").info("up")
     finally:
         root.handlers[:] = saved
-    assert "INFO [worker 1] tablekeeper.server: up" in capsys.readouterr().err
+    assert "INFO [worker 1] tablekeeper_server.main: up" in capsys.readouterr().err
     with pytest.raises(ValueError):
         configure_logging("INFO", "xml")
