@@ -166,8 +166,12 @@ class ServerConfig:
                 raise ValueError(
                     "--etcd-port with authentication is not available in cluster mode yet"
                 )
-            if self.oxia_port:
-                raise ValueError("--oxia-port is not available in cluster mode yet")
+            if self.oxia_port and self.security.auth_on:
+                # Permissions on namespace oxia are read from the root range on the server that
+                # answers, which in cluster mode may be elsewhere.
+                raise ValueError(
+                    "--oxia-port with authentication is not available in cluster mode yet"
+                )
 
     def _validate_workers(self) -> None:
         if self.cluster_mode:

@@ -292,6 +292,9 @@ async def serve(config: ServerConfig) -> None:
         # owner at its etcd port.
         if config.etcd_port:
             coordinator.frontends["etcd"] = f"{config.advertised_host}:{config.etcd_port}"
+        # And Oxia clients are told each shard's leader: its container's owner's Oxia port.
+        if config.oxia_port:
+            coordinator.frontends["oxia"] = f"{config.advertised_host}:{config.oxia_port}"
     owner_of = member.owner_of if member is not None else None
     if worker is not None:
         owner_of = worker.owner_of
@@ -356,7 +359,13 @@ async def serve(config: ServerConfig) -> None:
             if config.etcd_port
             else None
         )
-        oxia = await _start_oxia(config, registry, front) if config.oxia_port else None
+        oxia = (
+            await _start_oxia(config, registry, front, _oxia_peers(coordinator, member, server))
+            if config.oxia_port
+            else None
+        )
+        if oxia is not None and member is not None:
+            member.on_assignment_changed(oxia.leaders.assignment_changed)
     except BaseException:
         await server.stop(0)
         if coordinator is not None:
@@ -472,10 +481,27 @@ def _etcd_peers(
 ) -> tuple[Forwarder, FrontEndPeers] | None:
     """Cluster mode: how the etcd front-end reaches the root range's owner (the forwarder) and
     the other servers' etcd ports (their ZooKeeper registrations)."""
+    return _front_end_peers("etcd", coordinator, member, server)
+
+
+def _oxia_peers(
+    coordinator: ZkCoordinator | None, member: ClusterMember | None, server: GrpcServer
+) -> tuple[Forwarder, FrontEndPeers] | None:
+    """Cluster mode: how the Oxia front-end reads the catalog ranges' owners (the forwarder)
+    and finds the other servers' Oxia ports, its shards' leaders."""
+    return _front_end_peers("oxia", coordinator, member, server)
+
+
+def _front_end_peers(
+    name: str,
+    coordinator: ZkCoordinator | None,
+    member: ClusterMember | None,
+    server: GrpcServer,
+) -> tuple[Forwarder, FrontEndPeers] | None:
     if coordinator is None or member is None or server.forwarder is None:
         return None
     peers = FrontEndPeers(
-        "etcd",
+        name,
         member.endpoint,
         member.owner_of,
         coordinator.server_frontends,
@@ -509,9 +535,13 @@ async def _start_etcd(
 
 
 async def _start_oxia(
-    config: ServerConfig, registry: ContainerRegistry, front: _FrontEndSecurity
+    config: ServerConfig,
+    registry: ContainerRegistry,
+    front: _FrontEndSecurity,
+    cluster: tuple[Forwarder, FrontEndPeers] | None,
 ) -> OxiaServer:
-    """Oxia's client protocol on `--oxia-port` (namespace `default` created on first start)."""
+    """Oxia's client protocol on `--oxia-port` (namespace `default` created on first start).
+    `cluster`: cluster mode (shard leaders are their containers' owners)."""
     oxia = OxiaServer(
         registry,
         bind_host=config.bind_host,
@@ -521,6 +551,8 @@ async def _start_oxia(
         value_bytes_max=config.limits.value_bytes_max,
         tls=front.tls,
         interceptors=front.interceptors(),
+        forwarder=cluster[0] if cluster is not None else None,
+        peers=cluster[1] if cluster is not None else None,
     )
     await oxia.start()
     log.info("Oxia client protocol on %s:%d", config.bind_host, oxia.port)

@@ -39,9 +39,21 @@ def test_the_etcd_port_with_authentication_is_refused_in_cluster_mode() -> None:
         config.validate()
 
 
-def test_the_oxia_port_is_still_refused_in_cluster_mode() -> None:
-    with pytest.raises(ValueError, match="--oxia-port is not available in cluster mode"):
-        replace(CLUSTER, oxia_port=6648).validate()
+def test_the_oxia_port_is_allowed_in_cluster_mode() -> None:
+    replace(CLUSTER, oxia_port=6648).validate()
+
+
+def test_the_oxia_port_with_authentication_is_refused_in_cluster_mode() -> None:
+    secured = SecurityConfig(auth_secret_key=Path("token.key"))
+    config = replace(CLUSTER, oxia_port=6648, security=secured)
+    with pytest.raises(ValueError, match="--oxia-port with authentication"):
+        config.validate()
+
+
+def test_workers_still_refuse_the_oxia_port() -> None:
+    config = ServerConfig(workers=2, containers=2, oxia_port=6648)
+    with pytest.raises(ValueError, match="--workers 1 with"):
+        config.validate()
 
 
 def test_workers_still_refuse_the_etcd_port() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from tablekeeper_server.cluster.placement import Assignment
 from tablekeeper_server.cluster.zookeeper import RECONCILE_INTERVAL_S, Controller, ZkCoordinator
@@ -53,6 +54,7 @@ class ClusterMember:
         self.draining = False
         """Shutting down, containers handed over: refuse (retryably) instead of forwarding."""
         self._task: asyncio.Task[None] | None = None
+        self._assignment_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +117,11 @@ class ClusterMember:
 
     # ------------------------------------------------------------------ views
 
+    def on_assignment_changed(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` on the event loop whenever a new assignment is known here (after
+        `owner_of` answers from it), e.g. to tell clients a shard's new leader."""
+        self._assignment_listeners.append(listener)
+
     def owner_of(self, container_id: int) -> str | None:
         """The container's server per the assignment (None: unassigned right now)."""
         return self._owners.get(container_id)
@@ -137,6 +144,11 @@ class ClusterMember:
         self._wanted = assignment.get(self.endpoint, frozenset())
         log.info("assignment %d: this server hosts %s", version, sorted(self._wanted))
         self._changed.set()
+        for listener in self._assignment_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("an assignment listener failed")
 
     def _on_session(self, state: str) -> None:
         if self._leaving:

@@ -46,6 +46,10 @@ class OxiaError(Exception):
         return cls(grpc.StatusCode.INVALID_ARGUMENT, "oxia: invalid session timeout")
 
     @classmethod
+    def unavailable(cls, why: str) -> OxiaError:
+        return cls(grpc.StatusCode.UNAVAILABLE, f"oxia: resource unavailable: {why}")
+
+    @classmethod
     def invalid(cls, why: str) -> OxiaError:
         return cls(grpc.StatusCode.INVALID_ARGUMENT, f"oxia: {why}")
 

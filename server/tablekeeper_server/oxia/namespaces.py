@@ -9,24 +9,27 @@ Oxia protocol needs (reads and writes name only the shard). Oxia's client picks 
 low 32 bits of XXH3-64 of the key (or partition key): shard `i` of `n` gets the `i`-th of `n`
 equal slices of that 32-bit space. That is independent of TableKeeper's own pkey routing: the
 front-end addresses ranges by id and keeps all Oxia keys of a range under one pkey.
+
+In cluster mode the root range, a table's meta range and its ranges may each be on another
+server: the catalog is read through their owners (`rpc.frontends`, the registry's remote
+catalog), and a shard is served by the server that owns its range's container (its leader in
+`GetShardAssignments`). Namespace `default` is then made in the background, through the root
+range's owner.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import stream_pb2
-from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.container.container import ROOT_CONTAINER_ID
+from tablekeeper_server.container.registry import REMOTE_ROUTE_TTL_S, ContainerRegistry
 from tablekeeper_server.core.names import invalid_name_reason
-from tablekeeper_server.errors import (
-    NamespaceExistsError,
-    NamespaceNotFoundError,
-    StreamExistsError,
-    StreamNotFoundError,
-)
+from tablekeeper_server.errors import NotServedHereError, StreamNotFoundError
 from tablekeeper_server.oxia.errors import OxiaError
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.rpc.frontends import ensure_table, find_table
+from tablekeeper_server.rpc.proxy import Forwarder
 
 TABLE_NAMESPACE = "oxia"
 DEFAULT_NAMESPACE = "default"
@@ -72,37 +75,40 @@ def split_shards(
 class Namespaces:
     """Resolves namespaces and shards (cached: a table's ranges never change while it exists)."""
 
-    def __init__(self, registry: ContainerRegistry) -> None:
+    def __init__(self, registry: ContainerRegistry, forwarder: Forwarder | None = None) -> None:
+        """`forwarder`: cluster mode (the catalog ranges may be on other servers)."""
         self.registry = registry
+        self._forwarder = forwarder
         self._by_namespace: dict[str, list[Shard]] = {}
         self._by_id: dict[int, Shard] = {}
+        self._checked_at: dict[int, float] = {}
+        """Table id -> when (`monotonic_s`) it was last seen in another server's root range."""
+        self.default_pending = False
+        """Cluster mode: namespace `default` is being made (not found yet means "retry")."""
 
     async def create_default(self, shards: int = DEFAULT_SHARDS) -> None:
-        root = self.registry.root
-        with contextlib.suppress(NamespaceExistsError):
-            await root.create_namespace(TABLE_NAMESPACE, stream_pb2.NamespaceConfiguration())
         conf = stream_pb2.StreamConfiguration(
             min_num_ranges=shards, initial_num_ranges=shards, storage_type=stream_pb2.TABLE
         )
-        with contextlib.suppress(StreamExistsError):
-            await root.create_stream(TABLE_NAMESPACE, DEFAULT_NAMESPACE, conf)
+        await ensure_table(self.registry, self._forwarder, TABLE_NAMESPACE, DEFAULT_NAMESPACE, conf)
 
     async def shards(self, namespace: str) -> list[Shard]:
         """The namespace's shards; `OxiaError` namespace-not-found if there is no such table.
-        The table is looked up every time (a local read): a namespace deleted and created again
-        is a new table with new shards."""
+        The table is looked up every time (a read of the root range, here or on its owner): a
+        namespace deleted and created again is a new table with new shards."""
         if invalid_name_reason(namespace):
             raise OxiaError.namespace_not_found()
-        try:
-            props = self.registry.root.get_stream(TABLE_NAMESPACE, namespace)
-        except (NamespaceNotFoundError, StreamNotFoundError):
+        props = await find_table(self.registry, self._forwarder, TABLE_NAMESPACE, namespace)
+        if props is None:
             self.forget(namespace)
-            raise OxiaError.namespace_not_found() from None
+            if namespace == DEFAULT_NAMESPACE and self.default_pending:
+                raise OxiaError.unavailable("namespace default is being created")
+            raise OxiaError.namespace_not_found()
         cached = self._by_namespace.get(namespace)
         if cached is not None and cached[0].stream_id == props.stream_id:
             return cached
         self.forget(namespace)
-        ranges = await self.registry.active_ranges(props.stream_id)
+        ranges = await self._active_ranges(props.stream_id)
         shards = split_shards(props.stream_id, props.stream_conf.ttl_seconds, ranges)
         self._by_namespace[namespace] = shards
         for shard in shards:
@@ -113,6 +119,15 @@ class Namespaces:
         for shard in self._by_namespace.pop(namespace, []):
             self._by_id.pop(shard.shard_id, None)
 
+    async def _active_ranges(self, stream_id: int) -> list[stream_pb2.RangeProperties]:
+        """A table's ranges, from its meta range here or (cluster mode) on its owner."""
+        try:
+            return await self.registry.active_ranges(stream_id)
+        except NotServedHereError as elsewhere:
+            if self.registry.remote is None:
+                raise
+            return await self.registry.remote.active_ranges(stream_id, elsewhere.container_id)
+
     async def shard(self, shard_id: int) -> Shard:
         shard = self._by_id.get(shard_id)
         if shard is not None:
@@ -120,7 +135,7 @@ class Namespaces:
         stream_id, range_id = shard_id >> 32, shard_id & 0xFFFFFFFF
         try:
             props = await self.registry.stream_props(stream_id)
-            ranges = await self.registry.active_ranges(stream_id)
+            ranges = await self._active_ranges(stream_id)
         except StreamNotFoundError:
             raise OxiaError.shard_not_found(shard_id) from None
         for candidate in split_shards(stream_id, props.stream_conf.ttl_seconds, ranges):
@@ -132,12 +147,25 @@ class Namespaces:
 
     async def range(self, shard_id: int) -> Range:
         """The open range of a shard (opened on first use); `OxiaError` shard-not-found once its
-        table is gone (nothing is written into the ranges of a deleted table)."""
+        table is gone (nothing is written into the ranges of a deleted table). `NotServedHereError`
+        (cluster mode) if its container is on another server."""
         shard = await self.shard(shard_id)
+        container = self.registry.container(shard.container_id)
+        await self._check_exists(shard)
+        return await container.data_range(shard.stream_id, shard.range_id, shard.ttl_seconds)
+
+    async def _check_exists(self, shard: Shard) -> None:
+        """Whether the shard's table still exists: read each time from a root range here, at
+        most every `REMOTE_ROUTE_TTL_S` from another server's (as the registry trusts routes)."""
+        clock = self.registry.env.clock
+        checked_at = self._checked_at.get(shard.stream_id)
+        if checked_at is not None and clock.monotonic_s() - checked_at < REMOTE_ROUTE_TTL_S:
+            return
         try:
             await self.registry.stream_props(shard.stream_id)
         except StreamNotFoundError:
-            self._by_id.pop(shard_id, None)
-            raise OxiaError.shard_not_found(shard_id) from None
-        container = self.registry.container(shard.container_id)
-        return await container.data_range(shard.stream_id, shard.range_id, shard.ttl_seconds)
+            self._by_id.pop(shard.shard_id, None)
+            self._checked_at.pop(shard.stream_id, None)
+            raise OxiaError.shard_not_found(shard.shard_id) from None
+        if ROOT_CONTAINER_ID not in self.registry.containers:
+            self._checked_at[shard.stream_id] = clock.monotonic_s()

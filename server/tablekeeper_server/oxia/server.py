@@ -1,8 +1,16 @@
 """The Oxia client protocol's own gRPC server, on `--oxia-port` (Oxia's clients expect the
-`OxiaClient` service at the root of an endpoint of their own)."""
+`OxiaClient` service at the root of an endpoint of their own).
+
+In cluster mode every server may run this port. As with Oxia itself, clients ask any server for
+the shard assignments and then talk to each shard's leader: here the server that owns the
+shard's range's container (`oxia.leaders`); the assignment stream tells them when that changes.
+A call that reaches a server not serving its shard is answered "node is not leader"; Oxia's
+clients wait for the next assignment (callers retry)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,11 +19,19 @@ import grpc
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
+from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import secure_front_end
 from tablekeeper_server.security.tls import ServerTls
+
+FRONT_END = "oxia"
+"""The name this front-end's address is published under in cluster membership."""
+CREATE_RETRY_S_MAX = 2.0
+log = logging.getLogger(__name__)
 
 
 class OxiaServer:
@@ -31,8 +47,14 @@ class OxiaServer:
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
         clock: Clock | None = None,
+        forwarder: Forwarder | None = None,
+        peers: FrontEndPeers | None = None,
     ) -> None:
-        self.namespaces = Namespaces(registry)
+        """`forwarder` and `peers`: cluster mode (`forwarder` reaches the catalog ranges' owners,
+        `peers` the other servers' Oxia ports)."""
+        self.namespaces = Namespaces(registry, forwarder)
+        self._cluster = forwarder is not None
+        self._creating: asyncio.Task[None] | None = None
         # Permissions are checked on namespace `oxia`, which holds every Oxia namespace's table.
         self.security = secure_front_end(
             interceptors, lambda role, namespace: registry.root.role_permissions_on(namespace, role)
@@ -47,11 +69,9 @@ class OxiaServer:
             ],
         )
         self.port = listen(self._server, bind_host, port, tls)
+        self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)
         self._servicer = OxiaServicer(
-            self.namespaces,
-            f"{advertised_host}:{self.port}",
-            key_bytes_max,
-            clock or SystemClock(),
+            self.namespaces, self.leaders, key_bytes_max, clock or SystemClock()
         )
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self._server)
 
@@ -59,12 +79,33 @@ class OxiaServer:
         """Create namespace `default` if missing (the registry must be serving) and open its
         shards, then accept. Opening them starts their session timers: ephemeral records of
         clients that died while the server was down expire one session timeout after the start,
-        even if nobody touches their shard."""
-        await self.namespaces.create_default()
-        for shard in await self.namespaces.shards(DEFAULT_NAMESPACE):
-            await self.namespaces.range(shard.shard_id)
+        even if nobody touches their shard. In cluster mode `default` is made in the background,
+        through the root range's owner (each server opens the ranges it hosts itself)."""
+        if self._cluster:
+            self.namespaces.default_pending = True
+            self._creating = asyncio.create_task(self._create_until_done(), name="oxia-default")
+        else:
+            await self.namespaces.create_default()
+            for shard in await self.namespaces.shards(DEFAULT_NAMESPACE):
+                await self.namespaces.range(shard.shard_id)
         await self._server.start()
+
+    async def _create_until_done(self) -> None:
+        pause_s = 0.1
+        while True:
+            try:
+                await self.namespaces.create_default()
+                self.namespaces.default_pending = False
+                log.info("Oxia namespace %s is ready", DEFAULT_NAMESPACE)
+                return
+            except Exception as exc:  # the root range has no owner yet, or it is starting
+                log.info("Oxia namespace default not reachable yet (%s); retrying", exc)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, CREATE_RETRY_S_MAX)
 
     async def stop(self, grace_s: float) -> None:
         self._servicer.shutdown()
         await self._server.stop(grace_s)
+        if self._creating is not None:
+            self._creating.cancel()
+            await asyncio.gather(self._creating, return_exceptions=True)

@@ -29,7 +29,8 @@ from tablekeeper_server.errors import (
 from tablekeeper_server.oxia import keys, reads
 from tablekeeper_server.oxia.apply import sequence_key, sequence_state_key
 from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
-from tablekeeper_server.oxia.namespaces import Namespaces
+from tablekeeper_server.oxia.leaders import ShardLeaders
+from tablekeeper_server.oxia.namespaces import Namespaces, Shard
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import decode_record
 from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
@@ -114,13 +115,13 @@ def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
 
 class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
     def __init__(
-        self, namespaces: Namespaces, leader: str, key_bytes_max: int, clock: Clock
+        self, namespaces: Namespaces, leaders: ShardLeaders, key_bytes_max: int, clock: Clock
     ) -> None:
         self.namespaces = namespaces
         self.clock = clock
         """Stamps notification batches (the time they are sent)."""
-        self.leader = leader
-        """host:port of this front-end: every shard's leader in standalone mode."""
+        self.leaders = leaders
+        """Each shard's leader: this front-end standalone, its container's owner in a cluster."""
         self.key_bytes_max = key_bytes_max
         self._stopping = asyncio.Event()
         self._watchers: set[Watcher] = set()
@@ -133,28 +134,49 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
 
     # ------------------------------------------------------------------ shard assignments
 
+    async def _assignments(
+        self, namespace: str, shards: list[Shard]
+    ) -> client_pb2.ShardAssignments:
+        assignment = client_pb2.NamespaceShardsAssignment(shard_key_router=client_pb2.XXHASH3)
+        for shard in shards:
+            assignment.assignments.append(
+                client_pb2.ShardAssignment(
+                    shard=shard.shard_id,
+                    leader=await self.leaders.leader(shard.container_id),
+                    int32_hash_range=client_pb2.Int32HashRange(
+                        min_hash_inclusive=shard.hash_min,
+                        max_hash_inclusive=shard.hash_max,
+                    ),
+                )
+            )
+        response = client_pb2.ShardAssignments()
+        response.namespaces[namespace].CopyFrom(assignment)
+        return response
+
     async def GetShardAssignments(  # noqa: N802
         self, request: client_pb2.ShardAssignmentsRequest, context: Context
     ) -> AsyncIterator[client_pb2.ShardAssignments]:
+        """The namespace's shards and their leaders, then again whenever a leader changes
+        (cluster mode: the assignment moved a container), until the server stops. A table's
+        shards never change, so only the leaders are read again."""
         async with _oxia_errors(context):
             shards = await self.namespaces.shards(request.namespace)
-            assignment = client_pb2.NamespaceShardsAssignment(shard_key_router=client_pb2.XXHASH3)
-            for shard in shards:
-                assignment.assignments.append(
-                    client_pb2.ShardAssignment(
-                        shard=shard.shard_id,
-                        leader=self.leader,
-                        int32_hash_range=client_pb2.Int32HashRange(
-                            min_hash_inclusive=shard.hash_min,
-                            max_hash_inclusive=shard.hash_max,
-                        ),
-                    )
-                )
-            response = client_pb2.ShardAssignments()
-            response.namespaces[request.namespace].CopyFrom(assignment)
-            yield response
-            # Shards never move in standalone mode: the stream stays open until the server stops.
-            await self._stopping.wait()
+            sent: client_pb2.ShardAssignments | None = None
+            stopping = asyncio.ensure_future(self._stopping.wait())
+            try:
+                while True:
+                    changed = self.leaders.next_change()
+                    response = await self._assignments(request.namespace, shards)
+                    if response != sent:
+                        yield response
+                        sent = response
+                    change = asyncio.ensure_future(changed.wait())
+                    await asyncio.wait((change, stopping), return_when=asyncio.FIRST_COMPLETED)
+                    change.cancel()
+                    if stopping.done():
+                        return
+            finally:
+                stopping.cancel()
 
     # ------------------------------------------------------------------ writes
 

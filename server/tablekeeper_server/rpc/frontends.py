@@ -74,19 +74,61 @@ async def ensure_table(
         return root.get_stream(namespace, table)
 
 
+async def find_table(
+    registry: ContainerRegistry, forwarder: Forwarder | None, namespace: str, table: str
+) -> stream_pb2.StreamProperties | None:
+    """The table's properties (None: no such namespace or table), from the root range here or
+    (cluster mode) on its owner. Raises the catalog's retryable errors while it has no owner."""
+    try:
+        root = registry.root
+    except NotServedHereError:
+        if forwarder is None:
+            raise
+        return await _find_table_remote(forwarder, namespace, table)
+    try:
+        return root.get_stream(namespace, table)
+    except (NamespaceNotFoundError, StreamNotFoundError):
+        return None
+
+
+async def _find_table_remote(
+    forwarder: Forwarder, namespace: str, table: str
+) -> stream_pb2.StreamProperties | None:
+    found = await _call_root(
+        forwarder,
+        "GetStream",
+        storage_pb2.GetStreamRequest(
+            stream_name=stream_pb2.StreamName(namespace_name=namespace, stream_name=table)
+        ),
+        storage_pb2.GetStreamResponse,
+    )
+    if found.code in (storage_pb2.NAMESPACE_NOT_FOUND, storage_pb2.STREAM_NOT_FOUND):
+        return None
+    if found.code != storage_pb2.SUCCESS:
+        raise UnavailableError(f"cannot read table {namespace}/{table}: code {found.code}")
+    return found.stream_props
+
+
+async def _call_root(
+    forwarder: Forwarder, method: str, request: Any, response_type: Callable[..., R]
+) -> R:
+    """One call to the root range's owner; its answer whatever its code."""
+    return await forwarder.forward(
+        ROOT_CONTAINER_ID,
+        ROOT_SERVICE + method,
+        request,
+        response_type,
+        lambda r: int(r.code),  # type: ignore[attr-defined]
+        idempotent=True,  # each is a read or a create that says "exists" when repeated
+        passthrough_codes=lambda code: True,
+    )
+
+
 async def _ensure_table_remote(
     forwarder: Forwarder, namespace: str, table: str, conf: stream_pb2.StreamConfiguration
 ) -> stream_pb2.StreamProperties:
     async def call(method: str, request: Any, response_type: Callable[..., R]) -> R:
-        return await forwarder.forward(
-            ROOT_CONTAINER_ID,
-            ROOT_SERVICE + method,
-            request,
-            response_type,
-            lambda r: int(r.code),  # type: ignore[attr-defined]
-            idempotent=True,  # each is a read or a create that says "exists" when repeated
-            passthrough_codes=lambda code: True,
-        )
+        return await _call_root(forwarder, method, request, response_type)
 
     name = stream_pb2.StreamName(namespace_name=namespace, stream_name=table)
     found = await call(
