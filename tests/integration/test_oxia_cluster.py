@@ -148,15 +148,16 @@ def test_java_client_through_the_cluster_and_after_a_shard_leader_dies(
         stderr=subprocess.PIPE,
         text=True,
     )
-    watching = Assignments(bootstrap, "spread")
+    watching: Assignments | None = None
     try:
-        assert watching.next() == leaders
         assert driver.stdout is not None and driver.stdin is not None
         line = driver.stdout.readline().strip()
         if line != "WRITTEN":
             out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
             pytest.fail(f"driver: {line}\n{out}\n{err[-6000:]}")
 
+        watching = Assignments(bootstrap, "spread")
+        assert watching.next() == leaders
         cluster.kill(victim)
         # The open assignment stream tells of the new leaders once the dead server's containers
         # have moved: none is the dead server any more.
@@ -172,7 +173,8 @@ def test_java_client_through_the_cluster_and_after_a_shard_leader_dies(
         out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
         assert driver.returncode == 0 and out.strip().endswith("PASS"), f"{out}\n{err[-6000:]}"
     finally:
-        watching.close()
+        if watching is not None:
+            watching.close()
         if driver.poll() is None:
             driver.kill()
             driver.wait()
