@@ -13,7 +13,7 @@ For each metadata store (`--stores`, in order; the first is the anchor of the ra
 a fresh Pulsar (broker + bookie, one JVM) is started on that store only: the broker's and the
 bookie's metadata (tenants, namespaces, topic policies, managed-ledger and cursor metadata, ledger
 metadata, bundle ownership) all go there. Then, for each `--concurrency` C, in a fresh namespace
-`bench/cC`:
+`bench/cC` whose inactive-topic policy keeps idle topics (see `KEEP`):
 
 1. `create-topic`: N non-partitioned persistent topics `t00000`…, one
    `PUT /admin/v2/persistent/bench/cC/tNNNNN` each (the broker creates the topic's managed
@@ -22,7 +22,8 @@ metadata, bundle ownership) all go there. Then, for each `--concurrency` C, in a
    `PUT …/tNNNNN/subscription/sub` with the body `pulsar-admin` sends (MessageId.latest), which
    creates a durable cursor (its metadata is written to the store);
 3. check, untimed: `GET /admin/v2/persistent/bench/cC` must list exactly the N topics, and
-   `GET …/tNNNNN/subscriptions` must be `["sub"]` for each; anything else fails the run.
+   `GET …/tNNNNN/subscriptions` must be `["sub"]` for each, and the broker's log must show no
+   topic of the tenant deleted for inactivity; anything else fails the run.
 
 C worker threads each keep one HTTP/1.1 keep-alive connection to the broker and take the next
 topic as soon as their previous call has answered (closed loop). Every call is timed from just
@@ -83,6 +84,17 @@ TENANT = "bench"
 SUBSCRIPTION = "sub"
 # What pulsar-admin's createSubscription sends by default (MessageId.latest).
 LATEST = json.dumps({"ledgerId": 2**63 - 1, "entryId": 2**63 - 1, "partitionIndex": -1}).encode()
+# The namespaces' inactive-topic policy: never delete an idle topic. By default the broker
+# deletes a topic without producers and subscriptions after 60 s idle (checked every 60 s), so
+# on a slow store it would delete early topics (a burst of metadata deletes in the middle of the
+# measurement) before their subscription is made.
+KEEP = json.dumps(
+    {
+        "inactiveTopicDeleteMode": "delete_when_no_subscriptions",
+        "maxInactiveDurationSeconds": 3600,
+        "deleteWhileInactive": False,
+    }
+).encode()
 CALL_TIMEOUT_S = 60.0
 
 
@@ -239,6 +251,8 @@ class Run:
     pulsar_start_s: float
     phases: list[Phase] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    idle_deletions: int | None = None
+    """Topics of the tenant the broker logged as deleted for inactivity (must be 0)."""
     error: str | None = None
 
 
@@ -411,6 +425,9 @@ def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threadin
                 )
                 for c in args.concurrency:
                     admin.ok("PUT", f"/admin/v2/namespaces/{TENANT}/c{c}")
+                    admin.ok(
+                        "POST", f"/admin/v2/namespaces/{TENANT}/c{c}/inactiveTopicPolicies", KEEP
+                    )
             finally:
                 admin.close()
             topics = [f"t{i:05d}" for i in range(args.topics)]
@@ -439,10 +456,26 @@ def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threadin
                     f"{check['bad_subscription_count']} without exactly ['{SUBSCRIPTION}']"
                     + ("" if check["ok"] else f": FAILED {check}")
                 )
+            run.idle_deletions = idle_deletions(pulsar_dir / "pulsar.log")
+            if run.idle_deletions:
+                eprint(f"[{name}] FAILED: {run.idle_deletions} topics deleted for inactivity")
         finally:
             eprint(f"[{name}] stopping Pulsar ...")
             pulsar.close()
         return run
+
+
+def idle_deletions(log: Path) -> int:
+    """How many topics of the tenant the broker's log says it deleted for inactivity."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return -1
+    return sum(
+        1
+        for line in text.splitlines()
+        if "deleted successfully due to inactivity" in line and f"persistent://{TENANT}/" in line
+    )
 
 
 # --------------------------------------------------------------------------- output
@@ -570,7 +603,11 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     continue
                 runs.append(run)
-                bad = any(p.errors for p in run.phases) or not all(c["ok"] for c in run.checks)
+                bad = (
+                    any(p.errors for p in run.phases)
+                    or not all(c["ok"] for c in run.checks)
+                    or run.idle_deletions != 0
+                )
                 if bad:
                     run.error = "failed calls or check"
                     status = 2
