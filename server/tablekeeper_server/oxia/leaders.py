@@ -29,6 +29,19 @@ class ShardLeaders:
         change in between is not missed)."""
         return self._changed
 
+    def leads(self, container_id: int) -> bool:
+        """Whether this server leads the container's shards: always standalone; in a cluster,
+        unless the assignment gives the container to another server (while it has no owner, a
+        failover in progress, nobody else leads it either)."""
+        if self._peers is None:
+            return True
+        owner = self._peers.owner_of(container_id)
+        return owner is None or owner == self._peers.self_endpoint
+
+    @property
+    def clustered(self) -> bool:
+        return self._peers is not None
+
     async def leader(self, container_id: int) -> str:
         """The Oxia address of the server that owns the container; this server's own while the
         container has no owner, or its owner has no Oxia port (calls there are answered "not

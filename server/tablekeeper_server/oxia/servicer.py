@@ -209,7 +209,13 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         """Requests are answered in order; several are in the range's queue at once (group
         commit), up to `WRITES_IN_FLIGHT_MAX`. A failed request ends the stream with its error
         (the client fails what it had in flight and opens a new stream). When the server stops,
-        the stream stops reading, answers what it has and ends, so it does not hold the drain."""
+        the stream stops reading, answers what it has and ends, so it does not hold the drain.
+
+        So it does too when this server stops leading the stream's shard (cluster mode: the
+        assignment moved its container to another server, e.g. back to a restarted one). Oxia's
+        clients keep one write stream per shard and open another only once it has ended, to the
+        leader their assignment stream names by then; a stream left open here would fail the
+        client's next write with "not leader" instead."""
         header_shard = None
         for key, value in context.invocation_metadata() or ():
             if key == "shard-id":
@@ -228,19 +234,24 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
 
         reader = asyncio.ensure_future(read_requests())
         stop = asyncio.ensure_future(self._stopping.wait())
+        moved: asyncio.Future[None] | None = None
+        if self.leaders.clustered and header_shard is not None:
+            moved = asyncio.ensure_future(self._until_not_leader(header_shard))
+        ends = (stop,) if moved is None else (stop, moved)
         getter: asyncio.Future[asyncio.Task[client_pb2.WriteResponse]] | None = None
         try:
             async with _oxia_errors(context):
                 while True:
                     getter = asyncio.ensure_future(pending.get())
-                    await asyncio.wait((getter, reader, stop), return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait((getter, reader, *ends), return_when=asyncio.FIRST_COMPLETED)
                     if getter.done():
                         yield await getter.result()
                         continue
                     getter.cancel()
                     if not reader.done():
-                        # The server is stopping: read no more, answer what was sent, end the
-                        # stream (the client opens a new one when the server is back).
+                        # The server is stopping, or no longer leads the shard: read no more,
+                        # answer what was sent, end the stream (the client opens a new one, to
+                        # the shard's leader of its latest assignment).
                         reader.cancel()
                         while not pending.empty():
                             yield await pending.get_nowait()
@@ -249,7 +260,7 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
                         reader.result()  # a bad request ends the stream with its error
                         return
         finally:
-            for future in (reader, stop, getter):
+            for future in (reader, stop, moved, getter):
                 if future is not None:
                     future.cancel()
             # The client ended the call while we waited: collect the reader's end, or asyncio
@@ -258,6 +269,20 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
                 reader.exception()
             while not pending.empty():
                 pending.get_nowait().cancel()
+
+    async def _until_not_leader(self, shard_id: int) -> None:
+        """Returns once the assignment gives the shard's container to another server; never
+        for a shard that cannot be resolved here (its writes fail on their own)."""
+        try:
+            shard = await self.namespaces.shard(shard_id)
+        except Exception:  # unknown shard, catalog unreachable: nothing to watch
+            await asyncio.get_running_loop().create_future()  # until cancelled
+            return
+        while True:
+            changed = self.leaders.next_change()
+            if not self.leaders.leads(shard.container_id):
+                return
+            await changed.wait()
 
     # ------------------------------------------------------------------ reads
 
