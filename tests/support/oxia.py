@@ -8,6 +8,7 @@ owning the shard's range's container).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -34,6 +35,25 @@ def shard_leaders(address: str, namespace: str, timeout_s: float = 60.0) -> dict
                     raise
             finally:
                 stream.cancel()
+        time.sleep(0.1)
+
+
+def wait_leaders(
+    address: str,
+    namespace: str,
+    done: Callable[[dict[int, str]], bool],
+    timeout_s: float = 60.0,
+) -> dict[int, str]:
+    """`shard_leaders` as `address` answers them once `done(leaders)` holds (its view of the
+    assignment follows ZooKeeper's a moment later than another server's may); TimeoutError with
+    the last answer if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leaders = shard_leaders(address, namespace, timeout_s)
+        if done(leaders):
+            return leaders
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{address} still names {leaders} after {timeout_s:g}s")
         time.sleep(0.1)
 
 
