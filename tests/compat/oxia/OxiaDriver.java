@@ -2,6 +2,8 @@
 // client (io.github.oxia-db:oxia-client, the version Pulsar ships) against a server address and
 // prints "PASS <scenario>" or "FAIL <scenario>: why" (exit code 1, stack trace on stderr).
 // Usage: java OxiaDriver HOST:PORT SCENARIO[+SCENARIO...] [ARGS...]; tests/compat/test_oxia_client.py runs it.
+// Not tests: "bench N" prints two human-readable lines; "bench-json N K [VALUE_BYTES]" prints one
+// line "BENCH {json}" with per-phase figures (benchmarks/oxia_client.py runs it).
 
 import io.oxia.client.api.DeleteOption;
 import io.oxia.client.api.GetOption;
@@ -61,6 +63,8 @@ public final class OxiaDriver {
             case "sequences" -> sequences(address);
             case "namespace" -> namespace(address, args[2]);
             case "bench" -> bench(address, Integer.parseInt(args[2]));
+            case "bench-json" -> benchJson(address, Integer.parseInt(args[2]),
+                    Integer.parseInt(args[3]), args.length > 4 ? Integer.parseInt(args[4]) : 100);
             default -> throw new IllegalArgumentException("unknown scenario " + scenario);
         }
     }
@@ -445,5 +449,122 @@ public final class OxiaDriver {
         double s = (System.nanoTime() - start) / 1e9;
         System.out.printf("concurrent puts: %d in %.2fs, %.0f puts/s%n", n, s, n / s);
         async.close();
+    }
+
+    // benchJson's phases. Latencies are nanoseconds, one slot per operation.
+    interface AsyncOp {
+        java.util.concurrent.CompletableFuture<Boolean> start(int i);
+    }
+
+    interface SyncOp {
+        boolean run(int i) throws Exception;
+    }
+
+    private static String phaseJson(String name, int inFlight, long[] latNs, int errors, long wallNs) {
+        long[] sorted = latNs.clone();
+        java.util.Arrays.sort(sorted);
+        int n = sorted.length;
+        double sum = 0;
+        for (long x : sorted) {
+            sum += x;
+        }
+        return String.format(java.util.Locale.ROOT,
+                "{\"phase\":\"%s\",\"in_flight\":%d,\"ops\":%d,\"errors\":%d,\"seconds\":%.6f,"
+                        + "\"ops_per_s\":%.3f,\"mean_ms\":%.6f,\"p50_ms\":%.6f,\"p99_ms\":%.6f,"
+                        + "\"max_ms\":%.6f}",
+                name, inFlight, n, errors, wallNs / 1e9, n / (wallNs / 1e9), sum / n / 1e6,
+                rank(sorted, 50) / 1e6, rank(sorted, 99) / 1e6, sorted[n - 1] / 1e6);
+    }
+
+    // The nearest-rank percentile, as benchmarks/_common.py's percentile().
+    private static long rank(long[] sorted, double q) {
+        int index = (int) (q / 100.0 * sorted.length + 0.5) - 1;
+        return sorted[Math.min(sorted.length - 1, Math.max(0, index))];
+    }
+
+    private static String syncPhase(String name, int n, SyncOp op) throws Exception {
+        long[] lat = new long[n];
+        int errors = 0;
+        long start = System.nanoTime();
+        for (int i = 0; i < n; i++) {
+            long t = System.nanoTime();
+            if (!op.run(i)) {
+                errors++;
+            }
+            lat[i] = System.nanoTime() - t;
+        }
+        long wall = System.nanoTime() - start;
+        trace(name + " done");
+        return phaseJson(name, 1, lat, errors, wall);
+    }
+
+    // At most k operations in flight: the next starts as soon as one completes (closed loop).
+    private static String asyncPhase(String name, int n, int k, AsyncOp op) throws Exception {
+        long[] lat = new long[n];
+        java.util.concurrent.atomic.AtomicInteger errors = new java.util.concurrent.atomic.AtomicInteger();
+        java.util.concurrent.Semaphore slots = new java.util.concurrent.Semaphore(k);
+        java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(n);
+        long start = System.nanoTime();
+        for (int i = 0; i < n; i++) {
+            final int index = i;
+            slots.acquire();
+            long t = System.nanoTime();
+            op.start(i).whenComplete((ok, error) -> {
+                lat[index] = System.nanoTime() - t;
+                if (error != null || !Boolean.TRUE.equals(ok)) {
+                    errors.incrementAndGet();
+                }
+                slots.release();
+                done.countDown();
+            });
+        }
+        if (!done.await(HANG_GUARD.toSeconds() * 10, TimeUnit.SECONDS)) {
+            throw new AssertionError(name + ": operations never completed");
+        }
+        long wall = System.nanoTime() - start;
+        trace(name + " done");
+        return phaseJson(name, k, lat, errors.get(), wall);
+    }
+
+    // Not a test: N distinct keys per phase, VALUE_BYTES each, the client's default batching
+    // (linger, requests per batch). sync-put/sync-get: one call after another through the sync
+    // client (latency); async-put/async-get: the async client with K calls in flight
+    // (throughput). Each get must find its key. Prints "BENCH {json}".
+    static void benchJson(String address, int n, int k, int valueBytes) throws Exception {
+        String p = "/bench-" + System.nanoTime() + "/";
+        byte[] value = new byte[valueBytes];
+        java.util.Arrays.fill(value, (byte) 'v');
+        List<String> phases = new ArrayList<>();
+        try (SyncOxiaClient c = client(address, "driver-bench-sync")) {
+            for (int i = 0; i < 200; i++) { // warm-up: connections, JIT, every shard's leader
+                c.put(p + "warm/" + i, value);
+                c.get(p + "warm/" + i);
+            }
+            phases.add(syncPhase("sync-put", n, i -> c.put(String.format("%ssync/k%09d", p, i), value)
+                    .version().versionId() >= 0));
+            phases.add(syncPhase("sync-get", n, i -> {
+                GetResult r = c.get(String.format("%ssync/k%09d", p, i));
+                return r != null && r.getValue().length == valueBytes;
+            }));
+        }
+        var async = OxiaClientBuilder.create(address).namespace("default")
+                .clientIdentifier("driver-bench-async").asyncClient().join();
+        try {
+            for (int i = 0; i < 200; i++) {
+                async.put(p + "warm-async/" + i, value).join();
+            }
+            phases.add(asyncPhase("async-put", n, k,
+                    i -> async.put(String.format("%sasync/k%09d", p, i), value).thenApply(r -> true)));
+            phases.add(asyncPhase("async-get", n, k,
+                    i -> async.get(String.format("%sasync/k%09d", p, i))
+                            .thenApply(r -> r != null && r.getValue().length == valueBytes)));
+        } finally {
+            async.close();
+        }
+        System.out.println("BENCH {\"ops\":" + n + ",\"in_flight\":" + k + ",\"value_bytes\":" + valueBytes
+                + ",\"batch_linger_ms\":" + io.oxia.client.OxiaClientBuilderImpl.DefaultBatchLinger.toMillis()
+                + ",\"max_requests_per_batch\":" + io.oxia.client.OxiaClientBuilderImpl.DefaultMaxRequestsPerBatch
+                + ",\"phases\":[" + String.join(",", phases) + "]}");
+        System.out.flush();
     }
 }
