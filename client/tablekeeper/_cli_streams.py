@@ -126,6 +126,8 @@ def _keep_alive(ctx: CommandContext, found: AsyncSession) -> int:
         """None when --count answers were printed, else why the session is gone."""
         sent = 0
         answers = found.keep_alive_answers()
+        # No `await` in a `finally` here: on Ctrl-C the CLI exits with this task pending, and
+        # closing it throws GeneratorExit in while the generator runs (which cancels its stream).
         try:
             async for ttl_s in answers:
                 out.doc(
@@ -134,11 +136,10 @@ def _keep_alive(ctx: CommandContext, found: AsyncSession) -> int:
                 )
                 sent += 1
                 if args.count is not None and sent >= args.count:
+                    await answers.aclose()
                     return None
         except SessionExpiredError as error:
             return str(error)
-        finally:
-            await answers.aclose()
         return "the server ended the keep-alive stream"
 
     gone = ctx.run(keep_alive())
