@@ -160,18 +160,6 @@ class ServerConfig:
             raise ValueError("--pulsar-timeout must be positive")
         if self.cluster_mode:
             self._validate_cluster()
-            if self.etcd_port and self.security.auth_on:
-                # etcd's users and the permissions on namespace etcd are read from the root
-                # range on the server that answers, which in cluster mode may be elsewhere.
-                raise ValueError(
-                    "--etcd-port with authentication is not available in cluster mode yet"
-                )
-            if self.oxia_port and self.security.auth_on:
-                # Permissions on namespace oxia are read from the root range on the server that
-                # answers, which in cluster mode may be elsewhere.
-                raise ValueError(
-                    "--oxia-port with authentication is not available in cluster mode yet"
-                )
 
     def _validate_workers(self) -> None:
         if self.cluster_mode:

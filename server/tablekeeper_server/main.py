@@ -17,7 +17,7 @@ import os
 import resource
 import signal
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv,
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
-from tablekeeper_server.errors import CorruptionError, StreamNotFoundError
+from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
@@ -58,7 +58,7 @@ from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.proxy import Forwarder, RemoteCatalogClient
 from tablekeeper_server.rpc.server import SERVICE_NAMES, GrpcServer
-from tablekeeper_server.security.access import AccessControl
+from tablekeeper_server.security.access import ACCESS_CACHE_S, AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore
@@ -278,8 +278,15 @@ async def serve(config: ServerConfig) -> None:
         if authenticator is not None
         else None
     )
+    front = _FrontEndSecurity(tls, authenticator, metrics, admin, config.cluster_mode)
     if access is not None:
-        admin.on_permissions_changed = access.forget
+        main_access = access
+
+        def permissions_changed() -> None:
+            main_access.forget()
+            front.forget()
+
+        admin.on_permissions_changed = permissions_changed
     if worker is not None:  # container j belongs to worker j
         admin.sibling_containers = [j for j in range(worker.count) if j != worker.index]
     # The port is fixed by configuration (never 0), so the endpoint we register is known now.
@@ -353,7 +360,6 @@ async def serve(config: ServerConfig) -> None:
         else:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
-        front = _FrontEndSecurity(tls, authenticator, metrics)
         etcd = (
             await _start_etcd(config, registry, front, _etcd_peers(coordinator, member, server))
             if config.etcd_port
@@ -459,21 +465,46 @@ async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None
             await asyncio.sleep(0.1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _FrontEndSecurity:
     """TLS and authentication of the etcd and Oxia ports: the gRPC port's certificate and
     credentials. Each front-end adapts the interceptor (`security.frontend.secure_front_end`):
     its own token metadata and error wording, and permissions on its namespace (`etcd`,
-    `oxia`)."""
+    `oxia`), read from the root range here or on its owner (as the gRPC port's are)."""
 
     tls: ServerTls | None
     authenticator: Authenticator | None
     metrics: ServerMetrics
+    admin: AdminServicer
+    cluster_mode: bool
+    accesses: list[AccessControl] = field(default_factory=list)
+
+    @property
+    def cache_s(self) -> float:
+        """Standalone: a grant applies to the next call. Cluster mode: each check would be a
+        call to the root range's owner, so decisions are kept as long as the gRPC port's."""
+        return ACCESS_CACHE_S if self.cluster_mode else 0.0
 
     def interceptors(self) -> list[AuthInterceptor]:
         if self.authenticator is None:
             return []
         return [AuthInterceptor(self.authenticator, self.metrics.auth_failed)]
+
+    async def namespace_bits(self, role: str, namespace: str) -> int:
+        try:
+            _, bits = await self.admin.access(role, namespace, 0)
+        except NamespaceNotFoundError:
+            return 0  # nothing granted on a namespace that is not there
+        return bits
+
+    def secured(self, access: AccessControl | None) -> None:
+        """A front-end's permission checks, dropped with the gRPC port's after a grant here."""
+        if access is not None:
+            self.accesses.append(access)
+
+    def forget(self) -> None:
+        for access in self.accesses:
+            access.forget()
 
 
 def _etcd_peers(
@@ -526,9 +557,12 @@ async def _start_etcd(
         value_bytes_max=config.limits.value_bytes_max,
         tls=front.tls,
         interceptors=front.interceptors(),
+        namespace_bits=front.namespace_bits,
+        access_cache_s=front.cache_s,
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
     )
+    front.secured(etcd.security.access)
     await etcd.start()
     log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)
     return etcd
@@ -551,9 +585,12 @@ async def _start_oxia(
         value_bytes_max=config.limits.value_bytes_max,
         tls=front.tls,
         interceptors=front.interceptors(),
+        namespace_bits=front.namespace_bits,
+        access_cache_s=front.cache_s,
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
     )
+    front.secured(oxia.security.access)
     await oxia.start()
     log.info("Oxia client protocol on %s:%d", config.bind_host, oxia.port)
     return oxia

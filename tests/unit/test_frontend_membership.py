@@ -32,22 +32,15 @@ def test_the_etcd_port_is_allowed_in_cluster_mode() -> None:
     replace(CLUSTER, etcd_port=2379).validate()
 
 
-def test_the_etcd_port_with_authentication_is_refused_in_cluster_mode() -> None:
+def test_the_front_end_ports_with_authentication_are_allowed_in_cluster_mode() -> None:
+    """Users and permissions are read from the root range wherever it is
+    (tests/integration/test_front_end_security_cluster.py)."""
     secured = SecurityConfig(auth_secret_key=Path("token.key"))
-    config = replace(CLUSTER, etcd_port=2379, security=secured)
-    with pytest.raises(ValueError, match="--etcd-port with authentication"):
-        config.validate()
+    replace(CLUSTER, etcd_port=2379, oxia_port=6648, security=secured).validate()
 
 
 def test_the_oxia_port_is_allowed_in_cluster_mode() -> None:
     replace(CLUSTER, oxia_port=6648).validate()
-
-
-def test_the_oxia_port_with_authentication_is_refused_in_cluster_mode() -> None:
-    secured = SecurityConfig(auth_secret_key=Path("token.key"))
-    config = replace(CLUSTER, oxia_port=6648, security=secured)
-    with pytest.raises(ValueError, match="--oxia-port with authentication"):
-        config.validate()
 
 
 def test_workers_still_refuse_the_oxia_port() -> None:

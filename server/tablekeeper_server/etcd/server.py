@@ -6,7 +6,8 @@ namespace `etcd` (`security.access`).
 In cluster mode every server may run this port; a server that does not own the keyspace range's
 container passes each etcd call through to the owner's etcd port (`rpc.frontends.PassThrough`,
 before authentication: the owner checks the caller's token), and answers MemberList itself with
-every live server's client URL."""
+every live server's client URL. The Auth service's calls (users live in the root range) go to
+the root range's owner instead; permissions are read from it wherever it is."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from tablekeeper_server.rpc.frontends import (
 )
 from tablekeeper_server.rpc.listen import listen
 from tablekeeper_server.rpc.proxy import Forwarder
-from tablekeeper_server.security.frontend import secure_front_end
+from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
 FRONT_END = "etcd"
@@ -50,6 +51,8 @@ PASSED_THROUGH = method_kinds(
     for service in rpc_pb2.DESCRIPTOR.services_by_name.values()
     if service.name != "Cluster"  # MemberList is answered by every server
 )
+AUTH_METHODS = f"/{rpc_pb2.DESCRIPTOR.services_by_name['Auth'].full_name}/"
+"""The Auth service's methods: answered by the root range's owner (users live there)."""
 UNAVAILABLE = Unavailable(
     no_owner=ERRORS["no_leader"], owner_lost=ERRORS["leader_changed"], own_prefix="etcdserver:"
 )
@@ -66,21 +69,25 @@ class EtcdServer:
         value_bytes_max: int,
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
+        namespace_bits: NamespaceBits,
+        access_cache_s: float = 0.0,
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
     ) -> None:
         """`forwarder` and `peers`: cluster mode (`forwarder` reaches the root range's owner,
-        `peers` the other servers' etcd ports)."""
+        `peers` the other servers' etcd ports). `namespace_bits`: a role's permissions on a
+        namespace (the root range's, here or on its owner), decisions cached `access_cache_s`."""
         self.keyspace = Keyspace(registry, forwarder)
         self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
         # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.
         self.security = secure_front_end(
             interceptors,
-            lambda role, namespace: registry.root.role_permissions_on(namespace, role),
+            namespace_bits,
             raw_token_key="token",
             invalid_token_message=ERRORS["invalid_auth_token"][1],
+            cache_s=access_cache_s,
         )
         message_max = value_bytes_max + 2 * 1024 * 1024
         interceptors = list(self.security.interceptors)
@@ -141,13 +148,19 @@ class EtcdServer:
         if self._pass_through is not None:
             await self._pass_through.close()
 
-    async def _locate(self, forwarded: bool) -> str | None:
-        """Cluster mode: None if the keyspace range is served here (or its error is best
-        answered here), else the etcd address of the server that owns it."""
+    async def _locate(self, method: str, forwarded: bool) -> str | None:
+        """Cluster mode: None if the call is served here (or its error is best answered here),
+        else the etcd address of the server that owns what it needs: the keyspace range, or
+        for the Auth service (users live in the root range) the root range."""
         assert self._peers is not None
         try:
-            await self.keyspace.range()
-            return None
+            if method.startswith(AUTH_METHODS):
+                container_id = self._root_container()
+                if container_id is None:
+                    return None
+            else:
+                await self.keyspace.range()
+                return None
         except NotServedHereError as elsewhere:
             container_id = elsewhere.container_id
         except (EtcdError, TableKeeperError):
@@ -161,3 +174,12 @@ class EtcdServer:
         if address is None:
             raise NoOwnerError(f"{owner} does not serve etcd (or is gone)")
         return address
+
+    def _root_container(self) -> int | None:
+        """None if the root range is served here, else its container (the Auth service's users
+        are kept there); raises the registry's errors while it is not open."""
+        try:
+            self.keyspace.registry.root  # noqa: B018 (raises if served elsewhere)
+        except NotServedHereError as elsewhere:
+            return elsewhere.container_id
+        return None

@@ -25,7 +25,7 @@ from tablekeeper_server.oxia.servicer import OxiaServicer
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.listen import listen
 from tablekeeper_server.rpc.proxy import Forwarder
-from tablekeeper_server.security.frontend import secure_front_end
+from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
 FRONT_END = "oxia"
@@ -46,19 +46,20 @@ class OxiaServer:
         value_bytes_max: int,
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
+        namespace_bits: NamespaceBits,
+        access_cache_s: float = 0.0,
         clock: Clock | None = None,
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
     ) -> None:
         """`forwarder` and `peers`: cluster mode (`forwarder` reaches the catalog ranges' owners,
-        `peers` the other servers' Oxia ports)."""
+        `peers` the other servers' Oxia ports). `namespace_bits`: a role's permissions on a
+        namespace (the root range's, here or on its owner), decisions cached `access_cache_s`."""
         self.namespaces = Namespaces(registry, forwarder)
         self._cluster = forwarder is not None
         self._creating: asyncio.Task[None] | None = None
         # Permissions are checked on namespace `oxia`, which holds every Oxia namespace's table.
-        self.security = secure_front_end(
-            interceptors, lambda role, namespace: registry.root.role_permissions_on(namespace, role)
-        )
+        self.security = secure_front_end(interceptors, namespace_bits, cache_s=access_cache_s)
         message_max = value_bytes_max + 2 * 1024 * 1024
         self._server = grpc.aio.server(
             interceptors=self.security.interceptors,

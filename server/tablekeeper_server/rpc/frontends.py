@@ -232,9 +232,10 @@ class Unavailable:
     UNAVAILABLE came from the connection to the owner."""
 
 
-Locate = Callable[[bool], Awaitable[str | None]]
-"""`locate(forwarded)`: None to answer the call here, else the front-end address to relay it
-to; raises `NoOwnerError`. `forwarded`: the call was relayed to us (never relay it again)."""
+Locate = Callable[[str, bool], Awaitable[str | None]]
+"""`locate(method, forwarded)`: None to answer the call here, else the front-end address to
+relay it to; raises `NoOwnerError`. `method`: the gRPC method path; `forwarded`: the call was
+relayed to us (never relay it again)."""
 
 
 def method_kinds(services: Iterable[ServiceDescriptor]) -> dict[str, tuple[bool, bool]]:
@@ -281,7 +282,7 @@ class PassThrough(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         metadata = tuple(details.invocation_metadata or ())
         forwarded = any(key == FORWARDED_METADATA_KEY for key, _ in metadata)
         try:
-            address = await self._locate(forwarded)
+            address = await self._locate(details.method, forwarded)
         except NoOwnerError as exc:
             log.debug("%s: no owner to pass the call to: %s", details.method, exc)
             return _refusal(kind, self._unavailable.no_owner)

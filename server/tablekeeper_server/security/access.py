@@ -229,13 +229,17 @@ AccessLookup = Callable[[str, str, int], Awaitable[tuple[str, int]]]
 the catalog's not-found errors."""
 
 
+ACCESS_CACHE_S = 2.0
+"""How long a permission decision is kept (a grant through another server applies within it)."""
+
+
 class AccessControl:
     def __init__(
         self,
         lookup: AccessLookup,
         is_superuser: Callable[[str | None], bool],
         *,
-        cache_s: float = 2.0,
+        cache_s: float = ACCESS_CACHE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lookup = lookup

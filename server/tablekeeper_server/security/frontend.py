@@ -3,14 +3,14 @@ the protocol, plus the per-namespace permissions of `security.access`.
 
 A front-end is given the gRPC port's interceptors; `secure_front_end` swaps the authentication
 interceptor among them for one that also checks permissions (the RULES of the front-end's
-methods) against the root range of this server. Front-ends run in standalone mode only, so the
-root range is local: a grant or revoke applies to the next call (no cache).
+methods) against the root range: here (standalone: a grant or revoke applies to the next call, no
+cache) or on its owner (cluster mode: decisions are cached for `cache_s`, like the gRPC port's).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ import grpc
 from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 
-NamespaceBits = Callable[[str, str], int]
+NamespaceBits = Callable[[str, str], Awaitable[int]]
 """(role, namespace name) -> the role's permission bits there (0 if the namespace is missing).
 May raise the catalog's 'not open yet' errors, which answer `unavailable_code`."""
 
@@ -32,6 +32,8 @@ class FrontEndSecurity:
     """None: authentication is off on this server."""
     count_failure: Callable[[str], None]
     """Counts a refused authentication (tablekeeper_auth_failures_total{reason})."""
+    access: AccessControl | None = None
+    """The permission checks (None: authentication is off); `forget()` after a grant."""
 
     @property
     def auth_on(self) -> bool:
@@ -52,17 +54,20 @@ def secure_front_end(
     raw_token_key: str | None = None,
     invalid_token_message: str | None = None,
     unavailable_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+    cache_s: float = 0.0,
 ) -> FrontEndSecurity:
     """The front-end's interceptors: every `AuthInterceptor` in `interceptors` replaced by one
-    that also accepts tokens in `raw_token_key` metadata, answers `invalid_token_message` for a
-    token that does not verify, and checks permissions with `namespace_bits`."""
+        that also accepts tokens in `raw_token_key` metadata, answers `invalid_token_message` for a
+        token that does not verify, and checks permissions with `namespace_bits` (decisions cached
+    for `cache_s`)."""
 
     async def lookup(role: str, namespace: str, stream_id: int) -> tuple[str, int]:
-        return namespace, namespace_bits(role, namespace)
+        return namespace, await namespace_bits(role, namespace)
 
     adapted: list[Any] = []
     authenticator: Authenticator | None = None
     count_failure: Callable[[str], None] = _count_nothing
+    access: AccessControl | None = None
     for interceptor in interceptors:
         if isinstance(interceptor, AuthInterceptor):
             authenticator = dataclasses.replace(
@@ -70,10 +75,10 @@ def secure_front_end(
                 raw_token_key=raw_token_key,
                 invalid_token_message=invalid_token_message,
             )
-            access = AccessControl(lookup, authenticator.is_superuser, cache_s=0.0)
+            access = AccessControl(lookup, authenticator.is_superuser, cache_s=cache_s)
             count_failure = interceptor.count_failure
             interceptor = interceptor.with_access(
                 authenticator, access, unavailable_code=unavailable_code
             )
         adapted.append(interceptor)
-    return FrontEndSecurity(adapted, authenticator, count_failure)
+    return FrontEndSecurity(adapted, authenticator, count_failure, access)
