@@ -248,3 +248,48 @@ def test_data_and_revisions_survive_a_restart(tmp_path: Path) -> None:
         assert get_json(ep, "r/k")["kvs"][0]["version"] == 2
     finally:
         server.stop()
+
+
+def test_compact_refuses_reads_and_watches_from_before_it_even_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A server of its own: compaction is keyspace-wide."""
+    port = free_port()
+    server = ServerProcess(tmp_path / "data", extra_args=["--etcd-port", str(port)]).start()
+    ep = f"127.0.0.1:{port}"
+    try:
+        revisions = []
+        for value in ("1", "2", "3"):
+            etcdctl(ep, "put", "c/k", value)
+            revisions.append(get_json(ep, "c/k")["kvs"][0]["mod_revision"])
+        r1, r2, _ = revisions
+        assert etcdctl(ep, "compact", str(r2), "--physical").stdout.strip() == (
+            f"compacted revision {r2}"
+        )
+        for attempt in range(2):  # before and after a restart (the compaction is logged)
+            old = etcdctl(ep, "get", "c/k", f"--rev={r1}", check=False)
+            assert old.returncode != 0 and "required revision has been compacted" in old.stderr
+            at = etcdctl(ep, "get", "c/k", f"--rev={r2}", "--print-value-only")
+            assert at.stdout.strip() == "2"
+            again = etcdctl(ep, "compact", str(r1), check=False)
+            assert again.returncode != 0 and "required revision has been compacted" in (
+                again.stderr
+            )
+            watch = subprocess.run(
+                [ETCDCTL or "etcdctl", f"--endpoints={ep}", "watch", "c/k", f"--rev={r1}"],
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                env=_env(),
+            )
+            # etcdctl ends a watch the server cancelled, printing why.
+            assert "required revision has been compacted" in watch.stdout + watch.stderr
+            if attempt == 0:
+                assert server.stop() == 0
+                server.start()
+        future = etcdctl(ep, "compact", "1000000", check=False)
+        assert future.returncode != 0 and "required revision is a future revision" in (
+            future.stderr
+        )
+    finally:
+        server.stop()

@@ -64,6 +64,13 @@ class Keyspace:
             view = PastView(StoreView(self.sm), request.revision)
         return do_range(view, request)
 
+    def compact(self, revision: int) -> rpc_pb2.TxnResponse:
+        result = self.command(wal_pb2.WalCommand(etcd_compact=revision))
+        assert isinstance(result, apply_pb2.ApplyResult)
+        if result.error:
+            raise EtcdError(result.error)
+        return result.response
+
     def lease(self, ttl_ms: int = 5000) -> int:
         command = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms))
         response = self.command(command)
@@ -213,6 +220,54 @@ def test_reads_at_a_past_revision_and_compaction() -> None:
     with pytest.raises(EtcdError) as compacted:
         ks.get(b"a", revision=r1)
     assert compacted.value.name == "compacted"
+
+
+def test_compact_refuses_reads_and_watches_from_before_it() -> None:
+    ks = Keyspace()
+    r1 = ks.put(b"a", b"1").header.revision
+    r2 = ks.put(b"a", b"2").header.revision
+    r3 = ks.put(b"a", b"3").header.revision
+    history = ks.sm.history
+    assert history is not None
+    for target, refused in ((r3 + 1, "future_rev"), (0, "compacted")):
+        with pytest.raises(EtcdError) as error:
+            ks.compact(target)
+        assert error.value.name == refused
+    done = ks.compact(r2)
+    # The command's own revision (refused commands took theirs too); no key changed.
+    assert done.header.revision == len(ks.log)
+    assert ks.get(b"a").kvs[0].mod_revision == r3
+    # etcd: reads at the compacted revision and later work, earlier ones are refused ...
+    assert ks.get(b"a", revision=r2).kvs[0].value == b"2"
+    with pytest.raises(EtcdError) as compacted:
+        ks.get(b"a", revision=r1)
+    assert compacted.value.name == "compacted"
+    # ... and so are watches: the history keeps revisions from r2 on, and says so.
+    assert [e.revision for e in history.read((0, 0), 100)] == [r2, r3]
+    assert history.trimmed_through == r2 - 1
+    # Compacting again to the same revision or an older one is refused, as by etcd.
+    for target in (r1, r2):
+        with pytest.raises(EtcdError) as again:
+            ks.compact(target)
+        assert again.value.name == "compacted"
+    # Compacting to the current revision drops the whole history.
+    ks.compact(len(ks.log))
+    assert history.read((0, 0), 100) == []
+    assert history.trimmed_through == len(ks.log) - 2
+    assert ks.get(b"a").kvs[0].value == b"3"
+
+
+def test_compact_survives_replay_and_restart() -> None:
+    ks = Keyspace()
+    for i in range(5):
+        ks.put(b"k", b"%d" % i)
+    ks.compact(4)
+    replayed = Keyspace()
+    replayed.sm.apply_batch(ks.log)  # the same commands in one batch
+    assert list(replayed.store.scan(b"", b"\xff")) == list(ks.store.scan(b"", b"\xff"))
+    reopened = RangeStateMachine(ks.store, history=EventHistory(ks.store))
+    assert StoreView(reopened).compacted == 4
+    assert reopened.history is not None and reopened.history.trimmed_through == 3
 
 
 def test_replay_gives_the_same_state() -> None:

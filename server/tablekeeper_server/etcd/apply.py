@@ -17,9 +17,9 @@ from typing import Protocol
 
 from tablekeeper_proto.etcd import apply_pb2, rpc_pb2
 from tablekeeper_server.etcd.errors import EtcdError
-from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
-from tablekeeper_server.etcd.state import StoreView, do_range, owner_key
-from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.etcd.keys import COMPACTED_KEY, PREFIX, span, to_kv
+from tablekeeper_server.etcd.state import StoreView, compacted_revision, do_range, owner_key
+from tablekeeper_server.range.records import StoredRecord, encode_number
 from tablekeeper_server.range.state_machine import _ApplyView, _flush_writes, session_key
 
 TXN_OPS_MAX = 128
@@ -133,6 +133,27 @@ def apply_etcd_txn(
     for key, lease in state.leases.items():
         view.leases[key] = lease
     _flush_writes(view, state.writes, revision, now)
+    response.header.revision = revision
+    return apply_pb2.ApplyResult(response=response)
+
+
+def apply_etcd_compact(
+    view: _ApplyView, previous: int, revision: int, target: int
+) -> apply_pb2.ApplyResult:
+    """etcd's Compact to `target`, applied at `revision` (it changes no key): refused if
+    `target` is past the keyspace's revision before this command or not past the last
+    compaction; else recorded, and the range's event history below `target` goes at this
+    batch's commit (reads and watches from before it are then answered "compacted")."""
+    if target > revision - 1:
+        return apply_pb2.ApplyResult(error="future_rev")
+    if target <= compacted_revision(view.get(COMPACTED_KEY)):
+        return apply_pb2.ApplyResult(error="compacted")
+    if view.dirty:  # earlier commands of this batch: their events reach the store first
+        view.commit(previous)
+    view.put(COMPACTED_KEY, StoredRecord(revision, revision, 0, True, 0, encode_number(target)))
+    if view.history is not None:
+        view.history.compact(target)
+    response = rpc_pb2.TxnResponse(succeeded=True)
     response.header.revision = revision
     return apply_pb2.ApplyResult(response=response)
 

@@ -10,12 +10,14 @@ etcd.
 from __future__ import annotations
 
 from tablekeeper_proto.etcd import kv_pb2
-from tablekeeper_server.core.keys import pkey_prefix, prefix_end
+from tablekeeper_server.core.keys import pkey_prefix, prefix_end, system_key
 from tablekeeper_server.range.records import StoredRecord
 
 KEYSPACE_PKEY = b""
 PREFIX = pkey_prefix(KEYSPACE_PKEY)
 END = prefix_end(PREFIX)
+COMPACTED_KEY = system_key(b"etcd-compacted")
+"""The revision of the keyspace's last Compact (a number record; missing: never compacted)."""
 
 
 def span(key: bytes, range_end: bytes) -> tuple[bytes, bytes]:

@@ -103,6 +103,18 @@ class Keyspace:
         response.header.CopyFrom(self.header(response.header.revision))
         return response
 
+    async def compact(self, revision: int) -> rpc_pb2.TxnResponse:
+        """etcd's Compact: logged, so every later owner of the range refuses what it refused
+        (raises `EtcdError` for a future or already compacted revision)."""
+        range_ = await self.range()
+        result = await range_.execute(wal_pb2.WalCommand(etcd_compact=revision))
+        assert isinstance(result, apply_pb2.ApplyResult), result
+        if result.error:
+            raise EtcdError(result.error)
+        response = result.response
+        response.header.CopyFrom(self.header(response.header.revision))
+        return response
+
     async def read(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         range_ = await self.range()
         current = StoreView(range_.applied_state())

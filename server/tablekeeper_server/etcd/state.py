@@ -13,7 +13,7 @@ from typing import Protocol
 
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2
 from tablekeeper_server.etcd.errors import EtcdError
-from tablekeeper_server.etcd.keys import END, PREFIX, span, to_kv
+from tablekeeper_server.etcd.keys import COMPACTED_KEY, END, PREFIX, span, to_kv
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.records import StoredRecord, decode_record
 from tablekeeper_server.range.state_machine import (
@@ -31,6 +31,11 @@ _SORT_FIELDS = {
     rpc_pb2.RangeRequest.MOD: lambda kv: kv.mod_revision,
     rpc_pb2.RangeRequest.VALUE: lambda kv: kv.value,
 }
+
+
+def compacted_revision(record: StoredRecord | None) -> int:
+    """The revision of the keyspace's last Compact, from its record (0: never compacted)."""
+    return 0 if record is None else record.number
 
 
 def owner_key(store_key: bytes) -> bytes:
@@ -66,6 +71,11 @@ class StoreView:
         for key, raw in self.store.scan(start, end):
             yield key, decode_record(raw)
 
+    @property
+    def compacted(self) -> int:
+        """The revision of the last Compact: reads from before it are refused."""
+        return compacted_revision(self.get(COMPACTED_KEY))
+
     def lease(self, key: bytes) -> int:
         if not self.sessions:
             return 0
@@ -79,7 +89,7 @@ class PastView:
 
     def __init__(self, current: StoreView, revision: int) -> None:
         history = current.history
-        if history is None or history.trimmed_through > revision:
+        if history is None or history.trimmed_through > revision or revision < current.compacted:
             raise EtcdError("compacted")
         self.current = current
         self.undo: dict[bytes, StoredRecord | None] = {}

@@ -10,7 +10,8 @@ this history (not the log) is what serves watches from older revisions.
 The history keeps about the newest `limit` events and at most about `bytes_limit` bytes of them
 per range (64 MiB by default: values are kept in full), trimmed at each commit (one apply batch
 may overshoot briefly). `trimmed_through` is the highest revision ever trimmed: a watch starting
-at or below it would miss events and is answered "compacted".
+at or below it would miss events and is answered "compacted". A front-end may also drop every
+event below a revision (`compact`, etcd's Compact), at the next commit.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ class EventHistory:
         # Trimming resumes here, not at the prefix start: iterating over the tombstones of
         # everything trimmed before would make every commit slower until RocksDB compacts.
         self._trim_from = history_key(trimmed, 0)
+        self._floor = 0  # `compact`: events below it go at the next seal
+
+    def compact(self, revision: int) -> None:
+        """Drop every committed event below `revision` at the next `seal`; from then on
+        `trimmed_through` is at least `revision - 1`."""
+        self._floor = max(self._floor, revision)
 
     def append(self, batch: WriteBatch, event: ChangeEvent) -> None:
         raw = encode_event(event)
@@ -115,16 +122,19 @@ class EventHistory:
     def seal(self, batch: WriteBatch) -> None:
         """Before a batch is written: trim the oldest committed events beyond the limits and
         record the count, size and trim point, all in `batch`."""
-        if self.count > self.limit or self.bytes > self.bytes_limit:
+        below_floor = self.trimmed_through < self._floor - 1
+        if self.count > self.limit or self.bytes > self.bytes_limit or below_floor:
             for key, raw in self.store.scan(self._trim_from, HISTORY_END):
-                if self.count <= self.limit and self.bytes <= self.bytes_limit:
+                revision, _index = _POSITION.unpack_from(key, len(HISTORY_PREFIX))
+                within = self.count <= self.limit and self.bytes <= self.bytes_limit
+                if within and revision >= self._floor:
                     break
                 batch.delete(key)
-                revision, _index = _POSITION.unpack_from(key, len(HISTORY_PREFIX))
                 self.trimmed_through = max(self.trimmed_through, revision)
                 self.count -= 1
                 self.bytes -= len(raw)
                 self._trim_from = key + b"\x00"
+            self.trimmed_through = max(self.trimmed_through, self._floor - 1)
         batch.put(HISTORY_META_KEY, _META.pack(self.count, self.trimmed_through, self.bytes))
 
     def read(self, after: tuple[int, int], limit: int) -> list[ChangeEvent]:

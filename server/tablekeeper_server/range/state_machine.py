@@ -426,6 +426,10 @@ class RangeStateMachine:
             from tablekeeper_server.etcd.apply import apply_etcd_txn  # imports this module
 
             return apply_etcd_txn(view, previous, revision, now, command.etcd_txn)
+        if op == "etcd_compact":
+            from tablekeeper_server.etcd.apply import apply_etcd_compact  # imports this module
+
+            return apply_etcd_compact(view, previous, revision, command.etcd_compact)
         if op == "oxia_write":
             from tablekeeper_server.oxia.apply import apply_oxia_write  # imports this module
 

@@ -32,6 +32,7 @@ class WalCommand(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     ETCD_TXN_FIELD_NUMBER: _builtins.int
     OXIA_WRITE_FIELD_NUMBER: _builtins.int
+    ETCD_COMPACT_FIELD_NUMBER: _builtins.int
     timestamp_ms: _builtins.int
     """The serving range's clock when it accepted the command. Expiry times (table TTL) are derived
     from it, so replay computes the same expiry as the original apply.
@@ -46,6 +47,11 @@ class WalCommand(_message.Message):
     io.streamnative.oxia.proto.WriteRequest (puts, deletes, delete ranges of one shard), applied
     atomically at the command's revision, which becomes the version_id of every key it puts.
     Its timestamp_ms is the records' created/modified timestamp. Bytes, as for etcd_txn.
+    """
+    etcd_compact: _builtins.int
+    """etcd's Compact (etcd front-end): history before this revision is dropped, and reads and
+    watches from before it are answered "compacted" from then on. Applied at the command's
+    own revision (which changes no key).
     """
     @_builtins.property
     def put(self) -> _kv_rpc_pb2.PutRequest: ...
@@ -68,12 +74,13 @@ class WalCommand(_message.Message):
         session: Global___SessionCommand | None = ...,
         etcd_txn: _builtins.bytes = ...,
         oxia_write: _builtins.bytes = ...,
+        etcd_compact: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write", "etcd_compact"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 
