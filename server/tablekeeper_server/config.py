@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE
 from tablekeeper_server.logging_setup import LOG_FORMATS
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.security.config import SECURITY_SETTINGS, SecurityConfig
 from tablekeeper_server.settings import (
     DURATION,
     INT,
+    LIST,
     PATH,
     SIZE,
     STRING,
@@ -39,6 +42,8 @@ LOG_BACKENDS = ("local", "pulsar")
 EVENT_LOOPS = ("uvloop", "asyncio")
 CHECKPOINT_STORES = ("dir", "pulsar")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_KEYSPACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""An etcd keyspace's name: a table name that also fits the cluster membership's encoding."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class ServerConfig:
     """0 disables the Prometheus endpoint."""
     etcd_port: int = 0
     """The etcd v3 API (`tablekeeper_server.etcd`) on this port; 0 = off."""
+    etcd_keyspaces: tuple[str, ...] = ()
+    """More etcd keyspaces, `NAME=PORT` each: keyspace NAME (table `etcd/NAME`) on its own
+    port (`etcd_keyspace_ports`)."""
     oxia_port: int = 0
     """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
     containers: int = 8
@@ -99,6 +107,32 @@ class ServerConfig:
     """How long ZooKeeper keeps a silent server's session: the failure-detection time."""
 
     @property
+    def etcd_keyspace_ports(self) -> dict[str, int]:
+        """Every etcd keyspace served -> its port: `keyspace` on `--etcd-port` (if on), then
+        `--etcd-keyspaces`. Raises ValueError for a malformed or repeated entry."""
+        ports: dict[str, int] = {DEFAULT_KEYSPACE: self.etcd_port} if self.etcd_port else {}
+        for entry in self.etcd_keyspaces:
+            name, sep, port_text = entry.partition("=")
+            name = name.strip()
+            if not sep or not port_text.strip().isdigit():
+                raise ValueError(f"--etcd-keyspaces: {entry!r} is not NAME=PORT")
+            if not _KEYSPACE_NAME.fullmatch(name):
+                raise ValueError(
+                    f"--etcd-keyspaces: keyspace {name!r}: use 1-64 letters, digits, '_', '.' "
+                    "or '-'"
+                )
+            if name in ports:
+                raise ValueError(
+                    f"--etcd-keyspaces: keyspace {name!r} is given twice"
+                    + (" (keyspace is --etcd-port's)" if name == DEFAULT_KEYSPACE else "")
+                )
+            port = int(port_text)
+            if not 0 < port < 65536:
+                raise ValueError(f"--etcd-keyspaces: port {port} of {name!r} is not in 1..65535")
+            ports[name] = port
+        return ports
+
+    @property
     def cluster_mode(self) -> bool:
         return self.zk_hosts is not None
 
@@ -129,6 +163,11 @@ class ServerConfig:
             raise ValueError("--etcd-port must be in 0..65535 (0 = off)")
         if not 0 <= self.oxia_port < 65536:
             raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
+        etcd_ports = list(self.etcd_keyspace_ports.values())
+        taken = [self.port, self.metrics_port, self.oxia_port, *etcd_ports]
+        for port in etcd_ports:
+            if taken.count(port) > 1:
+                raise ValueError(f"etcd port {port} is also used by another port setting")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
         if self.metrics_max_tables < 0:
@@ -168,7 +207,7 @@ class ServerConfig:
             )
         if self.containers < self.workers:
             raise ValueError(f"--workers {self.workers} needs at least as many --containers")
-        if self.etcd_port or self.oxia_port:
+        if self.etcd_keyspace_ports or self.oxia_port:
             raise ValueError(
                 "the etcd and Oxia ports are served by one process: use --workers 1 with "
                 "--etcd-port or --oxia-port"
@@ -287,6 +326,14 @@ NETWORK_SETTINGS = (
         "counted under namespace and table <other> (0: every table)",
     ),
     _s("etcd-port", INT, "etcd_port", "serve the etcd v3 API on this port, 0 = off"),
+    _s(
+        "etcd-keyspaces",
+        LIST,
+        "etcd_keyspaces",
+        "more etcd keyspaces, NAME=PORT each (comma-separated): keyspace NAME, table etcd/NAME, "
+        "on its own port",
+        metavar="NAME=PORT,...",
+    ),
     _s("oxia-port", INT, "oxia_port", "serve Oxia's client protocol on this port, 0 = off"),
 )
 PROCESS_SETTINGS = (

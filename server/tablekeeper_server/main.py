@@ -35,7 +35,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
-from tablekeeper_server.etcd.server import EtcdServer
+from tablekeeper_server.etcd.server import EtcdServer, front_end_name
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.logging_setup import configure_logging
@@ -296,9 +296,9 @@ async def serve(config: ServerConfig) -> None:
 
         member = ClusterMember(coordinator, f"{config.advertised_host}:{config.port}", registry)
         # Published with our membership: other servers pass etcd calls on to the keyspace's
-        # owner at its etcd port.
-        if config.etcd_port:
-            coordinator.frontends["etcd"] = f"{config.advertised_host}:{config.etcd_port}"
+        # owner at its etcd port (one port per keyspace).
+        for keyspace, port in config.etcd_keyspace_ports.items():
+            coordinator.frontends[front_end_name(keyspace)] = f"{config.advertised_host}:{port}"
         # And Oxia clients are told each shard's leader: its container's owner's Oxia port.
         if config.oxia_port:
             coordinator.frontends["oxia"] = f"{config.advertised_host}:{config.oxia_port}"
@@ -342,6 +342,7 @@ async def serve(config: ServerConfig) -> None:
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
+    etcds: list[EtcdServer] = []  # one per etcd keyspace
     try:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
         # now, not after the server already serves).
@@ -360,11 +361,9 @@ async def serve(config: ServerConfig) -> None:
         else:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
-        etcd = (
-            await _start_etcd(config, registry, front, _etcd_peers(coordinator, member, server))
-            if config.etcd_port
-            else None
-        )
+        for keyspace, port in config.etcd_keyspace_ports.items():
+            peers = _front_end_peers(front_end_name(keyspace), coordinator, member, server)
+            etcds.append(await _start_etcd(config, registry, front, peers, keyspace, port))
         oxia = (
             await _start_oxia(config, registry, front, _oxia_peers(coordinator, member, server))
             if config.oxia_port
@@ -408,7 +407,7 @@ async def serve(config: ServerConfig) -> None:
         await server.set_not_serving()
         await member.stop()
     log.info("shutting down: draining in-flight requests (up to %.0fs)", config.shutdown_grace_s)
-    if etcd is not None:
+    for etcd in etcds:
         await etcd.stop(config.shutdown_grace_s)
     if oxia is not None:
         await oxia.stop(config.shutdown_grace_s)
@@ -507,14 +506,6 @@ class _FrontEndSecurity:
             access.forget()
 
 
-def _etcd_peers(
-    coordinator: ZkCoordinator | None, member: ClusterMember | None, server: GrpcServer
-) -> tuple[Forwarder, FrontEndPeers] | None:
-    """Cluster mode: how the etcd front-end reaches the root range's owner (the forwarder) and
-    the other servers' etcd ports (their ZooKeeper registrations)."""
-    return _front_end_peers("etcd", coordinator, member, server)
-
-
 def _oxia_peers(
     coordinator: ZkCoordinator | None, member: ClusterMember | None, server: GrpcServer
 ) -> tuple[Forwarder, FrontEndPeers] | None:
@@ -529,6 +520,8 @@ def _front_end_peers(
     member: ClusterMember | None,
     server: GrpcServer,
 ) -> tuple[Forwarder, FrontEndPeers] | None:
+    """Cluster mode: how front-end `name` (an etcd keyspace, Oxia) reaches the root range's
+    owner (the forwarder) and the other servers' ports of it (their ZooKeeper registrations)."""
     if coordinator is None or member is None or server.forwarder is None:
         return None
     peers = FrontEndPeers(
@@ -546,13 +539,16 @@ async def _start_etcd(
     registry: ContainerRegistry,
     front: _FrontEndSecurity,
     cluster: tuple[Forwarder, FrontEndPeers] | None,
+    keyspace: str,
+    port: int,
 ) -> EtcdServer:
-    """The etcd v3 API on `--etcd-port`, over the keyspace table (created on first start).
-    `cluster`: cluster mode (calls pass through to the keyspace's owner)."""
+    """The etcd v3 API for `keyspace` on `port`, over the keyspace's table (created on first
+    start). `cluster`: cluster mode (calls pass through to the keyspace's owner)."""
     etcd = EtcdServer(
         registry,
         bind_host=config.bind_host,
-        port=config.etcd_port,
+        port=port,
+        keyspace=keyspace,
         advertised_host=config.advertised_host,
         value_bytes_max=config.limits.value_bytes_max,
         tls=front.tls,
@@ -564,7 +560,7 @@ async def _start_etcd(
     )
     front.secured(etcd.security.access)
     await etcd.start()
-    log.info("etcd v3 API on %s:%d", config.bind_host, etcd.port)
+    log.info("etcd v3 API (keyspace %s) on %s:%d", keyspace, config.bind_host, etcd.port)
     return etcd
 
 

@@ -293,3 +293,44 @@ def test_compact_refuses_reads_and_watches_from_before_it_even_after_a_restart(
         )
     finally:
         server.stop()
+
+
+def test_keyspaces_on_ports_of_their_own_are_independent(tmp_path: Path) -> None:
+    """`--etcd-keyspaces`: each keyspace its own table, revisions, watches and leases."""
+    main_port, apps_port = free_port(), free_port()
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=["--etcd-port", str(main_port), "--etcd-keyspaces", f"apps={apps_port}"],
+    ).start()
+    main, apps = f"127.0.0.1:{main_port}", f"127.0.0.1:{apps_port}"
+    try:
+        for _ in range(3):
+            etcdctl(main, "put", "shared/k", "main")
+        etcdctl(apps, "put", "shared/k", "apps")
+        in_main, in_apps = get_json(main, "shared/k"), get_json(apps, "shared/k")
+        assert _b64("main") == in_main["kvs"][0]["value"]
+        assert _b64("apps") == in_apps["kvs"][0]["value"]
+        assert in_main["kvs"][0]["version"] == 3 and in_apps["kvs"][0]["version"] == 1
+        assert in_apps["header"]["revision"] < in_main["header"]["revision"]
+        # A watch on one keyspace never sees the other's changes: the main keyspace's put comes
+        # first, so had it leaked it would be the first event printed.
+        process = _watch(apps, "shared/k")
+        try:
+            lines = _Lines(process)
+            etcdctl(main, "put", "shared/k", "main-2")
+            etcdctl(apps, "put", "shared/k", "apps-2")
+            lines.wait_for(["PUT", "shared/k", "apps-2"])
+        finally:
+            process.kill()
+            process.wait()
+        # Leases too: one granted in apps is unknown to the main keyspace (which has none).
+        lease = etcdctl(apps, "lease", "grant", "60").stdout.split()[1]
+        etcdctl(apps, "put", "leased", "v", f"--lease={lease}")
+        refused = etcdctl(main, "put", "leased", "v", f"--lease={lease}", check=False)
+        assert refused.returncode != 0 and "requested lease not found" in refused.stderr
+        assert server.stop() == 0
+        server.start()
+        assert get_json(apps, "shared/k")["kvs"][0]["value"] == _b64("apps-2")
+        assert get_json(main, "shared/k")["kvs"][0]["value"] == _b64("main-2")
+    finally:
+        server.stop()

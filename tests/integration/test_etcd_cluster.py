@@ -1,5 +1,6 @@
-"""The etcd port in cluster mode: every server runs one; a server that does not own the keyspace
-range's container passes each etcd call (unary and streaming) through to the owner's etcd port.
+"""The etcd port in cluster mode: every server runs one (and one per further keyspace); a server
+that does not own the keyspace range's container passes each etcd call (unary and streaming)
+through to the owner's etcd port.
 Three real servers, ZooKeeper and Pulsar; the owner is killed with SIGKILL mid-test."""
 
 from __future__ import annotations
@@ -132,17 +133,27 @@ def test_etcd_through_a_non_owner_and_after_the_owner_dies(
     make_cluster: Callable[..., TestCluster],
 ) -> None:
     cluster = make_cluster(containers=CONTAINERS).init()
-    addresses = []
+    addresses, apps_addresses = [], []
     for _ in range(3):
-        port = free_port()
-        cluster.add_server(["--etcd-port", str(port)])
+        port, apps_port = free_port(), free_port()
+        cluster.add_server(["--etcd-port", str(port), "--etcd-keyspaces", f"apps={apps_port}"])
         addresses.append(f"127.0.0.1:{port}")
+        apps_addresses.append(f"127.0.0.1:{apps_port}")
     cluster.wait_ready(WAIT_S)
     etcds = [Etcd(address) for address in addresses]
+    apps = [Etcd(address) for address in apps_addresses]
     watches: list[WatchStream] = []
     try:
-        for etcd in etcds:  # each server has found the keyspace (or its owner)
+        for etcd in etcds + apps:  # each server has found each keyspace (or its owner)
             retry_unavailable(lambda etcd=etcd: etcd.get("probe"))  # type: ignore[misc]
+
+        # A second keyspace (--etcd-keyspaces) is served through every server too, apart.
+        for i, etcd in enumerate(apps):
+            etcd.put(f"apps/{i}", str(i))
+        for etcd in apps:
+            in_apps = etcd.get("apps/", prefix=True)
+            assert [kv.value for kv in in_apps.kvs] == [b"0", b"1", b"2"]
+        assert etcds[0].get("apps/", prefix=True).count == 0
         container = keyspace_container(cluster)
         owner = cluster.index(cluster.assigned_to(container) or "")
         others = [i for i in range(3) if i != owner]
@@ -245,8 +256,11 @@ def test_etcd_through_a_non_owner_and_after_the_owner_dies(
         watches.append(watch)
         retry_unavailable(lambda: etcds[new_owner].put("w/2", "two"))
         assert [(e.kv.key, e.kv.value) for e in watch.next_events()] == [(b"w/2", b"two")]
+        survivor_apps = apps[next(i for i in others if i != new_owner)]
+        kept = retry_unavailable(lambda: survivor_apps.get("apps/", prefix=True))
+        assert [kv.value for kv in kept.kvs] == [b"0", b"1", b"2"]
     finally:
         for watch in watches:
             watch.close()
-        for etcd in etcds:
+        for etcd in etcds + apps:
             etcd.close()

@@ -3,6 +3,7 @@ ZooKeeper membership (and reading an older server's node, which holds just its e
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,5 +52,39 @@ def test_workers_still_refuse_the_oxia_port() -> None:
 
 def test_workers_still_refuse_the_etcd_port() -> None:
     config = ServerConfig(workers=2, containers=2, etcd_port=2379)
+    with pytest.raises(ValueError, match="--workers 1 with"):
+        config.validate()
+
+
+def test_etcd_keyspaces_each_on_a_port_of_their_own() -> None:
+    config = ServerConfig(etcd_port=2379, etcd_keyspaces=("apps=2381", " jobs = 2382"))
+    config.validate()
+    assert config.etcd_keyspace_ports == {"keyspace": 2379, "apps": 2381, "jobs": 2382}
+    assert ServerConfig(etcd_keyspaces=("apps=2381",)).etcd_keyspace_ports == {"apps": 2381}
+    replace(CLUSTER, etcd_keyspaces=("apps=2381",)).validate()
+
+
+@pytest.mark.parametrize(
+    ("keyspaces", "message"),
+    [
+        (("apps",), "'apps' is not NAME=PORT"),
+        (("apps=x",), "'apps=x' is not NAME=PORT"),
+        (("a b=2381",), "keyspace 'a b': use 1-64 letters"),
+        (("a/b=2381",), "keyspace 'a/b': use 1-64 letters"),
+        (("apps=2381", "apps=2382"), "keyspace 'apps' is given twice"),
+        (("keyspace=2381",), "(keyspace is --etcd-port's)"),
+        (("apps=70000",), "port 70000 of 'apps' is not in 1..65535"),
+        (("apps=2379",), "etcd port 2379 is also used"),
+        (("apps=4181",), "etcd port 4181 is also used"),
+    ],
+)
+def test_bad_etcd_keyspaces_are_refused(keyspaces: tuple[str, ...], message: str) -> None:
+    config = ServerConfig(etcd_port=2379, etcd_keyspaces=keyspaces)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.validate()
+
+
+def test_workers_refuse_etcd_keyspaces() -> None:
+    config = ServerConfig(workers=2, containers=2, etcd_keyspaces=("apps=2381",))
     with pytest.raises(ValueError, match="--workers 1 with"):
         config.validate()

@@ -330,3 +330,11 @@ def test_every_setting_has_a_flag_a_key_and_a_variable() -> None:
         assert setting.flag in flags
         assert setting.env_var(ENV) == ENV + setting.key.upper().replace("-", "_")
     assert {s.section for s in SERVER_SETTINGS.settings} == {"", "limits", "security"}
+
+
+def test_etcd_keyspaces_from_a_flag_the_environment_and_a_file(tmp_path: Path) -> None:
+    from_file = _config(file_text='etcd-keyspaces = ["apps=2381"]\n', tmp_path=tmp_path)
+    assert from_file.etcd_keyspaces == ("apps=2381",)
+    environ = {"TABLEKEEPER_SERVER_ETCD_KEYSPACES": "a=2381,b=2382"}
+    assert _config([], environ).etcd_keyspace_ports == {"a": 2381, "b": 2382}
+    assert _config(["--etcd-keyspaces", "c=2383"], environ).etcd_keyspaces == ("c=2383",)

@@ -13,6 +13,8 @@ from tablekeeper_proto.etcd import kv_pb2
 from tablekeeper_server.core.keys import pkey_prefix, prefix_end, system_key
 from tablekeeper_server.range.records import StoredRecord
 
+DEFAULT_KEYSPACE = "keyspace"
+"""The keyspace on `--etcd-port`; more are named by `--etcd-keyspaces` (table `etcd/NAME`)."""
 KEYSPACE_PKEY = b""
 PREFIX = pkey_prefix(KEYSPACE_PKEY)
 END = prefix_end(PREFIX)

@@ -1,7 +1,8 @@
 """The etcd keyspace: one pkey of one range of a dedicated table, and the operations on it.
 
 etcd promises one revision order over its whole keyspace, so the keyspace cannot be spread over
-hash ranges: it is the single range of table `etcd/keyspace` (created at start if missing), and
+hash ranges: it is the single range of table `etcd/NAME` (`etcd/keyspace` for `--etcd-port`,
+more with `--etcd-keyspaces`; created at start if missing), and
 its revisions are that range's log positions. Writes are logged as etcd txns (see `etcd.apply`);
 reads run synchronously on the range's applied state, so they are linearizable on the range's
 owner. Leases are the range's sessions (a lease id is the revision that created it).
@@ -23,7 +24,7 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.etcd.apply import run_read_only_txn
 from tablekeeper_server.etcd.errors import EtcdError
-from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
+from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, KEYSPACE_PKEY
 from tablekeeper_server.etcd.state import PastView, StoreView, do_range
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.frontends import ensure_table
@@ -32,16 +33,22 @@ from tablekeeper_server.rpc.proxy import Forwarder
 log = logging.getLogger(__name__)
 
 NAMESPACE = "etcd"
-TABLE = "keyspace"
 CLUSTER_ID = 0x746B6574636431  # "tketcd1"
 MEMBER_ID = 0x746B31  # "tk1"
 OPEN_RETRY_S_MAX = 2.0
 
 
 class Keyspace:
-    def __init__(self, registry: ContainerRegistry, forwarder: Forwarder | None = None) -> None:
-        """`forwarder`: cluster mode (the root range may be on another server)."""
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        forwarder: Forwarder | None = None,
+        name: str = DEFAULT_KEYSPACE,
+    ) -> None:
+        """`forwarder`: cluster mode (the root range may be on another server). `name`: the
+        keyspace's table in namespace `etcd`."""
         self.registry = registry
+        self.name = name
         self.stream_id = 0
         self._forwarder = forwarder
         self._opening: asyncio.Task[None] | None = None
@@ -64,9 +71,9 @@ class Keyspace:
         conf = stream_pb2.StreamConfiguration(
             min_num_ranges=1, initial_num_ranges=1, storage_type=stream_pb2.TABLE
         )
-        props = await ensure_table(self.registry, self._forwarder, NAMESPACE, TABLE, conf)
+        props = await ensure_table(self.registry, self._forwarder, NAMESPACE, self.name, conf)
         self.stream_id = props.stream_id
-        log.info("etcd keyspace: table %s/%s (id %d)", NAMESPACE, TABLE, self.stream_id)
+        log.info("etcd keyspace: table %s/%s (id %d)", NAMESPACE, self.name, self.stream_id)
         if self._forwarder is None:
             await self.range()
 
@@ -77,7 +84,7 @@ class Keyspace:
                 await self._open_table()
                 return
             except Exception as exc:  # the root range has no owner yet, or it is starting
-                log.info("etcd keyspace not reachable yet (%s); retrying", exc)
+                log.info("etcd keyspace %s not reachable yet (%s); retrying", self.name, exc)
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, OPEN_RETRY_S_MAX)
 

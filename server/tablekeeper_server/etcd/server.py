@@ -23,6 +23,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
 from tablekeeper_server.etcd.errors import ERRORS, EtcdError
+from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE
 from tablekeeper_server.etcd.keyspace import Keyspace
 from tablekeeper_server.etcd.servicers import (
     PROGRESS_INTERVAL_S,
@@ -45,7 +46,15 @@ from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
 FRONT_END = "etcd"
-"""The name this front-end's address is published under in cluster membership."""
+"""The name this front-end's address is published under in cluster membership (for the default
+keyspace; see `front_end_name`)."""
+
+
+def front_end_name(keyspace: str) -> str:
+    """What a server publishes its port of `keyspace` under in cluster membership."""
+    return FRONT_END if keyspace == DEFAULT_KEYSPACE else f"{FRONT_END}/{keyspace}"
+
+
 PASSED_THROUGH = method_kinds(
     service
     for service in rpc_pb2.DESCRIPTOR.services_by_name.values()
@@ -74,11 +83,13 @@ class EtcdServer:
         progress_interval_s: float = PROGRESS_INTERVAL_S,
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
+        keyspace: str = DEFAULT_KEYSPACE,
     ) -> None:
-        """`forwarder` and `peers`: cluster mode (`forwarder` reaches the root range's owner,
+        """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
+        cluster mode (`forwarder` reaches the root range's owner,
         `peers` the other servers' etcd ports). `namespace_bits`: a role's permissions on a
         namespace (the root range's, here or on its owner), decisions cached `access_cache_s`."""
-        self.keyspace = Keyspace(registry, forwarder)
+        self.keyspace = Keyspace(registry, forwarder, keyspace)
         self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
         # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.
@@ -172,7 +183,9 @@ class EtcdServer:
             raise NoOwnerError(f"container {container_id} has no other owner right now")
         address = await self._peers.address(owner)
         if address is None:
-            raise NoOwnerError(f"{owner} does not serve etcd (or is gone)")
+            raise NoOwnerError(
+                f"{owner} does not serve etcd keyspace {self.keyspace.name} (or is gone)"
+            )
         return address
 
     def _root_container(self) -> int | None:
