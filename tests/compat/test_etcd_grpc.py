@@ -91,8 +91,19 @@ def test_errors_have_etcds_codes_and_messages(channel: grpc.Channel) -> None:
         grpc.StatusCode.INVALID_ARGUMENT,
         "etcdserver: too many operations in txn request",
     )
-    code, _ = status_of(lambda: lease.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=10, ID=7)))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT  # a client-chosen lease ID: not supported
+    # A lease ID the client chose: granted as asked, and refused as etcd does while in use.
+    chosen = 0x7AB000000001
+    granted = lease.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=10, ID=chosen))
+    assert chosen == granted.ID and granted.TTL == 10
+    assert status_of(lambda: lease.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=10, ID=chosen))) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "etcdserver: lease already exists",
+    )
+    kv.Put(rpc_pb2.PutRequest(key=b"err/leased", value=b"v", lease=chosen))
+    lease.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=chosen))
+    assert not kv.Range(rpc_pb2.RangeRequest(key=b"err/leased")).kvs
+    assert chosen == lease.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=10, ID=chosen)).ID
+    lease.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=chosen))
     assert status_of(lambda: kv.Compact(rpc_pb2.CompactionRequest(revision=10**9)))[0] == (
         grpc.StatusCode.OUT_OF_RANGE
     )

@@ -313,8 +313,10 @@ def test_keyspaces_on_ports_of_their_own_are_independent(tmp_path: Path) -> None
         assert in_main["kvs"][0]["version"] == 3 and in_apps["kvs"][0]["version"] == 1
         assert in_apps["header"]["revision"] < in_main["header"]["revision"]
         # A watch on one keyspace never sees the other's changes: the main keyspace's put comes
-        # first, so had it leaked it would be the first event printed.
-        process = _watch(apps, "shared/k")
+        # first, so had it leaked it would be the first event printed. (From the next revision
+        # on, so that the watch need not be registered before the puts.)
+        next_revision = str(in_apps["header"]["revision"] + 1)
+        process = _watch(apps, "shared/k", f"--rev={next_revision}")
         try:
             lines = _Lines(process)
             etcdctl(main, "put", "shared/k", "main-2")

@@ -71,8 +71,11 @@ class Keyspace:
             raise EtcdError(result.error)
         return result.response
 
-    def lease(self, ttl_ms: int = 5000) -> int:
-        command = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms))
+    def lease(self, ttl_ms: int = 5000, chosen: int = 0) -> int:
+        """The new lease's id; 0 if `chosen` was refused (in use)."""
+        command = wal_pb2.WalCommand(
+            session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms, create_id=chosen)
+        )
         response = self.command(command)
         return int(response.session_id)  # type: ignore[attr-defined]
 
@@ -268,6 +271,24 @@ def test_compact_survives_replay_and_restart() -> None:
     reopened = RangeStateMachine(ks.store, history=EventHistory(ks.store))
     assert StoreView(reopened).compacted == 4
     assert reopened.history is not None and reopened.history.trimmed_through == 3
+
+
+def test_leases_with_ids_the_client_chose() -> None:
+    ks = Keyspace()
+    ks.put(b"a", b"1")
+    # The next command's revision is 2: a client takes that id first, so the lease granted
+    # with ID 0 at revision 3 ... and one chosen as 3 pushes the next server-picked id along.
+    assert ks.lease(chosen=3) == 3
+    step = 1 << 48
+    assert ks.lease() == 3 + step
+    assert ks.lease(chosen=3) == 0  # in use: refused
+    ks.put(b"b", b"1", lease=3)
+    ks.revoke(3)
+    assert not ks.get(b"b").kvs
+    assert ks.lease(chosen=3) == 3  # free again
+    replayed = RangeStateMachine(MemoryKvStore())
+    replayed.apply_batch(ks.log)
+    assert list(replayed.store.scan(b"", b"\xff")) == list(ks.store.scan(b"", b"\xff"))
 
 
 def test_replay_gives_the_same_state() -> None:

@@ -36,6 +36,7 @@ ERRORS: dict[str, tuple[grpc.StatusCode, str]] = {
         "etcdserver: mvcc: required revision is a future revision",
     ),
     "lease_not_found": (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found"),
+    "lease_exists": (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: lease already exists"),
     "lease_ttl_too_large": (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: too large lease TTL"),
     "request_too_large": (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large"),
     "stopped": (grpc.StatusCode.UNAVAILABLE, "etcdserver: server stopped"),

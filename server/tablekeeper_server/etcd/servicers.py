@@ -17,6 +17,7 @@ import grpc
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.core.keys import prefix_end
 from tablekeeper_server.errors import (
+    Code,
     CompactedError,
     KeyNotFoundError,
     TableKeeperError,
@@ -167,8 +168,8 @@ class _Streams:
 
 class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
     """Leases are the keyspace range's sessions: granting one is a logged command (its id is
-    that command's revision); keep-alives only renew its in-memory deadline; revoking or expiry
-    deletes its keys through the log, each key a DELETE event."""
+    the client's choice, or that command's revision); keep-alives only renew its in-memory
+    deadline; revoking or expiry deletes its keys through the log, each key a DELETE event."""
 
     def __init__(self, keyspace: Keyspace) -> None:
         self._keyspace = keyspace
@@ -178,18 +179,19 @@ class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
         self, request: rpc_pb2.LeaseGrantRequest, context: Context
     ) -> rpc_pb2.LeaseGrantResponse:
         async def handle() -> rpc_pb2.LeaseGrantResponse:
-            if request.ID:
+            if request.ID < 0:
                 raise EtcdError(
-                    "lease_id_chosen",
+                    "negative_lease_id",
                     code=grpc.StatusCode.INVALID_ARGUMENT,
-                    message="tablekeeper: a lease ID chosen by the client is not supported "
-                    "(grant with ID 0)",
+                    message="tablekeeper: a lease ID must be positive (or 0: the server picks)",
                 )
             if request.TTL * 1000 > TTL_MS_MAX:
                 raise EtcdError("lease_ttl_too_large")
             ttl_s = max(LEASE_TTL_MIN_S, request.TTL)
             range_ = await self._keyspace.range()
-            created = await range_.sessions.create(ttl_s * 1000)
+            created = await range_.sessions.create(ttl_s * 1000, session_id=request.ID)
+            if created.header.code == Code.KEY_EXISTS:
+                raise EtcdError("lease_exists")
             if created.header.code:
                 raise EtcdError(
                     "grant", code=grpc.StatusCode.UNAVAILABLE, message="lease grant failed"

@@ -81,13 +81,18 @@ class SessionManager:
         heapq.heappush(self._heap, (deadline, session_id))
         self._wakeup.set()
 
-    async def create(self, ttl_ms: int, role: str | None = None) -> session_pb2.SessionResponse:
-        """Create a session through the log; its id is the revision of that command. `role`
-        (the authenticated caller) owns it: see `role_of`."""
+    async def create(
+        self, ttl_ms: int, role: str | None = None, session_id: int = 0
+    ) -> session_pb2.SessionResponse:
+        """Create a session through the log; its id is `session_id` if given (KEY_EXISTS if
+        it is in use), else the revision of that command. `role` (the authenticated caller)
+        owns it: see `role_of`."""
         if not TTL_MS_MIN <= ttl_ms <= TTL_MS_MAX:
             raise BadRequestError(f"session TTL must be {TTL_MS_MIN}..{TTL_MS_MAX} ms")
         command = wal_pb2.WalCommand(
-            session=wal_pb2.SessionCommand(create_ttl_ms=ttl_ms, role=role or "")
+            session=wal_pb2.SessionCommand(
+                create_ttl_ms=ttl_ms, role=role or "", create_id=session_id
+            )
         )
         response = await self._execute(command)
         assert isinstance(response, session_pb2.SessionResponse)

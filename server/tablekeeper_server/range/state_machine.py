@@ -64,6 +64,9 @@ def sequence_counter_key(pkey: bytes) -> bytes:
 
 
 SESSION_PREFIX = system_key(b"ss/")
+_SESSION_ID_STEP = 1 << 48
+"""A session's id is its command's revision, or (if a client chose that id before) the first
+free one of revision + k * step (deterministic, so replay agrees)."""
 _MEMBER_PREFIX = system_key(b"se/")
 _OWNER_PREFIX = system_key(b"sk/")
 _SESSION_ROLE_PREFIX = system_key(b"sr/")
@@ -683,13 +686,21 @@ class RangeStateMachine:
         command: wal_pb2.SessionCommand,
     ) -> session_pb2.SessionResponse:
         if command.WhichOneof("op") == "create_ttl_ms":
-            view.put(session_key(revision), _number_record(revision, command.create_ttl_ms))
+            session_id = command.create_id
+            if session_id:
+                if session_id < 0 or view.get(session_key(session_id)) is not None:
+                    return session_pb2.SessionResponse(header=_header(Code.KEY_EXISTS))
+            else:
+                session_id = revision
+                while view.get(session_key(session_id)) is not None:  # a chosen id took it
+                    session_id += _SESSION_ID_STEP
+            view.put(session_key(session_id), _number_record(revision, command.create_ttl_ms))
             if command.role:
                 role = StoredRecord(0, revision, 0, False, 0, command.role.encode())
-                view.put(session_role_key(revision), role)
+                view.put(session_role_key(session_id), role)
             view.sessions += 1
             return session_pb2.SessionResponse(
-                header=_header(Code.SUCCESS), session_id=revision, ttl_ms=command.create_ttl_ms
+                header=_header(Code.SUCCESS), session_id=session_id, ttl_ms=command.create_ttl_ms
             )
         session_id = command.close_id
         skey = session_key(session_id)

@@ -98,6 +98,7 @@ class SessionCommand(_message.Message):
     CLOSE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    CREATE_ID_FIELD_NUMBER: _builtins.int
     create_ttl_ms: _builtins.int
     """Create a session with this TTL; its id is the command's revision."""
     close_id: _builtins.int
@@ -108,6 +109,10 @@ class SessionCommand(_message.Message):
     """With create: the authenticated role that created it (empty: authentication off). Only that
     role (or a superuser) may keep it alive or close it.
     """
+    create_id: _builtins.int
+    """With create: the id the client chose (etcd's LeaseGrant ID); 0 = the command's revision. A
+    chosen id that is in use refuses the command (KEY_EXISTS).
+    """
     def __init__(
         self,
         *,
@@ -115,10 +120,11 @@ class SessionCommand(_message.Message):
         close_id: _builtins.int = ...,
         reason: _builtins.str = ...,
         role: _builtins.str = ...,
+        create_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_id", b"create_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["create_ttl_ms", "close_id"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
