@@ -207,11 +207,6 @@ class ServerConfig:
             )
         if self.containers < self.workers:
             raise ValueError(f"--workers {self.workers} needs at least as many --containers")
-        if self.etcd_keyspace_ports or self.oxia_port:
-            raise ValueError(
-                "the etcd and Oxia ports are served by one process: use --workers 1 with "
-                "--etcd-port or --oxia-port"
-            )
 
     def _validate_cluster(self) -> None:
         if not self.cluster or "/" in self.cluster:
@@ -343,7 +338,7 @@ PROCESS_SETTINGS = (
         INT,
         "workers",
         "server processes sharing the containers, each with its own port and core, 0 = one "
-        "per core; the etcd and Oxia ports need 1",
+        "per core",
     ),
     _s(
         "event-loop",

@@ -52,6 +52,7 @@ from tablekeeper_server.metrics import (
     TableLabels,
     TableNames,
 )
+from tablekeeper_server.oxia.server import FRONT_END as OXIA_FRONT_END
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
@@ -62,7 +63,7 @@ from tablekeeper_server.security.access import ACCESS_CACHE_S, AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore
-from tablekeeper_server.workers import supervise, worker_argv
+from tablekeeper_server.workers import WorkerSlot, supervise, worker_argv
 
 if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): only with --zk
     from tablekeeper_server.cluster.member import ClusterMember
@@ -278,7 +279,9 @@ async def serve(config: ServerConfig) -> None:
         if authenticator is not None
         else None
     )
-    front = _FrontEndSecurity(tls, authenticator, metrics, admin, config.cluster_mode)
+    # Cluster mode and workers: the root range may be in another process.
+    root_elsewhere = config.cluster_mode or worker is not None
+    front = _FrontEndSecurity(tls, authenticator, metrics, admin, root_elsewhere)
     if access is not None:
         main_access = access
 
@@ -362,10 +365,18 @@ async def serve(config: ServerConfig) -> None:
             await registry.start()
         # Before health says SERVING: a client that waited for it finds the etcd port open.
         for keyspace, port in config.etcd_keyspace_ports.items():
-            peers = _front_end_peers(front_end_name(keyspace), coordinator, member, server)
+            name = front_end_name(keyspace)
+            peers = _front_end_peers(name, coordinator, member, worker, server)
+            port = _front_end_port(worker, name, port)
             etcds.append(await _start_etcd(config, registry, front, peers, keyspace, port))
         oxia = (
-            await _start_oxia(config, registry, front, _oxia_peers(coordinator, member, server))
+            await _start_oxia(
+                config,
+                registry,
+                front,
+                _front_end_peers(OXIA_FRONT_END, coordinator, member, worker, server),
+                _front_end_port(worker, OXIA_FRONT_END, config.oxia_port),
+            )
             if config.oxia_port
             else None
         )
@@ -475,14 +486,15 @@ class _FrontEndSecurity:
     authenticator: Authenticator | None
     metrics: ServerMetrics
     admin: AdminServicer
-    cluster_mode: bool
+    root_elsewhere: bool
+    """Cluster mode or a worker: the root range may be in another process."""
     accesses: list[AccessControl] = field(default_factory=list)
 
     @property
     def cache_s(self) -> float:
-        """Standalone: a grant applies to the next call. Cluster mode: each check would be a
-        call to the root range's owner, so decisions are kept as long as the gRPC port's."""
-        return ACCESS_CACHE_S if self.cluster_mode else 0.0
+        """One process: a grant applies to the next call. Otherwise each check could be a call
+        to the root range's owner, so decisions are kept as long as the gRPC port's."""
+        return ACCESS_CACHE_S if self.root_elsewhere else 0.0
 
     def interceptors(self) -> list[AuthInterceptor]:
         if self.authenticator is None:
@@ -506,23 +518,46 @@ class _FrontEndSecurity:
             access.forget()
 
 
-def _oxia_peers(
-    coordinator: ZkCoordinator | None, member: ClusterMember | None, server: GrpcServer
-) -> tuple[Forwarder, FrontEndPeers] | None:
-    """Cluster mode: how the Oxia front-end reads the catalog ranges' owners (the forwarder)
-    and finds the other servers' Oxia ports, its shards' leaders."""
-    return _front_end_peers("oxia", coordinator, member, server)
+def _front_end_port(worker: WorkerSlot | None, name: str, port: int) -> int:
+    """The port this process serves front-end `name` on: the configured one, or (a worker)
+    the one its supervisor gave it."""
+    if worker is None:
+        return port
+    given = worker.frontend_port(name)
+    assert given is not None, f"the supervisor gave worker {worker.index} no port for {name}"
+    return given
+
+
+def front_end_ports(config: ServerConfig) -> dict[str, int]:
+    """Front-end name -> configured port, of every front-end this server serves."""
+    ports = {front_end_name(ks): port for ks, port in config.etcd_keyspace_ports.items()}
+    if config.oxia_port:
+        ports[OXIA_FRONT_END] = config.oxia_port
+    return ports
 
 
 def _front_end_peers(
     name: str,
     coordinator: ZkCoordinator | None,
     member: ClusterMember | None,
+    worker: WorkerSlot | None,
     server: GrpcServer,
 ) -> tuple[Forwarder, FrontEndPeers] | None:
-    """Cluster mode: how front-end `name` (an etcd keyspace, Oxia) reaches the root range's
-    owner (the forwarder) and the other servers' ports of it (their ZooKeeper registrations)."""
-    if coordinator is None or member is None or server.forwarder is None:
+    """Cluster mode and `--workers`: how front-end `name` (an etcd keyspace, Oxia) reaches the
+    root range's owner (the forwarder) and the other servers' (workers') ports of it (their
+    ZooKeeper registrations; the supervisor's plan)."""
+    if server.forwarder is None:
+        return None
+    if worker is not None:
+        endpoints = list(worker.endpoints)
+        return server.forwarder, FrontEndPeers(
+            name,
+            worker.endpoints[worker.index],
+            worker.owner_of,
+            worker.frontends_of,
+            lambda: endpoints,
+        )
+    if coordinator is None or member is None:
         return None
     peers = FrontEndPeers(
         name,
@@ -569,13 +604,14 @@ async def _start_oxia(
     registry: ContainerRegistry,
     front: _FrontEndSecurity,
     cluster: tuple[Forwarder, FrontEndPeers] | None,
+    port: int,
 ) -> OxiaServer:
-    """Oxia's client protocol on `--oxia-port` (namespace `default` created on first start).
-    `cluster`: cluster mode (shard leaders are their containers' owners)."""
+    """Oxia's client protocol on `port` (namespace `default` created on first start).
+    `cluster`: cluster mode or a worker (shard leaders are their containers' owners)."""
     oxia = OxiaServer(
         registry,
         bind_host=config.bind_host,
-        port=config.oxia_port,
+        port=port,
         advertised_host=config.advertised_host,
         key_bytes_max=config.limits.key_bytes_max,
         value_bytes_max=config.limits.value_bytes_max,
@@ -673,6 +709,7 @@ def run(config: ServerConfig) -> int:
                 port=config.port,
                 argv=worker_argv(server_args),
                 env=worker_env,
+                frontend_ports=front_end_ports(config),
             )
         finally:
             os.close(lock_fd)

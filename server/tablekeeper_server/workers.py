@@ -22,8 +22,10 @@ restarts (each worker's command line shows the whole configuration it runs with)
 
 The workers own disjoint containers, hence disjoint range logs, stores and checkpoints in the
 shared data directory; nothing is shared between the processes but that directory.
-Not in worker mode: cluster mode (`--zk`), and the etcd and Oxia ports (their keyspaces are
-served in one process; see README).
+The etcd and Oxia ports work as in cluster mode: worker 0 listens on the configured ports,
+every other worker on free ones; an etcd keyspace is served by the worker owning its range's
+container (the others, worker 0 included, pass calls through to it), and each Oxia shard's
+leader is the worker owning its container. Not in worker mode: cluster mode (`--zk`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,9 @@ class WorkerSlot:
 
     index: int
     endpoints: tuple[str, ...]
+    frontends: tuple[dict[str, str], ...] = field(default=(), hash=False)
+    """By worker index: front-end name (an etcd keyspace, `oxia`) -> that worker's address of it
+    (worker 0 has the configured ports, the others free ones)."""
 
     @property
     def count(self) -> int:
@@ -79,8 +84,27 @@ class WorkerSlot:
     def siblings(self) -> list[str]:
         return [e for i, e in enumerate(self.endpoints) if i != self.index]
 
+    def frontends_of(self, endpoint: str) -> dict[str, str] | None:
+        """The front-end addresses of the worker at `endpoint` (None: no such worker)."""
+        if endpoint not in self.endpoints:
+            return None
+        index = self.endpoints.index(endpoint)
+        return self.frontends[index] if index < len(self.frontends) else {}
+
+    def frontend_port(self, name: str) -> int | None:
+        """This worker's port of front-end `name` (None: not served)."""
+        own = self.frontends[self.index] if self.index < len(self.frontends) else {}
+        address = own.get(name)
+        return None if address is None else int(address.rsplit(":", 1)[1])
+
     def to_env(self) -> str:
-        return json.dumps({"index": self.index, "endpoints": list(self.endpoints)})
+        return json.dumps(
+            {
+                "index": self.index,
+                "endpoints": list(self.endpoints),
+                "frontends": list(self.frontends),
+            }
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerSlot | None:
@@ -88,7 +112,11 @@ class WorkerSlot:
         if not raw:
             return None
         doc = json.loads(raw)
-        return cls(int(doc["index"]), tuple(str(e) for e in doc["endpoints"]))
+        return cls(
+            int(doc["index"]),
+            tuple(str(e) for e in doc["endpoints"]),
+            tuple({str(k): str(v) for k, v in f.items()} for f in doc.get("frontends", ())),
+        )
 
 
 def _end_with_parent() -> None:
@@ -147,14 +175,23 @@ def supervise(
     port: int,
     argv: list[str],
     env: Mapping[str, str],
+    frontend_ports: Mapping[str, int] | None = None,
 ) -> int:
     """Run `workers` worker processes (each `argv` in environment `env`, told its slot in
     `ENV_VAR`) until SIGTERM/SIGINT; return the exit status. The caller holds the data
     directory's lock. Every (re)start of a worker uses the same `argv` and `env`: a worker
-    started again runs with the configuration the supervisor started with."""
+    started again runs with the configuration the supervisor started with. `frontend_ports`:
+    front-end name -> its configured port (worker 0's; the others get free ones)."""
     ports = [port] + [_free_port(bind_host) for _ in range(workers - 1)]
     endpoints = tuple(f"{advertised_host}:{p}" for p in ports)
-    children = [_Worker(WorkerSlot(i, endpoints), argv, env) for i in range(workers)]
+    frontends = tuple(
+        {
+            name: f"{advertised_host}:{public if i == 0 else _free_port(bind_host)}"
+            for name, public in (frontend_ports or {}).items()
+        }
+        for i in range(workers)
+    )
+    children = [_Worker(WorkerSlot(i, endpoints, frontends), argv, env) for i in range(workers)]
     stopping: list[int] = []
 
     def on_stop(signum: int, _: FrameType | None) -> None:

@@ -3,22 +3,27 @@
 Each worker hosts its share of the containers on its own port; GetStorageContainerEndpoint names
 the owner, so routing clients go straight to it, and a request sent to the wrong worker is
 forwarded. A worker killed with -9 is started again and loses nothing acknowledged; SIGTERM to
-the server stops every worker."""
+the server stops every worker. The etcd and Oxia ports work with workers too."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import grpc
 import pytest
 
 from tablekeeper import Client
+from tablekeeper.routing import RangeInfo, RangeRouter
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
-from tests.support.server import SERVER_COMMAND, ServerProcess
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.etcd import rpc_pb2
+from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
+from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
+from tests.integration.test_etcd_cluster import Etcd, retry_unavailable
+from tests.support.oxia import shard_leaders
+from tests.support.server import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -117,21 +122,111 @@ def test_a_killed_worker_is_restarted_and_loses_nothing(workers: ServerProcess) 
         )
 
 
-def test_workers_refuse_the_etcd_and_oxia_ports(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            str(SERVER_COMMAND),
-            "server",
-            "--data-dir",
-            str(tmp_path),
-            "--workers",
-            "2",
-            "--etcd-port",
-            "1",
+def test_the_etcd_and_oxia_ports_are_served_by_every_worker(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """Worker 0 listens on the configured etcd and Oxia ports, the others on their own: an etcd
+    keyspace is served by the worker owning its range (worker 0 passes calls through to it),
+    each Oxia shard's leader is the worker owning its container. A worker killed with -9 comes
+    back on the same ports with everything acknowledged."""
+    keyspaces = {"keyspace": free_port(), **{name: free_port() for name in ("a", "b", "c")}}
+    oxia_port = free_port()
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=[
+            *("--workers", str(WORKERS), "--containers", "2"),
+            *("--etcd-port", str(keyspaces["keyspace"])),
+            *(
+                "--etcd-keyspaces",
+                ",".join(f"{n}={p}" for n, p in keyspaces.items() if n != "keyspace"),
+            ),
+            *("--oxia-port", str(oxia_port)),
         ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
     )
-    assert result.returncode == 2
-    assert "--workers 1" in result.stderr
+    server_factory.append(server)
+    server.start()
+    etcd = {name: Etcd(f"127.0.0.1:{port}") for name, port in keyspaces.items()}
+    try:
+        for stub in etcd.values():
+            retry_unavailable(lambda stub=stub: stub.get("probe"))  # type: ignore[misc]
+        # Four keyspace tables (and Oxia's) made at start, one range each over two containers:
+        # both workers serve some.
+        owners = {name: keyspace_container(server.target, name) % WORKERS for name in etcd}
+        assert set(owners.values()) == {0, 1}, owners
+        for name, stub in etcd.items():
+            for i in range(10):
+                stub.put(f"k/{i}", f"{name}-{i}")
+            members = stub.cluster.MemberList(rpc_pb2.MemberListRequest(), timeout=TIMEOUT_S)
+            assert len(members.members) == WORKERS
+        leaders = shard_leaders(f"127.0.0.1:{oxia_port}", "default")
+        assert len(set(leaders.values())) == WORKERS, leaders  # a leader in each worker
+        for shard, leader in leaders.items():
+            assert oxia_put(leader, shard, f"/w/{shard}", b"v").status == client_pb2.OK
+
+        assert server.process is not None
+        supervisor = server.process.pid
+        victim = _children(supervisor)[1]  # worker 1
+        os.kill(victim, signal.SIGKILL)
+        server.wait_for(
+            lambda: len(_children(supervisor)) == WORKERS and victim not in _children(supervisor),
+            "the killed worker to be started again",
+        )
+        for name, stub in etcd.items():
+            got = retry_unavailable(lambda stub=stub: stub.get("k/", prefix=True))  # type: ignore[misc]
+            assert [kv.value.decode() for kv in got.kvs] == [f"{name}-{i}" for i in range(10)]
+        assert shard_leaders(f"127.0.0.1:{oxia_port}", "default") == leaders  # same ports
+        for shard, leader in leaders.items():
+            got = retry_unavailable(lambda s=shard, a=leader: oxia_get(a, s, f"/w/{s}"))  # type: ignore[misc]
+            assert got.status == client_pb2.OK and got.value == b"v"
+    finally:
+        for stub in etcd.values():
+            stub.close()
+    assert server.stop() == 0
+
+
+def keyspace_container(target: str, keyspace: str) -> int:
+    """The container of the range of table etcd/KEYSPACE that holds the keyspace."""
+    with grpc.insecure_channel(target) as channel:
+        found = storage_pb2_grpc.RootRangeServiceStub(channel).GetStream(
+            storage_pb2.GetStreamRequest(
+                stream_name=stream_pb2.StreamName(namespace_name="etcd", stream_name=keyspace)
+            ),
+            timeout=TIMEOUT_S,
+        )
+        assert found.code == storage_pb2.SUCCESS, found
+        ranges = storage_pb2_grpc.MetaRangeServiceStub(channel).GetActiveRanges(
+            storage_pb2.GetActiveRangesRequest(stream_id=found.stream_props.stream_id),
+            timeout=TIMEOUT_S,
+        )
+    router = RangeRouter(
+        [
+            RangeInfo(
+                r.props.range_id,
+                r.props.start_hash_key,
+                r.props.end_hash_key,
+                r.props.storage_container_id,
+            )
+            for r in ranges.ranges
+        ]
+    )
+    return router.route(KEYSPACE_PKEY).container_id
+
+
+def oxia_put(address: str, shard: int, key: str, value: bytes) -> client_pb2.PutResponse:
+    with grpc.insecure_channel(address) as channel:
+        request = client_pb2.WriteRequest(
+            shard=shard, puts=[client_pb2.PutRequest(key=key, value=value)]
+        )
+        response = client_pb2_grpc.OxiaClientStub(channel).Write(request, timeout=TIMEOUT_S)
+    put: client_pb2.PutResponse = response.puts[0]
+    return put
+
+
+def oxia_get(address: str, shard: int, key: str) -> client_pb2.GetResponse:
+    with grpc.insecure_channel(address) as channel:
+        request = client_pb2.ReadRequest(
+            shard=shard, gets=[client_pb2.GetRequest(key=key, include_value=True)]
+        )
+        (response,) = list(client_pb2_grpc.OxiaClientStub(channel).Read(request, timeout=TIMEOUT_S))
+    got: client_pb2.GetResponse = response.gets[0]
+    return got

@@ -44,16 +44,11 @@ def test_the_oxia_port_is_allowed_in_cluster_mode() -> None:
     replace(CLUSTER, oxia_port=6648).validate()
 
 
-def test_workers_still_refuse_the_oxia_port() -> None:
-    config = ServerConfig(workers=2, containers=2, oxia_port=6648)
-    with pytest.raises(ValueError, match="--workers 1 with"):
-        config.validate()
-
-
-def test_workers_still_refuse_the_etcd_port() -> None:
-    config = ServerConfig(workers=2, containers=2, etcd_port=2379)
-    with pytest.raises(ValueError, match="--workers 1 with"):
-        config.validate()
+def test_workers_serve_the_etcd_and_oxia_ports() -> None:
+    """tests/integration/test_workers.py runs them."""
+    ServerConfig(
+        workers=2, containers=2, etcd_port=2379, etcd_keyspaces=("apps=2381",), oxia_port=6648
+    ).validate()
 
 
 def test_etcd_keyspaces_each_on_a_port_of_their_own() -> None:
@@ -83,8 +78,3 @@ def test_bad_etcd_keyspaces_are_refused(keyspaces: tuple[str, ...], message: str
     with pytest.raises(ValueError, match=re.escape(message)):
         config.validate()
 
-
-def test_workers_refuse_etcd_keyspaces() -> None:
-    config = ServerConfig(workers=2, containers=2, etcd_keyspaces=("apps=2381",))
-    with pytest.raises(ValueError, match="--workers 1 with"):
-        config.validate()
