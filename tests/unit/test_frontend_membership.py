@@ -77,4 +77,3 @@ def test_bad_etcd_keyspaces_are_refused(keyspaces: tuple[str, ...], message: str
     config = ServerConfig(etcd_port=2379, etcd_keyspaces=keyspaces)
     with pytest.raises(ValueError, match=re.escape(message)):
         config.validate()
-
