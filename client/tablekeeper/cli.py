@@ -302,10 +302,10 @@ def _stand_in(subparsers: Any, command: str, name: str, help_text: str | None, r
 def _add_cluster_commands(commands: _Commands) -> None:
     parser = commands.add(
         "cluster",
-        "the cluster's state (status); init its metadata in ZooKeeper (with the server)",
+        "the cluster's state (status); init or grow it in ZooKeeper (with the server)",
         description="`status` asks a server of --service for the cluster's state (no ZooKeeper "
-        "needed here). `init` creates a cluster's metadata in ZooKeeper; it comes with the "
-        "server package.",
+        "needed here). `init` creates a cluster's metadata in ZooKeeper and `add-containers` "
+        "raises its number of storage containers; they come with the server package.",
     )
     actions = commands.group(parser, "cluster_command")
     _add_plugins(

@@ -110,15 +110,13 @@ def register_cluster_init(actions: Any) -> None:
     init = actions.add_parser(
         "init",
         help="create the cluster's metadata in ZooKeeper (once; idempotent)",
-        description="Create cluster NAME's metadata in ZooKeeper with a fixed number of storage "
-        "containers. Running it again with the same number does nothing; a different number "
-        "is refused.",
+        description="Create cluster NAME's metadata in ZooKeeper with a number of storage "
+        "containers. Running it again does nothing if the cluster has at least that many "
+        "(`add-containers` adds more); asking for more than it has is refused.",
     )
     init.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
     init.add_argument("--cluster", required=True, help="cluster name")
-    init.add_argument(
-        "--containers", type=int, required=True, help="number of storage containers (fixed)"
-    )
+    init.add_argument("--containers", type=int, required=True, help="number of storage containers")
     init.add_argument(
         "-o",
         "--output",
@@ -129,10 +127,57 @@ def register_cluster_init(actions: Any) -> None:
     init.set_defaults(run=_cluster_init)
 
 
-def _cluster_init(args: argparse.Namespace) -> int:
-    from tablekeeper_server.cluster.zookeeper import ClusterError, ZkCoordinator
+def register_cluster_add_containers(actions: Any) -> None:
+    """Add `add-containers` to the `cluster` group of the CLI (it writes the cluster's metadata
+    in ZooKeeper, so it comes with the server package, like `init`)."""
+    add = actions.add_parser(
+        "add-containers",
+        help="raise the number of storage containers of a running cluster",
+        description="Add N storage containers to cluster NAME. The servers assign them at once "
+        "(see `tablekeeper cluster status`) and place new tables over all the containers; "
+        "existing tables keep their ranges. Containers are never removed.",
+    )
+    add.add_argument("count", type=int, metavar="N", help="how many containers to add")
+    add.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
+    add.add_argument("--cluster", required=True, help="cluster name")
+    add.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "table"),
+        default=argparse.SUPPRESS,  # else the CLI's global -o / TABLEKEEPER_OUTPUT
+        help="json: one JSON object; text and table: a sentence",
+    )
+    add.set_defaults(run=_cluster_add_containers)
 
-    as_json = getattr(args, "output", "text") == "json"
+
+def _cluster_add_containers(args: argparse.Namespace) -> int:
+    from tablekeeper_server.cluster.zookeeper import ClusterError
+
+    if args.count < 1:
+        print("error: add at least one storage container", file=sys.stderr)
+        return EXIT_USAGE
+    coordinator = _coordinator(args)
+    if isinstance(coordinator, int):
+        return coordinator
+    try:
+        before, after = coordinator.add_containers(args.count)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        coordinator.stop()
+    if getattr(args, "output", "text") == "json":
+        print(json.dumps({"cluster": args.cluster, "before": before, "containers": after}))
+    else:
+        print(f"cluster {args.cluster}: {before} -> {after} storage containers")
+    return EXIT_OK
+
+
+def _coordinator(args: argparse.Namespace) -> Any:
+    """A started coordinator of `args.cluster` at `args.zk`, or the exit status after an error
+    (printed)."""
+    from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+
     try:
         coordinator = ZkCoordinator(args.zk, args.cluster)
     except ValueError as exc:
@@ -143,18 +188,27 @@ def _cluster_init(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"error: cannot reach ZooKeeper at {args.zk}: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    return coordinator
+
+
+def _cluster_init(args: argparse.Namespace) -> int:
+    from tablekeeper_server.cluster.zookeeper import ClusterError
+
+    as_json = getattr(args, "output", "text") == "json"
+    coordinator = _coordinator(args)
+    if isinstance(coordinator, int):
+        return coordinator
     try:
         created = coordinator.init_cluster(args.containers)
+        containers = coordinator.num_containers()  # more than asked if the cluster has grown
     except (ClusterError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         coordinator.stop()
     if as_json:
-        print(
-            json.dumps({"cluster": args.cluster, "containers": args.containers, "created": created})
-        )
+        print(json.dumps({"cluster": args.cluster, "containers": containers, "created": created}))
     else:
         state = "initialised" if created else "already initialised"
-        print(f"cluster {args.cluster} {state} with {args.containers} storage containers")
+        print(f"cluster {args.cluster} {state} with {containers} storage containers")
     return EXIT_OK

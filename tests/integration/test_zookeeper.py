@@ -66,10 +66,40 @@ def test_cluster_init_is_idempotent_and_checked(connect: Callable[[], ZkCoordina
         zk.num_containers()
     assert zk.init_cluster(8) is True
     assert zk.init_cluster(8) is False
-    with pytest.raises(ClusterError, match="already exists with 8"):
+    assert zk.init_cluster(4) is False  # it has at least that many
+    with pytest.raises(ClusterError, match="already exists with 8.*add-containers"):
         zk.init_cluster(16)
     assert zk.num_containers() == 8
     assert zk.read_assignment() == ({}, 0)
+
+
+def test_adding_containers_is_a_compare_and_set_watched_by_servers(
+    connect: Callable[[], ZkCoordinator],
+) -> None:
+    admin, other = connect(), connect()
+    with pytest.raises(ClusterError, match="not initialised"):
+        admin.add_containers(1)
+    admin.init_cluster(4)
+    seen: list[int] = []
+    other.watch_num_containers(seen.append)
+    with pytest.raises(ValueError, match="at least one"):
+        admin.add_containers(0)
+    # Two writers at once: each addition counts (the loser of a race reads again).
+    results: list[tuple[int, int]] = []
+    writers = [
+        threading.Thread(target=lambda c=c: results.append(c.add_containers(2)))
+        for c in (admin, other)
+    ]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    assert sorted(results) == [(4, 6), (6, 8)]
+    assert admin.num_containers() == 8
+    wait_for(lambda: seen[-1:] == [8])
+    assert seen[0] == 4 and seen == sorted(seen)
+    # `cluster init` with the original number (a deployment script run again) is satisfied.
+    assert admin.init_cluster(4) is False
 
 
 def test_membership_follows_sessions(connect: Callable[[], ZkCoordinator]) -> None:

@@ -47,7 +47,10 @@ def place_range(stream_id: int, range_index: int, num_containers: int) -> int:
 
 
 class MetaCatalog:
-    def __init__(self, meta_range: Range, num_containers: int, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, meta_range: Range, num_containers: Callable[[], int], now_ms: Callable[[], int]
+    ) -> None:
+        """`num_containers()`: the cluster's containers now (new ranges are placed over them)."""
         self._kv = MetadataKv(meta_range)
         self._num_containers = num_containers
         self._now_ms = now_ms
@@ -79,7 +82,7 @@ class MetaCatalog:
                     start_hash_key=hash_range.start,
                     end_hash_key=hash_range.end,
                     range_id=MIN_DATA_RANGE_ID + i,
-                    storage_container_id=place_range(stream_id, i, self._num_containers),
+                    storage_container_id=place_range(stream_id, i, self._num_containers()),
                 )
                 for i, hash_range in enumerate(split)
             ]

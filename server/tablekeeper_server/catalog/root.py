@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Callable
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.kv import MetadataKv
@@ -73,9 +74,11 @@ def _stream_ns_key(stream_id: int) -> bytes:
 
 class RootCatalog:
     def __init__(
-        self, root_range: Range, num_containers: int, limits: Limits | None = None
+        self, root_range: Range, num_containers: Callable[[], int], limits: Limits | None = None
     ) -> None:
-        """`limits`: `name_bytes_max` bounds names, `table_ranges_max` a table's ranges."""
+        """`num_containers()`: the cluster's containers now (a new table's meta range goes to
+        one of them). `limits`: `name_bytes_max` bounds names, `table_ranges_max` a table's
+        ranges."""
         self._kv = MetadataKv(root_range)
         self._num_containers = num_containers
         self._limits = limits or Limits()
@@ -182,7 +185,7 @@ class RootCatalog:
             stream_id = MIN_DATA_STREAM_ID if last is None else _unlong(last) + 1
             props = stream_pb2.StreamProperties(
                 stream_id=stream_id,
-                storage_container_id=stream_id % self._num_containers,
+                storage_container_id=stream_id % self._num_containers(),
                 stream_name=name,
                 stream_conf=conf,
             )

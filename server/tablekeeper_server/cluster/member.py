@@ -70,7 +70,11 @@ class ClusterMember:
         def on_assignment(assignment: Assignment, version: int) -> None:  # on a kazoo thread
             loop.call_soon_threadsafe(self._on_assignment, assignment, version)
 
+        def on_containers(count: int) -> None:  # on a kazoo thread
+            loop.call_soon_threadsafe(self._on_containers, count)
+
         self._zk.add_state_listener(on_session)
+        self._zk.watch_num_containers(on_containers)
         await asyncio.to_thread(self._zk.register, self.endpoint)
         self._zk.run_for_controller(self.endpoint, Controller(self._zk).lead)
         self._zk.watch_assignment(on_assignment)
@@ -114,6 +118,14 @@ class ClusterMember:
         await self._registry.remove(container_id)
         if self._registry.suspended is None:
             await asyncio.to_thread(self._zk.release, container_id, self.endpoint, container.epoch)
+
+    def _on_containers(self, count: int) -> None:
+        """`cluster add-containers` raised the number of containers: new tables are placed
+        over all of them from now on (the controller assigns them)."""
+        current = self._registry.env.container_count
+        if count > current.value:
+            log.info("the cluster has %d storage containers now (was %d)", count, current.value)
+            current.value = count
 
     # ------------------------------------------------------------------ views
 

@@ -4,7 +4,8 @@ decisions are made by `placement` and by the serving code.
 
 Layout under `/tablekeeper/<cluster>`:
 
-    metadata              ClusterMetadata{num_storage_containers}; written once by `cluster init`
+    metadata              ClusterMetadata{num_storage_containers}; written by `cluster init`,
+                          raised by `cluster add-containers`
     servers/<endpoint>    ephemeral, one per live server (its gRPC host:port); its data is
                           "<endpoint>[ <front-end>=<host:port>...]": the protocol front-ends it
                           serves (etcd, oxia), so other servers can pass calls on to them
@@ -154,8 +155,9 @@ class ZkCoordinator:
     # ------------------------------------------------------------------ metadata
 
     def init_cluster(self, num_containers: int) -> bool:
-        """Create the cluster's nodes. True if created; False if it already exists with the same
-        number of containers; `ClusterError` if it exists with a different one."""
+        """Create the cluster's nodes. True if created; False if it already exists with at least
+        that many containers (it may have grown: `add_containers`); `ClusterError` if it exists
+        with fewer."""
         if num_containers < 1:
             raise ValueError("a cluster needs at least one storage container")
         metadata = cluster_pb2.ClusterMetadata(num_storage_containers=num_containers)
@@ -173,10 +175,10 @@ class ZkCoordinator:
         if not any(isinstance(r, Exception) for r in results):
             return True
         existing = self.num_containers()
-        if existing != num_containers:
+        if existing < num_containers:
             raise ClusterError(
                 f"cluster {self.root} already exists with {existing} containers, "
-                f"not {num_containers}"
+                f"not {num_containers} (more are added with `tablekeeper cluster add-containers`)"
             )
         return False
 
@@ -188,6 +190,41 @@ class ZkCoordinator:
                 f"cluster {self.root} is not initialised (run `tablekeeper cluster init`)"
             ) from exc
         return int(cluster_pb2.ClusterMetadata.FromString(raw).num_storage_containers)
+
+    def add_containers(self, more: int) -> tuple[int, int]:
+        """Raise the cluster's number of storage containers by `more` (a compare-and-set of the
+        metadata node, repeated if another writer got there first); (before, after). Servers
+        follow (`watch_num_containers`): the controller assigns the new containers and new
+        tables are placed over all of them. Containers are never removed (their data would
+        have to move first)."""
+        if more < 1:
+            raise ValueError("add at least one storage container")
+        path = f"{self.root}/metadata"
+        while True:
+            try:
+                raw, stat = self.zk.get(path)
+            except NoNodeError as exc:
+                raise ClusterError(
+                    f"cluster {self.root} is not initialised (run `tablekeeper cluster init`)"
+                ) from exc
+            metadata = cluster_pb2.ClusterMetadata.FromString(raw)
+            before = int(metadata.num_storage_containers)
+            metadata.num_storage_containers = before + more
+            try:
+                self.zk.set(path, metadata.SerializeToString(), version=stat.version)
+            except BadVersionError:
+                continue
+            log.info("cluster %s: storage containers %d -> %d", self.root, before, before + more)
+            return before, before + more
+
+    def watch_num_containers(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(number of containers)` now and whenever it changes."""
+
+        def on_change(raw: bytes | None, stat: object) -> None:
+            if raw is not None:
+                callback(int(cluster_pb2.ClusterMetadata.FromString(raw).num_storage_containers))
+
+        self.zk.DataWatch(f"{self.root}/metadata", on_change)
 
     # ------------------------------------------------------------------ membership
 
@@ -370,13 +407,14 @@ class Controller:
 
     def __init__(self, coordinator: ZkCoordinator) -> None:
         self._zk = coordinator
-        self._num_containers = coordinator.num_containers()
         self._changed = threading.Event()
 
     def reconcile(self) -> bool:
         """One compare-and-set round; True if the assignment is now what placement wants."""
         assignment, version = self._zk.read_assignment()
-        wanted = compute_assignment(self._zk.live_servers(), self._num_containers, assignment)
+        # Read each round: `cluster add-containers` may have raised it.
+        containers = self._zk.num_containers()
+        wanted = compute_assignment(self._zk.live_servers(), containers, assignment)
         if _nonempty(wanted) == _nonempty(assignment):
             return True
         if self._zk.write_assignment(wanted, version):
@@ -389,6 +427,7 @@ class Controller:
         few seconds, in case a change was missed) until `stop`."""
         log.info("this server is the controller now")
         self._zk.watch_servers(lambda _: self._changed.set())
+        self._zk.watch_num_containers(lambda _: self._changed.set())
         self._changed.set()
         clock = self._zk.clock
         last = 0.0

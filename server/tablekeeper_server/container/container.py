@@ -130,11 +130,21 @@ class OpenRangeLimit:
             self._logged_evictions = self.evictions
 
 
+@dataclass
+class ContainerCount:
+    """The cluster's number of storage containers. Fixed standalone; in cluster mode it grows
+    when `tablekeeper cluster add-containers` raises it (the member follows ZooKeeper), and new
+    tables are placed over all of them."""
+
+    value: int
+
+
 @dataclass(frozen=True)
 class ContainerEnv:
     """What every container of a server shares. Built once, in `main`."""
 
     num_containers: int
+    """The number of storage containers at start (`containers()` is the current one)."""
     log_backend: LogBackend
     store_factory: StoreOpener
     db_dir: Path
@@ -156,6 +166,16 @@ class ContainerEnv:
     on_table_range_opened: Callable[[int], None] | None = None
     """Told (on the event loop) the table (stream) id of each table range opened here; the
     metrics learn the table's name from it. It must not block."""
+    container_count: ContainerCount = field(default_factory=lambda: ContainerCount(0))
+    """The current number of containers (starts at `num_containers`)."""
+
+    def __post_init__(self) -> None:
+        if not self.container_count.value:
+            self.container_count.value = self.num_containers
+
+    def containers(self) -> int:
+        """The cluster's number of storage containers now."""
+        return self.container_count.value
 
 
 class ContainerState(enum.Enum):
@@ -240,9 +260,9 @@ class StorageContainer:
         if self.id == ROOT_CONTAINER_ID:
             opening.append(self._open_range(ROOT_STREAM_ID, ROOT_RANGE_ID, 0))
         opened = await asyncio.gather(*opening)
-        self.meta = MetaCatalog(opened[0], self.env.num_containers, self.env.clock.now_ms)
+        self.meta = MetaCatalog(opened[0], self.env.containers, self.env.clock.now_ms)
         if self.id == ROOT_CONTAINER_ID:
-            self.root = RootCatalog(opened[1], self.env.num_containers, self.env.limits)
+            self.root = RootCatalog(opened[1], self.env.containers, self.env.limits)
         self.state = ContainerState.SERVING
         if self.env.open_hosted_ranges_on_start:
             for stream_id, range_id, ttl_seconds in self.meta.hosted_ranges():
@@ -273,10 +293,10 @@ class StorageContainer:
     async def _reopen_catalogs(self) -> None:
         if self.meta is not None and self.meta.range.failed and not self.meta.range.fenced:
             range_ = await self._reopen_catalog_range(self.meta.range)
-            self.meta = MetaCatalog(range_, self.env.num_containers, self.env.clock.now_ms)
+            self.meta = MetaCatalog(range_, self.env.containers, self.env.clock.now_ms)
         if self.root is not None and self.root.range.failed and not self.root.range.fenced:
             range_ = await self._reopen_catalog_range(self.root.range)
-            self.root = RootCatalog(range_, self.env.num_containers, self.env.limits)
+            self.root = RootCatalog(range_, self.env.containers, self.env.limits)
 
     async def _reopen_catalog_range(self, failed: Range) -> Range:
         try:

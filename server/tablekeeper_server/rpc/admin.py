@@ -177,7 +177,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         )
         response = admin_pb2.StatusResponse(
             ranges=[range_status(r, clock) for r in ranges],
-            num_storage_containers=self._registry.env.num_containers,
+            num_storage_containers=self._registry.env.containers(),
             checkpoint_store=self._checkpoint_store,
             checkpoint_interval_s=self._interval_s,
         )

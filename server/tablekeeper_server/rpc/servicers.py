@@ -466,7 +466,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
     ) -> tablekeeper_pb2.ServerInfoResponse:
         return tablekeeper_pb2.ServerInfoResponse(
             version=SERVER_VERSION,
-            num_storage_containers=self._registry.env.num_containers,
+            num_storage_containers=self._registry.env.containers(),
             containers=self._registry.serving(),
             open_ranges=self._registry.open_ranges(),
         )
