@@ -6,6 +6,7 @@ Servers bind to 127.0.0.1 on free ports and log to a file next to their data dir
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +27,29 @@ SERVER_COMMAND = Path(os.environ.get("TABLEKEEPER_TEST_SERVER_BIN") or TABLEKEEP
 names another (the SDK-at-its-floor-versions run uses a client-only environment)."""
 
 
+FREE_PORTS = range(20_000, 32_000)
+"""Where `free_port` picks: below Linux's ephemeral range (32768-60999 by default), which the
+kernel hands to outgoing connections (Pulsar's, ZooKeeper's, the tests' own clients) and to
+`bind(0)`; a port picked there could be taken before the server it was picked for binds it."""
+_handed_out: set[int] = set()
+_pick = random.Random()  # its own seed (from the OS): tests that seed `random` do not reach it
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port that nothing listens on now, from `FREE_PORTS`, never the same twice in
+    this process (two servers of one test never get one port)."""
+    for _ in range(10_000):
+        port = _pick.choice(FREE_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {FREE_PORTS}")
 
 
 @dataclass
