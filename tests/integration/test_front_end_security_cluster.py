@@ -269,11 +269,17 @@ def _shard_leaders(
     stub: client_pb2_grpc.OxiaClientStub, metadata: Metadata, servers: set[str]
 ) -> dict[int, str] | None:
     """Shard -> its leader's Oxia address, for namespace `default`, once every leader is one of
-    `servers` (connecting needs only authentication)."""
+    `servers` (None before; connecting needs only authentication)."""
     stream = stub.GetShardAssignments(
         client_pb2.ShardAssignmentsRequest(namespace="default"), metadata=metadata
     )
-    first = next(iter(stream))
-    stream.cancel()
+    try:
+        first = next(iter(stream))
+    except grpc.RpcError as exc:  # namespace default is made in the background: not yet
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+        return None
+    finally:
+        stream.cancel()
     leaders = {int(a.shard): a.leader for a in first.namespaces["default"].assignments}
     return leaders if set(leaders.values()) <= servers else None

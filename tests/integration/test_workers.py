@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -176,7 +177,7 @@ def test_the_etcd_and_oxia_ports_are_served_by_every_worker(
             assert [kv.value.decode() for kv in got.kvs] == [f"{name}-{i}" for i in range(10)]
         assert shard_leaders(f"127.0.0.1:{oxia_port}", "default") == leaders  # same ports
         for shard, leader in leaders.items():
-            got = retry_unavailable(lambda s=shard, a=leader: oxia_get(a, s, f"/w/{s}"))  # type: ignore[misc]
+            got = oxia_get_until_served(leader, shard, f"/w/{shard}")
             assert got.status == client_pb2.OK and got.value == b"v"
     finally:
         for stub in etcd.values():
@@ -220,6 +221,19 @@ def oxia_put(address: str, shard: int, key: str, value: bytes) -> client_pb2.Put
         response = client_pb2_grpc.OxiaClientStub(channel).Write(request, timeout=TIMEOUT_S)
     put: client_pb2.PutResponse = response.puts[0]
     return put
+
+
+def oxia_get_until_served(address: str, shard: int, key: str) -> client_pb2.GetResponse:
+    """`oxia_get`, again while the worker is not back (UNAVAILABLE: not listening yet, or its
+    namespaces not resolved yet)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return oxia_get(address, shard, key)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
 
 
 def oxia_get(address: str, shard: int, key: str) -> client_pb2.GetResponse:
