@@ -304,7 +304,7 @@ async def serve(config: ServerConfig) -> None:
             coordinator.frontends[front_end_name(keyspace)] = f"{config.advertised_host}:{port}"
         # And Oxia clients are told each shard's leader: its container's owner's Oxia port.
         if config.oxia_port:
-            coordinator.frontends["oxia"] = f"{config.advertised_host}:{config.oxia_port}"
+            coordinator.frontends[OXIA_FRONT_END] = f"{config.advertised_host}:{config.oxia_port}"
     owner_of = member.owner_of if member is not None else None
     if worker is not None:
         owner_of = worker.owner_of

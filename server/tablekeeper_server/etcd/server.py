@@ -86,9 +86,9 @@ class EtcdServer:
         keyspace: str = DEFAULT_KEYSPACE,
     ) -> None:
         """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
-        cluster mode (`forwarder` reaches the root range's owner,
-        `peers` the other servers' etcd ports). `namespace_bits`: a role's permissions on a
-        namespace (the root range's, here or on its owner), decisions cached `access_cache_s`."""
+        cluster mode or a worker (`forwarder` reaches the root range's owner, `peers` the other
+        servers' ports of this keyspace). `namespace_bits`: a role's permissions on a namespace
+        (the root range's, here or on its owner), decisions cached `access_cache_s`."""
         self.keyspace = Keyspace(registry, forwarder, keyspace)
         self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
