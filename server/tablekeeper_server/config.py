@@ -85,6 +85,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     wal_segment_bytes_max: int = 64 * 1024 * 1024
+    rocksdb_memory_bytes: int = 256 * 1024 * 1024
+    """RocksDB memory shared by all of this process's ranges: block cache and (up to half of
+    it) memtables (`storage.rocksdb.RocksMemory`)."""
     shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
     log_format: str = "text"
@@ -184,6 +187,8 @@ class ServerConfig:
         self.security.validate()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
+        if self.rocksdb_memory_bytes < 8 * 1024 * 1024:
+            raise ValueError("--rocksdb-memory must be at least 8MiB")
         if self.wal_segment_bytes_max < 4096:
             raise ValueError("--wal-segment-bytes must be at least 4096")
         if self.checkpoints_kept < 1:
@@ -352,6 +357,13 @@ PROCESS_SETTINGS = (
         "max_open_ranges",
         "table ranges open at once (~8 file descriptors each); the least recently used idle "
         "ones are closed to open more, and reopen on their next request",
+    ),
+    _s(
+        "rocksdb-memory",
+        SIZE,
+        "rocksdb_memory_bytes",
+        "RocksDB memory shared by all ranges of a server process: block cache, and memtables "
+        "up to half of it",
     ),
     _s(
         "log-level",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import resource
@@ -62,7 +63,7 @@ from tablekeeper_server.rpc.server import SERVICE_NAMES, GrpcServer
 from tablekeeper_server.security.access import ACCESS_CACHE_S, AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
-from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tablekeeper_server.storage.rocksdb import RocksKvStore, RocksMemory
 from tablekeeper_server.workers import WorkerSlot, supervise, worker_argv
 
 if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): only with --zk
@@ -213,7 +214,9 @@ async def serve(config: ServerConfig) -> None:
     env = ContainerEnv(
         num_containers=num_containers,
         log_backend=log_backend,
-        store_factory=RocksKvStore,
+        store_factory=functools.partial(
+            RocksKvStore, memory=RocksMemory(config.rocksdb_memory_bytes)
+        ),
         db_dir=config.db_dir,
         clock=clock,
         limits=config.limits,

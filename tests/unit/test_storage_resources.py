@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from tablekeeper_server.errors import (
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeName
-from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tablekeeper_server.storage.rocksdb import RocksKvStore, RocksMemory
 
 pytestmark = pytest.mark.unit
 NAME = RangeName(0, 1024, 1)
@@ -75,6 +76,36 @@ def test_close_releases_the_lock_while_a_scan_is_unfinished(tmp_path: Path) -> N
         next(scan)
     again.close()
     store.close()  # idempotent
+
+
+def test_stores_share_one_bounded_rocksdb_memory(tmp_path: Path) -> None:
+    """Many ranges' stores, one memory budget: their memtables together are brought back under
+    half of it by flushes, and blocks and memtables fit in the whole. Each store alone would
+    keep all it was given in its memtable (12 MiB each, under RocksDB's per-database 16 MiB
+    write buffer): 48 MiB."""
+    memory = RocksMemory(16 * 1024 * 1024)
+    stores = [RocksKvStore(tmp_path / f"db{i}", memory=memory) for i in range(4)]
+    value = os.urandom(1024)
+    for round_ in range(12):  # 4 stores x 12 x 1,000 KiB: 48 MiB written, 3x the budget
+        for store in stores:
+            batch = store.new_batch()
+            for j in range(1000):
+                batch.put(b"k%02d-%04d" % (round_, j), value)
+            store.write(batch)
+    # The limit is soft (a burst overshoots while flushes run in the background; writers are
+    # not stalled): every write over it schedules a flush, and the memtables come back under.
+    deadline = time.monotonic() + 30  # a hang guard
+    while memory.memtables.get_usage() > 8 * 1024 * 1024:
+        assert time.monotonic() < deadline, memory.memtables.get_usage()
+        for store in stores:
+            batch = store.new_batch()
+            batch.put(b"z", b"")
+            store.write(batch)
+        time.sleep(0.05)
+    assert 0 < memory.usage() <= 16 * 1024 * 1024
+    for store in stores:
+        assert store.get(b"k00-0000") == value and store.get(b"k11-0999") == value
+        store.close()
 
 
 def test_a_held_lock_is_storage_unavailable_not_corruption(tmp_path: Path) -> None:

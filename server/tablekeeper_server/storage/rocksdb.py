@@ -4,6 +4,13 @@ RocksDB's own WAL is disabled: the range's log is the source of truth and each w
 the log position it reflects, so after a crash the range replays the log from the position that
 RocksDB still has. LZ4 compression and a modest write buffer keep many ranges per process cheap.
 
+Memory: every range has a RocksDB of its own, so per-database defaults would grow with the open
+ranges (a 16 MiB memtable and a block cache each). A server's stores share one `RocksMemory`
+instead: one block cache (data, index and filter blocks) that the memtables are charged to as
+well, kept to half of it by a write buffer manager (a soft limit: a write that finds them over it
+schedules a flush; writers are not stalled, so a burst overshoots while flushes run). The
+server's RocksDB memory is then about `RocksMemory.bytes`, whatever the number of open ranges.
+
 Errors: rocksdict raises plain exceptions. Those that report exhausted resources (no space, no
 file descriptors, a held LOCK, permissions) become `StorageUnavailableError` (retryable: the store
 is fine and opens once the resource is back). RocksDB's "Corruption" status (a block failing its
@@ -38,13 +45,37 @@ from tablekeeper_server.storage.api import WriteBatch
 _WRITE_BUFFER_BYTES = 16 * 1024 * 1024
 
 
-def _options() -> rocksdict.Options:
+class RocksMemory:
+    """The RocksDB memory all of a server's stores share (see the module doc): a block cache of
+    `bytes`, with the memtables charged to it and capped at half of it."""
+
+    def __init__(self, bytes_: int) -> None:
+        self.bytes = bytes_
+        self.cache = rocksdict.Cache(bytes_)
+        self.memtables = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
+            bytes_ // 2, False, self.cache
+        )
+
+    def usage(self) -> int:
+        """Bytes in use now (blocks cached and memtables charged)."""
+        return int(self.cache.get_usage())
+
+
+def _options(memory: RocksMemory | None = None) -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.set_compression_type(rocksdict.DBCompressionType.lz4())
     opts.set_write_buffer_size(_WRITE_BUFFER_BYTES)
     opts.set_max_background_jobs(2)
     opts.set_keep_log_file_num(2)
+    if memory is not None:
+        table = rocksdict.BlockBasedOptions()
+        table.set_block_cache(memory.cache)
+        # Index and filter blocks in the shared cache too (else each open file holds its own).
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_manager(memory.memtables)
     return opts
 
 
@@ -55,17 +86,23 @@ def _is_corruption(exc: Exception) -> bool:
 
 
 class RocksKvStore:
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: Path, *, read_only: bool = False, memory: RocksMemory | None = None
+    ) -> None:
+        """`memory`: the server's shared RocksDB memory (None: RocksDB's per-database
+        defaults, for tools and tests)."""
         self.path = path
         try:
             if not read_only:
                 path.mkdir(parents=True, exist_ok=True)
             if read_only:
                 db = rocksdict.Rdict(
-                    str(path), options=_options(), access_type=rocksdict.AccessType.read_only()
+                    str(path),
+                    options=_options(memory),
+                    access_type=rocksdict.AccessType.read_only(),
                 )
             else:
-                db = rocksdict.Rdict(str(path), options=_options())
+                db = rocksdict.Rdict(str(path), options=_options(memory))
         except Exception as exc:  # rocksdict raises plain exceptions for corruption and locks
             if StorageUnavailableError.is_resource_error(exc):
                 raise StorageUnavailableError(f"cannot open RocksDB at {path}: {exc}") from exc
