@@ -16,11 +16,9 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc, stream_pb2
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
-from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
-from tests.integration.test_cluster import _router
 from tests.support.cluster import TestCluster
+from tests.support.routes import etcd_keyspace_container
 from tests.support.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
@@ -82,21 +80,6 @@ def retry_unavailable(call: Callable[[], T], timeout_s: float = WAIT_S) -> T:
         time.sleep(0.1)
 
 
-def keyspace_container(cluster: TestCluster) -> int:
-    """The storage container of the range of table etcd/keyspace that holds the keyspace."""
-    with grpc.insecure_channel(cluster.endpoint(0)) as channel:
-        root = storage_pb2_grpc.RootRangeServiceStub(channel)
-        found = root.GetStream(
-            storage_pb2.GetStreamRequest(
-                stream_name=stream_pb2.StreamName(namespace_name="etcd", stream_name="keyspace")
-            ),
-            timeout=CALL_TIMEOUT_S,
-        )
-    assert found.code == storage_pb2.SUCCESS, found
-    router = _router(cluster, found.stream_props.stream_id)
-    return router.route(KEYSPACE_PKEY).container_id
-
-
 class WatchStream:
     """One Watch call: requests through a queue, responses read one by one."""
 
@@ -154,7 +137,8 @@ def test_etcd_through_a_non_owner_and_after_the_owner_dies(
             in_apps = etcd.get("apps/", prefix=True)
             assert [kv.value for kv in in_apps.kvs] == [b"0", b"1", b"2"]
         assert etcds[0].get("apps/", prefix=True).count == 0
-        container = keyspace_container(cluster)
+        with grpc.insecure_channel(cluster.endpoint(0)) as channel:
+            container = etcd_keyspace_container(channel)
         owner = cluster.index(cluster.assigned_to(container) or "")
         others = [i for i in range(3) if i != owner]
         via, third = etcds[others[0]], etcds[others[1]]

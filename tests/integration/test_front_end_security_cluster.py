@@ -21,14 +21,12 @@ import grpc
 import pytest
 
 from tablekeeper import Client, TlsConfig
-from tablekeeper.routing import RangeInfo, RangeRouter
-from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc, stream_pb2
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
 from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
-from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
 from tablekeeper_server.security.certs import write_authority
 from tablekeeper_server.security.tokens import create_token
 from tests.support.cluster import TestCluster
+from tests.support.routes import etcd_keyspace_container
 from tests.support.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
@@ -117,7 +115,9 @@ def test_etcd_users_live_with_the_root_range_wherever_they_log_in(
             lambda: _answered(lambda: kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=admin)),
             "the etcd keyspace",
         )
-    assert cluster.index(cluster.assigned_to(keyspace_container(secured)) or "") == via
+    with secured.channel(cluster.servers[0].port) as channel:
+        keyspace = etcd_keyspace_container(channel, metadata=admin)
+    assert cluster.index(cluster.assigned_to(keyspace) or "") == via
 
     def etcdctl(i: int, *args: str) -> subprocess.CompletedProcess[str]:
         assert ETCDCTL is not None
@@ -217,37 +217,6 @@ def test_oxia_permissions_are_read_from_the_root_range_wherever_it_is(
     finally:
         for channel in channels.values():
             channel.close()
-
-
-def keyspace_container(secured: Secured) -> int:
-    """The container of the range of table etcd/keyspace that holds the keyspace's pkey."""
-    admin = secured.bearer("admin")
-    with secured.channel(secured.cluster.servers[0].port) as channel:
-        found = storage_pb2_grpc.RootRangeServiceStub(channel).GetStream(
-            storage_pb2.GetStreamRequest(
-                stream_name=stream_pb2.StreamName(namespace_name="etcd", stream_name="keyspace")
-            ),
-            metadata=admin,
-            timeout=10,
-        )
-        assert found.code == storage_pb2.SUCCESS, found
-        ranges = storage_pb2_grpc.MetaRangeServiceStub(channel).GetActiveRanges(
-            storage_pb2.GetActiveRangesRequest(stream_id=found.stream_props.stream_id),
-            metadata=admin,
-            timeout=10,
-        )
-    router = RangeRouter(
-        [
-            RangeInfo(
-                r.props.range_id,
-                r.props.start_hash_key,
-                r.props.end_hash_key,
-                r.props.storage_container_id,
-            )
-            for r in ranges.ranges
-        ]
-    )
-    return router.route(KEYSPACE_PKEY).container_id
 
 
 def _answered(call: Callable[[], T]) -> T | None:

@@ -16,14 +16,13 @@ import grpc
 import pytest
 
 from tablekeeper import Client
-from tablekeeper.routing import RangeInfo, RangeRouter
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
-from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc, stream_pb2
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
 from tablekeeper_proto.etcd import rpc_pb2
 from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
-from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
 from tests.integration.test_etcd_cluster import Etcd, retry_unavailable
 from tests.support.oxia import shard_leaders
+from tests.support.routes import etcd_keyspace_container
 from tests.support.server import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -152,7 +151,8 @@ def test_the_etcd_and_oxia_ports_are_served_by_every_worker(
             retry_unavailable(lambda stub=stub: stub.get("probe"))  # type: ignore[misc]
         # Four keyspace tables (and Oxia's) made at start, one range each over two containers:
         # both workers serve some.
-        owners = {name: keyspace_container(server.target, name) % WORKERS for name in etcd}
+        with grpc.insecure_channel(server.target) as channel:
+            owners = {name: etcd_keyspace_container(channel, name) % WORKERS for name in etcd}
         assert set(owners.values()) == {0, 1}, owners
         for name, stub in etcd.items():
             for i in range(10):
@@ -183,34 +183,6 @@ def test_the_etcd_and_oxia_ports_are_served_by_every_worker(
         for stub in etcd.values():
             stub.close()
     assert server.stop() == 0
-
-
-def keyspace_container(target: str, keyspace: str) -> int:
-    """The container of the range of table etcd/KEYSPACE that holds the keyspace."""
-    with grpc.insecure_channel(target) as channel:
-        found = storage_pb2_grpc.RootRangeServiceStub(channel).GetStream(
-            storage_pb2.GetStreamRequest(
-                stream_name=stream_pb2.StreamName(namespace_name="etcd", stream_name=keyspace)
-            ),
-            timeout=TIMEOUT_S,
-        )
-        assert found.code == storage_pb2.SUCCESS, found
-        ranges = storage_pb2_grpc.MetaRangeServiceStub(channel).GetActiveRanges(
-            storage_pb2.GetActiveRangesRequest(stream_id=found.stream_props.stream_id),
-            timeout=TIMEOUT_S,
-        )
-    router = RangeRouter(
-        [
-            RangeInfo(
-                r.props.range_id,
-                r.props.start_hash_key,
-                r.props.end_hash_key,
-                r.props.storage_container_id,
-            )
-            for r in ranges.ranges
-        ]
-    )
-    return router.route(KEYSPACE_PKEY).container_id
 
 
 def oxia_put(address: str, shard: int, key: str, value: bytes) -> client_pb2.PutResponse:
