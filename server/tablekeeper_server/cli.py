@@ -114,17 +114,22 @@ def register_cluster_init(actions: Any) -> None:
         "containers. Running it again does nothing if the cluster has at least that many "
         "(`add-containers` adds more); asking for more than it has is refused.",
     )
-    init.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
-    init.add_argument("--cluster", required=True, help="cluster name")
     init.add_argument("--containers", type=int, required=True, help="number of storage containers")
-    init.add_argument(
+    _zookeeper_arguments(init)
+    init.set_defaults(run=_cluster_init)
+
+
+def _zookeeper_arguments(parser: argparse.ArgumentParser) -> None:
+    """--zk, --cluster and -o of the commands that write a cluster's metadata."""
+    parser.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
+    parser.add_argument("--cluster", required=True, help="cluster name")
+    parser.add_argument(
         "-o",
         "--output",
         choices=("text", "json", "table"),
         default=argparse.SUPPRESS,  # else the CLI's global -o / TABLEKEEPER_OUTPUT
         help="json: one JSON object; text and table: a sentence",
     )
-    init.set_defaults(run=_cluster_init)
 
 
 def register_cluster_add_containers(actions: Any) -> None:
@@ -138,15 +143,7 @@ def register_cluster_add_containers(actions: Any) -> None:
         "existing tables keep their ranges. Containers are never removed.",
     )
     add.add_argument("count", type=int, metavar="N", help="how many containers to add")
-    add.add_argument("--zk", required=True, help="ZooKeeper connect string, HOST:PORT[,...]")
-    add.add_argument("--cluster", required=True, help="cluster name")
-    add.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json", "table"),
-        default=argparse.SUPPRESS,  # else the CLI's global -o / TABLEKEEPER_OUTPUT
-        help="json: one JSON object; text and table: a sentence",
-    )
+    _zookeeper_arguments(add)
     add.set_defaults(run=_cluster_add_containers)
 
 
