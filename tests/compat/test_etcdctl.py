@@ -266,7 +266,11 @@ def test_compact_refuses_reads_and_watches_from_before_it_even_after_a_restart(
         assert etcdctl(ep, "compact", str(r2), "--physical").stdout.strip() == (
             f"compacted revision {r2}"
         )
+        defrag = etcdctl(ep, "defrag")  # the keyspace range's RocksDB compacted
+        assert "Finished defragmenting etcd member" in defrag.stdout + defrag.stderr
+        hashes = []
         for attempt in range(2):  # before and after a restart (the compaction is logged)
+            hashes.append(hashkv(ep, r2))
             old = etcdctl(ep, "get", "c/k", f"--rev={r1}", check=False)
             assert old.returncode != 0 and "required revision has been compacted" in old.stderr
             at = etcdctl(ep, "get", "c/k", f"--rev={r2}", "--print-value-only")
@@ -287,12 +291,27 @@ def test_compact_refuses_reads_and_watches_from_before_it_even_after_a_restart(
             if attempt == 0:
                 assert server.stop() == 0
                 server.start()
+        # `endpoint hashkv`: the same keys at the same revision hash the same, after a restart
+        # too; a change moves the current hash, not the old one.
+        assert hashes[0] == hashes[1] == hashkv(ep, r2)
+        current = hashkv(ep, 0)
+        etcdctl(ep, "put", "c/other", "x")
+        assert hashkv(ep, 0) != current and hashkv(ep, r2) == hashes[0]
+        old_hash = etcdctl(ep, "endpoint", "hashkv", f"--rev={r1}", check=False)
+        assert "required revision has been compacted" in old_hash.stderr
         future = etcdctl(ep, "compact", "1000000", check=False)
         assert future.returncode != 0 and "required revision is a future revision" in (
             future.stderr
         )
     finally:
         server.stop()
+
+
+def hashkv(endpoint: str, revision: int) -> int:
+    """`etcdctl endpoint hashkv --rev=REVISION` (0: the current revision): the hash."""
+    done = etcdctl(endpoint, "endpoint", "hashkv", f"--rev={revision}", "-w", "json")
+    (member,) = json.loads(done.stdout)
+    return int(member["HashKV"]["hash"])
 
 
 def test_keyspaces_on_ports_of_their_own_are_independent(tmp_path: Path) -> None:

@@ -110,6 +110,16 @@ def test_random_operations_match_a_dict(store: KvStore) -> None:
     assert list(store.scan(b"", b"\xff" * 3)) == sorted(model.items())
 
 
+def test_compaction_keeps_exactly_the_live_keys(store: KvStore) -> None:
+    write(store, *(("put", b"k%03d" % i, b"v%d" % i) for i in range(200)))
+    write(store, ("range", b"k050", b"k150"), ("put", b"k010", b"new"), ("del", b"k199", b""))
+    store.flush()
+    before = list(store.scan(b"", b"\xff"))
+    store.compact()
+    assert list(store.scan(b"", b"\xff")) == before
+    assert len(before) == 99 and store.get(b"k010") == b"new" and store.get(b"k100") is None
+
+
 def test_a_sound_store_reports_no_damage(store: KvStore) -> None:
     write(store, *(("put", b"k%04d" % i, b"v" * 100) for i in range(100)))
     assert [k for k, _ in store.scan(b"", b"\xff")] == [b"k%04d" % i for i in range(100)]

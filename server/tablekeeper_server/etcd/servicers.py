@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -27,7 +28,7 @@ from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
 from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
 from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
 from tablekeeper_server.etcd.keyspace import MEMBER_ID, Keyspace
-from tablekeeper_server.etcd.state import StoreView, members_prefix
+from tablekeeper_server.etcd.state import PastView, StoreView, members_prefix
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.replica import Range
@@ -608,6 +609,47 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.AlarmRequest, context: Context
     ) -> rpc_pb2.AlarmResponse:
         return rpc_pb2.AlarmResponse(header=self._keyspace.header(0))
+
+    async def Defragment(  # noqa: N802
+        self, request: rpc_pb2.DefragmentRequest, context: Context
+    ) -> rpc_pb2.DefragmentResponse:
+        async def handle() -> rpc_pb2.DefragmentResponse:
+            # etcd rewrites its database file; here the keyspace range's RocksDB is compacted.
+            range_ = await self._keyspace.range()
+            if not await range_.compact_store():
+                raise EtcdError("stopped")
+            return rpc_pb2.DefragmentResponse(header=self._keyspace.header(range_.applied_sequence))
+
+        return await _unary(context, handle)
+
+    async def HashKV(  # noqa: N802
+        self, request: rpc_pb2.HashKVRequest, context: Context
+    ) -> rpc_pb2.HashKVResponse:
+        async def handle() -> rpc_pb2.HashKVResponse:
+            # A CRC-32 of every key at the revision (key, value, revisions, version) in key
+            # order: equal for equal keyspaces, stable across restarts and failovers (not
+            # etcd's own bytes, which hash its database layout).
+            range_ = await self._keyspace.range()
+            current = StoreView(range_.applied_state())
+            revision = request.revision or current.revision
+            if revision > current.revision:
+                raise EtcdError("future_rev")
+            view: StoreView | PastView = (
+                current if revision == current.revision else PastView(current, revision)
+            )
+            digest = 0
+            for key, record in view.scan(PREFIX, prefix_end(PREFIX)):
+                kv = to_kv(key, record, 0)
+                kv.lease = 0  # leases are not part of a key's history
+                digest = zlib.crc32(kv.SerializeToString(deterministic=True), digest)
+            return rpc_pb2.HashKVResponse(
+                header=self._keyspace.header(current.revision),
+                hash=digest,
+                compact_revision=current.compacted,
+                hash_revision=revision,
+            )
+
+        return await _unary(context, handle)
 
     async def Status(  # noqa: N802
         self, request: rpc_pb2.StatusRequest, context: Context

@@ -301,6 +301,16 @@ class Range:
     def checkpointer(self) -> RangeCheckpointer | None:
         return self._checkpointer
 
+    async def compact_store(self) -> bool:
+        """Rewrite the range's store files without deleted and overwritten data (etcd's
+        Defragment), in a thread, while the range serves; under the checkpoint lock, so a close
+        waits for it. False if the store is not open."""
+        async with self._checkpoint_lock:
+            if self._store is None or self.failed:
+                return False
+            await asyncio.to_thread(self._store.compact)
+            return True
+
     def wal_bytes(self) -> int:
         return self._log_backend.size_bytes(self.name.log_name)
 

@@ -188,6 +188,8 @@ RULES: dict[str, Rule] = {
     "/etcdserverpb.Cluster/MemberList": ANY,
     "/etcdserverpb.Maintenance/Alarm": ANY,
     "/etcdserverpb.Maintenance/Status": ANY,
+    "/etcdserverpb.Maintenance/Defragment": _etcd(Permission.ADMIN),
+    "/etcdserverpb.Maintenance/HashKV": _etcd(Permission.READ),
     "/etcdserverpb.Auth/Authenticate": ANY,  # needs no credentials at all (auth.py)
     "/etcdserverpb.Auth/AuthStatus": ANY,
     **{

@@ -58,6 +58,11 @@ class KvStore(Protocol):
         """Persist everything written so far (used at clean shutdown to shorten replay)."""
         ...
 
+    def compact(self) -> None:
+        """Rewrite the store's files to drop deleted and overwritten data (RocksDB: a manual
+        compaction of every key; etcd's Defragment). Slow; callable from a worker thread."""
+        ...
+
     def create_checkpoint(self, dest: Path) -> None:
         """Write a consistent, openable copy of the store to the new directory `dest` (RocksDB:
         hard links to the live files plus a flushed memtable). Callable from a worker thread."""

@@ -66,6 +66,9 @@ class MemoryKvStore:
     def flush(self) -> None:
         pass
 
+    def compact(self) -> None:
+        pass  # holds live keys only: nothing to drop
+
     def create_checkpoint(self, dest: Path) -> None:
         raise RuntimeError("the in-memory store has no checkpoints; use RocksKvStore")
 

@@ -190,6 +190,12 @@ class RocksKvStore:
         except Exception as exc:
             self._raise_classified("flush", exc)
 
+    def compact(self) -> None:
+        try:
+            self.db.compact_range(None, None)
+        except Exception as exc:
+            self._raise_classified("compaction", exc)
+
     def create_checkpoint(self, dest: Path) -> None:
         try:
             rocksdict.Checkpoint(self.db).create_checkpoint(str(dest))

@@ -1896,3 +1896,89 @@ class AuthRoleRevokePermissionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AuthRoleRevokePermissionResponse: _TypeAlias = AuthRoleRevokePermissionResponse  # noqa: Y015
+
+@_typing.final
+class DefragmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DefragmentRequest: _TypeAlias = DefragmentRequest  # noqa: Y015
+
+@_typing.final
+class DefragmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DefragmentResponse: _TypeAlias = DefragmentResponse  # noqa: Y015
+
+@_typing.final
+class HashKVRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REVISION_FIELD_NUMBER: _builtins.int
+    revision: _builtins.int
+    """The revision to hash the keys at (0: the current one)."""
+    def __init__(
+        self,
+        *,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HashKVRequest: _TypeAlias = HashKVRequest  # noqa: Y015
+
+@_typing.final
+class HashKVResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    HASH_FIELD_NUMBER: _builtins.int
+    COMPACT_REVISION_FIELD_NUMBER: _builtins.int
+    HASH_REVISION_FIELD_NUMBER: _builtins.int
+    hash: _builtins.int
+    compact_revision: _builtins.int
+    """The keyspace's compacted revision when the hash began."""
+    hash_revision: _builtins.int
+    """The revision the keys were hashed at."""
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        hash: _builtins.int = ...,
+        compact_revision: _builtins.int = ...,
+        hash_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compact_revision", b"compact_revision", "hash", b"hash", "hash_revision", b"hash_revision", "header", b"header"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HashKVResponse: _TypeAlias = HashKVResponse  # noqa: Y015

@@ -676,6 +676,16 @@ class MaintenanceStub:
                 request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Defragment = channel.unary_unary(
+                '/etcdserverpb.Maintenance/Defragment',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentResponse.FromString,
+                _registered_method=True)
+        self.HashKV = channel.unary_unary(
+                '/etcdserverpb.Maintenance/HashKV',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.FromString,
+                _registered_method=True)
 
 
 class MaintenanceServicer:
@@ -693,6 +703,18 @@ class MaintenanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Defragment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HashKV(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MaintenanceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -705,6 +727,16 @@ def add_MaintenanceServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusResponse.SerializeToString,
+            ),
+            'Defragment': grpc.unary_unary_rpc_method_handler(
+                    servicer.Defragment,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentResponse.SerializeToString,
+            ),
+            'HashKV': grpc.unary_unary_rpc_method_handler(
+                    servicer.HashKV,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -761,6 +793,60 @@ class Maintenance:
             '/etcdserverpb.Maintenance/Status',
             tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusRequest.SerializeToString,
             tablekeeper__proto_dot_etcd_dot_rpc__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Defragment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Maintenance/Defragment',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.DefragmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HashKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/etcdserverpb.Maintenance/HashKV',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -198,12 +198,16 @@ class MaintenanceStub:
     def __new__(cls, channel: _aio.Channel) -> MaintenanceAsyncStub: ...
     Alarm: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.AlarmRequest, _rpc_pb2.AlarmResponse]
     Status: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.StatusRequest, _rpc_pb2.StatusResponse]
+    Defragment: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.DefragmentRequest, _rpc_pb2.DefragmentResponse]
+    HashKV: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.HashKVRequest, _rpc_pb2.HashKVResponse]
 
 @_typing.type_check_only
 class MaintenanceAsyncStub(MaintenanceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Alarm: _aio.UnaryUnaryMultiCallable[_rpc_pb2.AlarmRequest, _rpc_pb2.AlarmResponse]  # type: ignore[assignment]
     Status: _aio.UnaryUnaryMultiCallable[_rpc_pb2.StatusRequest, _rpc_pb2.StatusResponse]  # type: ignore[assignment]
+    Defragment: _aio.UnaryUnaryMultiCallable[_rpc_pb2.DefragmentRequest, _rpc_pb2.DefragmentResponse]  # type: ignore[assignment]
+    HashKV: _aio.UnaryUnaryMultiCallable[_rpc_pb2.HashKVRequest, _rpc_pb2.HashKVResponse]  # type: ignore[assignment]
 
 class MaintenanceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -219,6 +223,20 @@ class MaintenanceServicer(metaclass=_abc_1.ABCMeta):
         request: _rpc_pb2.StatusRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rpc_pb2.StatusResponse, _abc.Awaitable[_rpc_pb2.StatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Defragment(
+        self,
+        request: _rpc_pb2.DefragmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.DefragmentResponse, _abc.Awaitable[_rpc_pb2.DefragmentResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def HashKV(
+        self,
+        request: _rpc_pb2.HashKVRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rpc_pb2.HashKVResponse, _abc.Awaitable[_rpc_pb2.HashKVResponse]]: ...
 
 def add_MaintenanceServicer_to_server(servicer: MaintenanceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
