@@ -211,12 +211,11 @@ async def serve(config: ServerConfig) -> None:
         lambda stream_id: _table_name(registry, admin, stream_id),
         lambda: {r.name.stream_id for r in registry.all_ranges()},
     )
+    rocks_memory = RocksMemory(config.rocksdb_memory_bytes)  # shared by every range's store
     env = ContainerEnv(
         num_containers=num_containers,
         log_backend=log_backend,
-        store_factory=functools.partial(
-            RocksKvStore, memory=RocksMemory(config.rocksdb_memory_bytes)
-        ),
+        store_factory=functools.partial(RocksKvStore, memory=rocks_memory),
         db_dir=config.db_dir,
         clock=clock,
         limits=config.limits,
@@ -252,6 +251,7 @@ async def serve(config: ServerConfig) -> None:
         }
     )
     metrics.register_process()
+    metrics.register_rocksdb_memory(rocks_memory.usage, rocks_memory.bytes)
     metrics.register_live_counts(
         lambda: LiveCounts(
             watches=sum(r.watch.watchers for r in registry.all_ranges()),

@@ -125,6 +125,11 @@ class ServerMetrics:
             {"version": version or package_version(), "python": platform.python_version()}
         )
 
+    def register_rocksdb_memory(self, used: Callable[[], int], budget: int) -> None:
+        """`used()`: bytes of the shared RocksDB memory in use at scrape time (`budget`:
+        --rocksdb-memory)."""
+        self.registry.register(_RocksMemoryCollector(used, budget))
+
     def register_live_counts(self, stats: Callable[[], LiveCounts]) -> None:
         """`stats()` returns the open watches and live sessions at scrape time."""
         self.registry.register(_LiveCountsCollector(stats))
@@ -164,6 +169,22 @@ class _LiveCountsCollector(Collector):
             "tablekeeper_live_sessions",
             "Sessions alive on the ranges this server hosts",
             value=counts.sessions,
+        )
+
+
+class _RocksMemoryCollector(Collector):
+    def __init__(self, used: Callable[[], int], budget: int) -> None:
+        self._used = used
+        self._budget = budget
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "tablekeeper_rocksdb_memory_bytes",
+            "RocksDB memory in use (block cache and memtables of every range)",
+            value=self._used(),
+        )
+        yield GaugeMetricFamily(
+            "tablekeeper_rocksdb_memory_budget_bytes", "--rocksdb-memory", value=self._budget
         )
 
 

@@ -237,3 +237,22 @@ def test_open_ranges_stay_within_the_bound_and_a_watched_range_stays_open(
     assert closed, "no range was closed for the bound"
     watched_log = _log_of_pkey(server.data_dir, table_ids[0], watched)
     assert watched_log not in closed, f"the watched range {watched_log} was closed"
+
+
+# --------------------------------------------------------------------------- RocksDB memory
+
+
+def test_the_shared_rocksdb_memory_is_reported(tmp_path: Path) -> None:
+    """Every range's store draws on one budget (`--rocksdb-memory`); /metrics shows its use."""
+    server = ServerProcess(tmp_path / "data", extra_args=["--rocksdb-memory", "32MiB"]).start()
+    try:
+        assert _metric(server, "tablekeeper_rocksdb_memory_budget_bytes") == 32 * 2**20
+        with Client(server.service) as client:
+            client.create_namespace("mem")
+            client.create_table("mem", "t", ranges=4)
+            table = client.table("mem", "t")
+            table.batch_put([(f"p{i}", "k", os.urandom(512)) for i in range(2000)])
+        # The ranges' memtables hold the writes, charged to the shared budget.
+        assert _metric(server, "tablekeeper_rocksdb_memory_bytes") > 0
+    finally:
+        server.stop()
