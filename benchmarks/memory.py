@@ -115,6 +115,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    code = git_info()  # the code the server runs (a long run outlasts later commits)
     base = Path(tempfile.mkdtemp(prefix="tk-memory-"))
     server = ServerProcess(
         base / "data", extra_args=["--checkpoint-interval", "0", *shlex.split(args.server_args)]
@@ -166,7 +167,7 @@ def main() -> int:
         "data_dir_bytes": data_bytes,
         "verified": verified,
         "samples": rows,
-        "git": git_info(),
+        "git": code,
         "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "load_average": os.getloadavg(),
     }
