@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from tablekeeper.errors import KeyNotFoundError, SessionExpiredError, TableKeeperError
-from tablekeeper.recipes.metadata_store import MetadataStore, split_path
+from tablekeeper.recipes.metadata_store import MetadataStore, Stat, split_path
 from tablekeeper.session import AsyncSession
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,17 @@ class CoordinationService:
         split_path(path)
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout must be > 0 seconds or None (got {timeout_s!r})")
-        stat = await self.store.put(
-            f"{path}/{_LOCK_PREFIX}", value, ephemeral=True, sequential=True
+        made = asyncio.ensure_future(
+            self.store.put(f"{path}/{_LOCK_PREFIX}", value, ephemeral=True, sequential=True)
         )
+        try:
+            stat = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            # Cancelled while the node was being made: the server may have made it already
+            # (others can see it) without our having its name yet. Wait for the answer, then
+            # remove it, so a cancelled caller never leaves its node behind.
+            await asyncio.shield(self._withdraw_once_made(made))
+            raise
         try:
             # The session the node was put with (a newer one if that expired meanwhile: then
             # the node is gone, and the wait below says so).
@@ -143,6 +151,13 @@ class CoordinationService:
             async for event in watch:
                 if event.type == "delete":
                     return
+
+    async def _withdraw_once_made(self, made: asyncio.Future[Stat]) -> None:
+        try:
+            stat = await made
+        except Exception:
+            return  # not made (an error answered; an unknown outcome ends with the session)
+        await self._withdraw(stat.path)
 
     async def _withdraw(self, node: str) -> None:
         try:
