@@ -626,9 +626,9 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.HashKVRequest, context: Context
     ) -> rpc_pb2.HashKVResponse:
         async def handle() -> rpc_pb2.HashKVResponse:
-            # A CRC-32 of every key at the revision (key, value, revisions, version) in key
-            # order: equal for equal keyspaces, stable across restarts and failovers (not
-            # etcd's own bytes, which hash its database layout).
+            # A CRC-32 of every key at the revision (key, value, revisions, version; not its
+            # lease) in key order: equal for equal keyspaces, stable across restarts and
+            # failovers (not etcd's own bytes, which hash its database layout).
             range_ = await self._keyspace.range()
             current = StoreView(range_.applied_state())
             revision = request.revision or current.revision
@@ -640,7 +640,6 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
             digest = 0
             for key, record in view.scan(PREFIX, prefix_end(PREFIX)):
                 kv = to_kv(key, record, 0)
-                kv.lease = 0  # leases are not part of a key's history
                 digest = zlib.crc32(kv.SerializeToString(deterministic=True), digest)
             return rpc_pb2.HashKVResponse(
                 header=self._keyspace.header(current.revision),
