@@ -5,7 +5,7 @@ It owns the channels (one per endpoint: the service URI and each range owner), t
 them, the route cache (`_routes`), the coalescer (`_coalesce`) and the retry policy; it makes
 the calls (`_transport.call`) with that policy. Layers, bottom up:
 
-    errors, types  <-  _transport  <-  _routes  <-  _coalesce  <-  _context
+    errors, types  <-  _transport  <-  _routes  <-  _coalesce, _watch_mux  <-  _context
                    <-  session, watch, bulk  <-  table  <-  client
 
 Nothing imports upwards (`tests/unit/test_client_layers.py` checks it): `table.batch_put` sends
@@ -22,8 +22,9 @@ import grpc
 from tablekeeper._coalesce import Coalescer
 from tablekeeper._routes import RouteCache, RoutedMethod
 from tablekeeper._transport import RetryPolicy, call, new_channel, within
+from tablekeeper._watch_mux import WatchStreams
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2_grpc
-from tablekeeper_proto.v1 import tablekeeper_pb2_grpc
+from tablekeeper_proto.v1 import tablekeeper_pb2_grpc, watch_pb2_grpc
 
 MESSAGE_BYTES_MAX = 64 * 1024 * 1024
 ROOT_METADATA = (("bk-rt-sc-id-bin", b"\x00" * 8),)
@@ -62,6 +63,13 @@ class ClientContext:
             retry,
             enabled=direct_routing,
         )
+        self.watch_streams = WatchStreams(
+            lambda endpoint: self.stub("watch", watch_pb2_grpc.WatchStub, endpoint)
+        )
+        """The watch streams shared by this client's watches (one per server and table)."""
+        self.watch_streams_unsupported = False
+        """Set once a server answered that it has no shared watch streams (an older server):
+        each watch then has a stream of its own."""
 
     def stub(
         self, name: str, factory: Callable[[grpc.aio.Channel], Any], endpoint: str | None = None
@@ -156,6 +164,7 @@ class ClientContext:
         )
 
     async def close(self) -> None:
+        self.watch_streams.close()
         if self._coalescer is not None:
             await self._coalescer.close()
             self._coalescer = None

@@ -11,6 +11,9 @@ owner (located again on every reconnect, see `_routes`). Older revisions come fr
 each range's bounded event history; when a revision is no longer held the watch raises
 `CompactedError` (with `oldest_revision`); a watcher that falls too far behind is cancelled by
 the server (`WatchCancelledError`) and may watch again from its last revision.
+
+A client's watches of one table on one server share one stream (`_watch_mux`); against a server
+without the shared streams each watch has a stream of its own.
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
-from tablekeeper._routes import BOOTSTRAP
+from tablekeeper._routes import BOOTSTRAP, Target
+from tablekeeper._watch_mux import Ended
 from tablekeeper.errors import (
     CompactedError,
     UnavailableError,
     WatchCancelledError,
-    error_for_rpc_error,
+    error_for_status,
 )
 from tablekeeper.types import KeyValue, WatchEvent
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
@@ -44,6 +48,36 @@ _RESUMABLE = (
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.INTERNAL,
 )
+
+
+class _Feed(Protocol):
+    """One watch's messages from the server, whichever way they come."""
+
+    async def next(self) -> watch_pb2.WatchUpdate | watch_pb2.WatchResponse | Ended: ...
+
+    async def close(self) -> None: ...
+
+
+class _OwnStream:
+    """A watch on a stream of its own (the `Watch` RPC)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    async def next(self) -> watch_pb2.WatchResponse | Ended:
+        try:
+            message = await self._call.read()
+        except grpc.aio.AioRpcError as error:
+            return Ended(
+                error.code(), error.details() or "", error.trailing_metadata() or (), error
+            )
+        if message is grpc.aio.EOF:  # the server is stopping or gave the range away
+            return Ended(None, "the server ended the watch stream")
+        response: watch_pb2.WatchResponse = message
+        return response
+
+    async def close(self) -> None:
+        self._call.cancel()
 
 
 class AsyncWatch:
@@ -73,9 +107,9 @@ class AsyncWatch:
             prev_kv=prev_kv,
         )
         self._last: tuple[int, int] | None = None
-        self._call: Any = None
+        self._feed: _Feed | None = None
         self._target = BOOTSTRAP
-        """Where `_call` went (forgotten by the route cache if the stream breaks)."""
+        """Where `_feed` went (forgotten by the route cache if the stream breaks)."""
         self._buffer: list[WatchEvent] = []
         self._closed = False
         self.revision = 0
@@ -84,9 +118,16 @@ class AsyncWatch:
     async def start(self) -> AsyncWatch:
         """Open the stream and wait until the server has registered the watch: no change after
         `self.revision` is missed from then on."""
-        if self._call is None:
+        if self._feed is None:
             await self._open()
         return self
+
+    async def _subscribe(self, target: Target, request: watch_pb2.WatchRequest) -> _Feed:
+        context = self._context
+        if context.watch_streams_unsupported:
+            stub = context.stub("watch", watch_pb2_grpc.WatchStub, target.endpoint)
+            return _OwnStream(stub.Watch(request))
+        return await context.watch_streams.subscribe(target.endpoint, request)
 
     async def _open(self) -> None:
         context = self._context
@@ -102,46 +143,64 @@ class AsyncWatch:
                 revision, index = self._last
                 request.start_revision = revision + 1 if index == _INDEX_MAX else revision
             target = await context.routes.locate(request.stream_id, request.pkey)
-            call = context.stub("watch", watch_pb2_grpc.WatchStub, target.endpoint).Watch(request)
-            try:
-                first = await call.read()
-            except grpc.aio.AioRpcError as error:
-                self._raise_final(error)
-                context.routes.failed(target, error)
+            feed = await self._subscribe(target, request)
+            first = await feed.next()
+            if isinstance(first, Ended):
+                await feed.close()
+                if (
+                    first.code == grpc.StatusCode.UNIMPLEMENTED
+                    and first.rpc_error is not None
+                    and not context.watch_streams_unsupported
+                ):
+                    # A server without shared watch streams: a stream per watch, from now on.
+                    context.watch_streams_unsupported = True
+                    continue
+                self._raise_final(first)
+                self._failed(target, first)
                 if time.monotonic() >= deadline:
-                    raise UnavailableError(
-                        f"watch: {error.code().name}: {error.details()}"
-                    ) from error
+                    name = first.code.name if first.code is not None else "ENDED"
+                    raise UnavailableError(f"watch: {name}: {first.details}")
                 await asyncio.sleep(random.uniform(0, backoff))
                 backoff = min(policy.max_backoff_s, backoff * 2)
                 continue
-            if first is grpc.aio.EOF or not first.created:
-                call.cancel()
+            if not first.created:
+                await feed.close()
                 raise UnavailableError("watch: the server ended the stream before creating it")
             if self._last is None:
                 self.revision = first.revision
                 start = self._request.start_revision
                 self._last = (start - 1 if start else first.revision, _INDEX_MAX)
-            self._call = call
+            self._feed = feed
             self._target = target
             return
 
-    def _raise_final(self, error: grpc.aio.AioRpcError) -> None:
+    def _failed(self, target: Target, ended: Ended) -> None:
+        """Tell the route cache: a stream that broke, or a watch ended as not served there,
+        makes it look the range's owner up again."""
+        if ended.rpc_error is not None:
+            self._context.routes.failed(target, ended.rpc_error)
+        elif ended.code in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND):
+            self._context.routes.failed(target)
+
+    def _raise_final(self, ended: Ended) -> None:
         """Raise the error if resuming cannot help: the error tables' reading of it, except
         that a watch the server ends with RESOURCE_EXHAUSTED was cancelled (too far behind)."""
-        code = error.code()
-        if code in _RESUMABLE:
+        code = ended.code
+        if code is None or code in _RESUMABLE:
             return
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-            raise WatchCancelledError(error.details() or "watch cancelled") from error
-        final = error_for_rpc_error(error, idempotent=True)
+            last = f"; resume from revision {self._last[0]}" if self._last is not None else ""
+            if "resume from revision" in ended.details:
+                last = ""
+            raise WatchCancelledError((ended.details or "watch cancelled") + last)
+        final = error_for_status(code, ended.details, ended.trailers, idempotent=True)
         if isinstance(final, CompactedError):
-            raise final from error
+            raise final
         if code == grpc.StatusCode.INVALID_ARGUMENT:
-            message = error.details() or "bad watch request"
+            message = ended.details or "bad watch request"
         else:
-            message = f"watch: {code.name}: {error.details()}"
-        raise type(final)(message, code=final.code or None) from error
+            message = f"watch: {code.name}: {ended.details}"
+        raise type(final)(message, code=final.code or None)
 
     def _convert(self, event: watch_pb2.WatchEvent) -> WatchEvent:
         is_put = event.type == watch_pb2.WatchEvent.PUT
@@ -164,20 +223,17 @@ class AsyncWatch:
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration
-            if self._call is None:
+            if self._feed is None:
                 await self._open()
-            try:
-                message = await self._call.read()
-            except grpc.aio.AioRpcError as error:
+                assert self._feed is not None
+            message = await self._feed.next()
+            if isinstance(message, Ended):
                 if self._closed:
-                    raise StopAsyncIteration from None
-                self._raise_final(error)
-                self._context.routes.failed(self._target, error)
-                self._call = None  # resume after the last delivered event
-                continue
-            if message is grpc.aio.EOF:  # the server is stopping or gave the range away
-                self._context.routes.failed(self._target)
-                self._call = None
+                    raise StopAsyncIteration
+                await self._feed.close()
+                self._feed = None  # resume after the last delivered event
+                self._raise_final(message)
+                self._failed(self._target, message)
                 continue
             assert self._last is not None
             for event in message.events:
@@ -188,11 +244,11 @@ class AsyncWatch:
         return self._buffer.pop(0)
 
     async def close(self) -> None:
-        """Stop watching (ends the stream)."""
+        """Stop watching (ends the stream, or this watch's share of it)."""
         self._closed = True
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
+        if self._feed is not None:
+            feed, self._feed = self._feed, None
+            await feed.close()
 
     async def __aenter__(self) -> AsyncWatch:
         return await self.start()

@@ -32,8 +32,9 @@ last position (revision, index) it has delivered. Closing the range ends every w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from tablekeeper_server.errors import (
@@ -148,6 +149,14 @@ class Watcher:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     error: TableKeeperError | None = None
     last: tuple[int, int] = (0, _INDEX_MAX)
+    on_ready: Callable[[], None] | None = None
+    """Also told when events are queued or the watcher ends (besides `wakeup`): how a stream
+    that serves many watchers learns which of them have something to send."""
+
+    def _ready(self) -> None:
+        self.wakeup.set()
+        if self.on_ready is not None:
+            self.on_ready()
 
     def offer(self, events: Sequence[ChangeEvent]) -> bool:
         """Queue matching events; False if the queue was already over its bound when they came
@@ -172,7 +181,7 @@ class Watcher:
                 self.pending_bytes += event_bytes(event)
                 added = True
         if added:
-            self.wakeup.set()
+            self._ready()
         return True
 
     def take(self, bytes_max: int) -> list[ChangeEvent]:
@@ -192,7 +201,7 @@ class Watcher:
     def fail(self, error: TableKeeperError) -> None:
         if self.error is None:
             self.error = error
-        self.wakeup.set()
+        self._ready()
 
 
 class WatchHub:
@@ -330,30 +339,48 @@ class WatchHub:
         page, done = self._history.read_page(last, CATCH_UP_PAGE, CATCH_UP_BYTES)
         return page, done
 
+    async def catch_up(self, watcher: Watcher) -> AsyncGenerator[list[ChangeEvent], None]:
+        """The watcher's events published before it registered (from the ring or the durable
+        history), in batches; then live events come from `take_live`. Raises its error."""
+        done = False
+        while not done:
+            if watcher.error is not None:  # e.g. the range closed: its store may be gone
+                raise watcher.error
+            page, done = self._backlog_page(watcher)
+            if page:
+                watcher.last = page[-1].position
+                matching = [e for e in page if e.key in watcher.span]
+                for chunk in _chunks(matching, SEND_BYTES_MAX):
+                    yield chunk
+
+    def take_live(self, watcher: Watcher) -> list[ChangeEvent]:
+        """The watcher's next live events (after its catch-up), possibly none yet; raises its
+        error once everything before the error was taken."""
+        if watcher.error is not None and not watcher.pending:
+            raise watcher.error
+        batch = [e for e in watcher.take(SEND_BYTES_MAX) if e.position > watcher.last]
+        if batch:
+            watcher.last = batch[-1].position
+        return batch
+
+    def stop(self, watcher: Watcher) -> None:
+        """Unregister a watcher (it receives nothing more)."""
+        self._watchers.discard(watcher)
+
     async def events(self, watcher: Watcher) -> AsyncGenerator[list[ChangeEvent], None]:
         """The watcher's events in order, in batches. Raises its error when it ends; always
         unregisters it."""
         try:
-            done = False
-            while not done:
-                if watcher.error is not None:  # e.g. the range closed: its store may be gone
-                    raise watcher.error
-                page, done = self._backlog_page(watcher)
-                if page:
-                    watcher.last = page[-1].position
-                    matching = [e for e in page if e.key in watcher.span]
-                    for chunk in _chunks(matching, SEND_BYTES_MAX):
-                        yield chunk
+            async with contextlib.aclosing(self.catch_up(watcher)) as backlog:
+                async for chunk in backlog:
+                    yield chunk
             while True:
-                if watcher.error is not None and not watcher.pending:
-                    raise watcher.error
-                if not watcher.pending:
+                if not watcher.pending and watcher.error is None:
                     watcher.wakeup.clear()
                     await watcher.wakeup.wait()
                     continue
-                batch = [e for e in watcher.take(SEND_BYTES_MAX) if e.position > watcher.last]
+                batch = self.take_live(watcher)
                 if batch:
-                    watcher.last = batch[-1].position
                     yield batch
         finally:
-            self._watchers.discard(watcher)
+            self.stop(watcher)

@@ -20,6 +20,7 @@ here (table id and pkey → range → container).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -183,16 +184,12 @@ class Forwarder:
         """Forward a server-streaming call (Watch): yield the owner's messages; end the way the
         owner's stream ended (status, details and `tk-*` trailing metadata passed on)."""
         endpoint = self.owner(container_id)
-        method = self._channel(endpoint).unary_stream(
-            path,
-            request_serializer=lambda message: message.SerializeToString(),
-            response_deserializer=response_type.FromString,
-        )
-        call = method(request, metadata=(*self._identity(context), (FORWARDED_METADATA_KEY, "1")))
-        self.on_forward(path.rpartition("/")[2])
         try:
-            async for message in call:
-                yield message
+            async with contextlib.aclosing(
+                self.stream(endpoint, path, request, response_type, context)
+            ) as messages:
+                async for message in messages:
+                    yield message
         except grpc.aio.AioRpcError as error:
             trailers = tuple(
                 (key, value)
@@ -205,6 +202,22 @@ class Forwarder:
             if code == grpc.StatusCode.NOT_FOUND or _never_sent(error):
                 code = grpc.StatusCode.UNAVAILABLE  # resume elsewhere
             await context.abort(code, f"{error.details() or ''} (via {endpoint})")
+
+    async def stream(
+        self, endpoint: str, path: str, request: Any, response_type: Any, context: Any
+    ) -> AsyncGenerator[Any, None]:
+        """A server-streaming call to `endpoint` on behalf of the caller of `context`: yields
+        its messages; its failure is the call's `grpc.aio.AioRpcError`."""
+        method = self._channel(endpoint).unary_stream(
+            path,
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        call = method(request, metadata=(*self._identity(context), (FORWARDED_METADATA_KEY, "1")))
+        self.on_forward(path.rpartition("/")[2])
+        try:
+            async for message in call:
+                yield message
         finally:
             call.cancel()
 

@@ -1,27 +1,53 @@
 """The Watch servicer (TableKeeper's `tablekeeper.v1.Watch`): thin, like the others.
 
-The domain work is in `range.watch`; errors become gRPC statuses in `rpc.status.stream_errors`.
+Two RPCs: `Watch`, one watch per stream, and `WatchMany`, many watches on one stream (what the
+SDK uses): the updates ready for any of a stream's watches go out in one message, and a change is
+converted once (`_EventCache`) for every watcher of it on the server, so a change watched by a
+thousand watchers over a few streams costs a few messages, not a thousand.
+
+The domain work is in `range.watch`; errors become gRPC statuses in `rpc.status.stream_errors`
+(`Watch`) or, in `WatchMany`, the same status carried in the ended watch's update.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeAlias
+
+import grpc
 
 from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.keys import pkey_prefix
-from tablekeeper_server.errors import BadRequestError, NotServedHereError, UnavailableError
+from tablekeeper_server.errors import (
+    BadRequestError,
+    CompactedError,
+    NotServedHereError,
+    TableKeeperError,
+    UnavailableError,
+    wire_rule,
+)
 from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, Watcher
 from tablekeeper_server.rpc.proxy import WATCH_SERVICE, Forwarder, was_forwarded
-from tablekeeper_server.rpc.status import stream_errors
+from tablekeeper_server.rpc.status import CODE_METADATA_KEY, grpc_status, stream_errors
+
+log = logging.getLogger(__name__)
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
+
+UPDATES_PER_MESSAGE_MAX = 1024
+"""Updates one `WatchMany` message carries at most (each update's events are bounded in bytes
+by the range's watch hub)."""
 
 
 def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.WatchEvent:
@@ -38,6 +64,70 @@ def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.Watc
     return out
 
 
+class _EventCache:
+    """Recent changes in their wire form: a change is converted once however many watchers
+    receive it (bounded; emptied when full)."""
+
+    ENTRIES_MAX = 4096
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[RangeName, int, int, int, bool], watch_pb2.WatchEvent] = {}
+
+    def get(
+        self, range_: Range, prefix_len: int, event: ChangeEvent, prev_kv: bool
+    ) -> watch_pb2.WatchEvent:
+        key = (range_.name, event.revision, event.index, prefix_len, prev_kv)
+        converted = self._events.get(key)
+        if converted is None:
+            converted = _event(prefix_len, event, prev_kv)
+            if len(self._events) >= self.ENTRIES_MAX:
+                self._events.clear()
+            self._events[key] = converted
+        return converted
+
+
+def _check(request: watch_pb2.WatchRequest, limits: Limits) -> None:
+    if not request.stream_id:
+        raise BadRequestError("watch needs a table (stream) id")
+    if not request.key and not request.range_end:
+        raise BadRequestError("watch needs a key or a key range")
+    if max(len(request.pkey), len(request.key)) > limits.key_bytes_max:
+        raise BadRequestError("key too long")
+    if request.start_revision < 0:
+        raise BadRequestError("start_revision must be >= 0")
+
+
+def _ended(watch_id: int, exc: TableKeeperError) -> watch_pb2.WatchUpdate:
+    """The update that ends a watch with `exc`, as the one-watch stream's status would."""
+    update = watch_pb2.WatchUpdate(
+        watch_id=watch_id,
+        error_code=grpc_status(wire_rule(exc).grpc).value[0],
+        error_message=exc.message,
+        error_status=exc.code,
+    )
+    if isinstance(exc, CompactedError):
+        update.compacted_revision = exc.oldest_revision
+    return update
+
+
+def _relayed_end(watch_id: int, error: grpc.aio.AioRpcError, via: str) -> watch_pb2.WatchUpdate:
+    """The update that ends a watch relayed from its owner the way the owner's stream ended."""
+    code = error.code()
+    if code == grpc.StatusCode.NOT_FOUND:
+        code = grpc.StatusCode.UNAVAILABLE  # resume elsewhere
+    update = watch_pb2.WatchUpdate(
+        watch_id=watch_id,
+        error_code=code.value[0],
+        error_message=f"{error.details() or ''} (via {via})",
+    )
+    for key, value in error.trailing_metadata() or ():
+        if key == CODE_METADATA_KEY and value.lstrip("-").isdigit():
+            update.error_status = int(value)
+        elif key == "tk-compacted-revision" and value.isdigit():
+            update.compacted_revision = int(value)
+    return update
+
+
 class WatchServicer(watch_pb2_grpc.WatchServicer):
     """In cluster mode a watch on a range owned elsewhere is relayed from the owner."""
 
@@ -49,6 +139,8 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
         self._forwarder = forwarder
         self._stopping = False
         self._active: set[Watcher] = set()
+        self._events = _EventCache()
+        self._streams: set[_WatchStream] = set()
 
     def shutdown(self) -> None:
         """End every open stream (the server is stopping): clients resume elsewhere."""
@@ -57,19 +149,14 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
             watcher.fail(
                 UnavailableError(f"server shutting down; resume from revision {watcher.last[0]}")
             )
+        for stream in self._streams:
+            stream.stop()
 
     async def Watch(  # noqa: N802
         self, request: watch_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[watch_pb2.WatchResponse]:
         async with stream_errors("Watch", context):
-            if not request.stream_id:
-                raise BadRequestError("watch needs a table (stream) id")
-            if not request.key and not request.range_end:
-                raise BadRequestError("watch needs a key or a key range")
-            if max(len(request.pkey), len(request.key)) > self._limits.key_bytes_max:
-                raise BadRequestError("key too long")
-            if request.start_revision < 0:
-                raise BadRequestError("start_revision must be >= 0")
+            _check(request, self._limits)
             if self._stopping:
                 raise UnavailableError("server shutting down")
             prefix = pkey_prefix(request.pkey)
@@ -99,7 +186,273 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                 async with contextlib.aclosing(hub.events(watcher)) as events:
                     async for batch in events:
                         yield watch_pb2.WatchResponse(
-                            events=[_event(len(prefix), e, request.prev_kv) for e in batch]
+                            events=[
+                                self._events.get(range_, len(prefix), e, request.prev_kv)
+                                for e in batch
+                            ]
                         )
             finally:
                 self._active.discard(watcher)
+
+    async def WatchMany(  # noqa: N802
+        self, request_iterator: AsyncIterator[watch_pb2.WatchStreamRequest], context: Context
+    ) -> AsyncIterator[watch_pb2.WatchStreamResponse]:
+        async with stream_errors("WatchMany", context):
+            if self._stopping:
+                raise UnavailableError("server shutting down")
+            stream = _WatchStream(self, context)
+            self._streams.add(stream)
+            reader = asyncio.create_task(stream.read(request_iterator))
+            try:
+                while True:
+                    updates = await stream.next(reader)
+                    if updates is None:
+                        return
+                    yield watch_pb2.WatchStreamResponse(updates=updates)
+            finally:
+                self._streams.discard(stream)
+                reader.cancel()
+                await stream.close()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
+
+
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """A watch of a `WatchMany` stream past its catch-up: its events come as they are applied."""
+
+    watcher: Watcher
+    range_: Range
+    prefix_len: int
+    prev_kv: bool
+
+
+class _WatchStream:
+    """The watches of one `WatchMany` stream. A task per watch creates it and sends its
+    catch-up; then one pump for the whole stream sends the live events of the watches that
+    have some (`Watcher.on_ready` names them), so a change wakes one task per stream, not one
+    per watcher. Whatever updates are queued go out in one message."""
+
+    QUEUE_MAX = 256
+    """Updates waiting to be sent. Small on purpose: events wait in each watcher's queue in the
+    range, which is bounded in bytes (--max-watcher-queue-bytes) and cancels a watcher that
+    falls too far behind, not here."""
+
+    def __init__(self, servicer: WatchServicer, context: Context) -> None:
+        self._servicer = servicer
+        self._context = context
+        self._queue: asyncio.Queue[watch_pb2.WatchUpdate] = asyncio.Queue(self.QUEUE_MAX)
+        self._watches: dict[int, asyncio.Task[None]] = {}
+        """Watches being created or catching up (or relayed from their owner)."""
+        self._live: dict[int, _Live] = {}
+        self._ready: set[int] = set()
+        self._ready_event = asyncio.Event()
+        self._pump = asyncio.create_task(self._send_live())
+        self._stopped = asyncio.Event()
+
+    def stop(self) -> None:
+        """The server is stopping: end the stream at once (clients resume elsewhere, from the
+        last event they had)."""
+        self._stopped.set()
+
+    async def next(self, reader: asyncio.Task[None]) -> list[watch_pb2.WatchUpdate] | None:
+        """The updates to send next (at least one), or None to end the stream: the server is
+        stopping (clients resume elsewhere), or the client has closed its side and no watch
+        is left. A failed read ends the stream with its error."""
+        queue = self._queue
+        first: watch_pb2.WatchUpdate | None = None
+        while first is None and queue.empty():
+            if self._stopped.is_set():
+                return None
+            if reader.done():
+                reader.result()  # a failed read ends the stream with its error
+                if not self._watches and not self._live:
+                    return None
+                # The client closed its side: its watches go on until it cancels the call.
+            getter = asyncio.ensure_future(queue.get())
+            stopped = asyncio.ensure_future(self._stopped.wait())
+            waits: set[asyncio.Future[Any]] = {getter, stopped}
+            if not reader.done():
+                waits.add(reader)
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                if not getter.done():
+                    getter.cancel()
+            if getter.done() and not getter.cancelled():
+                first = getter.result()
+        if self._stopped.is_set():
+            return None
+        updates: list[watch_pb2.WatchUpdate] = [] if first is None else [first]
+        while len(updates) < UPDATES_PER_MESSAGE_MAX and not queue.empty():
+            updates.append(queue.get_nowait())
+        return updates
+
+    async def read(self, requests: AsyncIterator[watch_pb2.WatchStreamRequest]) -> None:
+        async for request in requests:
+            kind = request.WhichOneof("request")
+            if kind == "create":
+                watch_id = request.create.watch_id
+                if watch_id in self._watches or watch_id in self._live:
+                    await self._queue.put(
+                        _ended(watch_id, BadRequestError(f"duplicate watch id {watch_id}"))
+                    )
+                    continue
+                self._start(watch_id, request.create.watch)
+            elif kind == "cancel_id":
+                self._end(request.cancel_id)
+
+    def _end(self, watch_id: int) -> None:
+        """Forget a watch (cancelled by the client, or ended)."""
+        task = self._watches.pop(watch_id, None)
+        if task is not None:
+            task.cancel()
+        live = self._live.pop(watch_id, None)
+        if live is not None:
+            live.range_.watch.stop(live.watcher)
+
+    def _start(self, watch_id: int, request: watch_pb2.WatchRequest) -> None:
+        task = asyncio.create_task(self._run(watch_id, request))
+        self._watches[watch_id] = task
+
+        def forget(_: asyncio.Task[None]) -> None:
+            if self._watches.get(watch_id) is task:
+                del self._watches[watch_id]
+
+        task.add_done_callback(forget)
+
+    async def _run(self, watch_id: int, request: watch_pb2.WatchRequest) -> None:
+        servicer = self._servicer
+        try:
+            _check(request, servicer._limits)
+            if self._stopped.is_set():
+                raise UnavailableError("server shutting down")
+            prefix = pkey_prefix(request.pkey)
+            start, end = key_span(prefix, request.key, request.range_end)
+            try:
+                range_ = await servicer._registry.table_range(request.stream_id, request.pkey)
+            except NotServedHereError as elsewhere:
+                if servicer._forwarder is None or was_forwarded(self._context):
+                    raise
+                await self._relay(watch_id, elsewhere.container_id, request)
+                return
+            hub = range_.watch
+            watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
+            try:
+                queue = self._queue
+                await queue.put(
+                    watch_pb2.WatchUpdate(watch_id=watch_id, created=True, revision=revision)
+                )
+                convert = servicer._events.get
+                prefix_len, prev_kv = len(prefix), request.prev_kv
+                async with contextlib.aclosing(hub.catch_up(watcher)) as backlog:
+                    async for batch in backlog:
+                        await queue.put(
+                            watch_pb2.WatchUpdate(
+                                watch_id=watch_id,
+                                events=[convert(range_, prefix_len, e, prev_kv) for e in batch],
+                            )
+                        )
+            except BaseException:
+                hub.stop(watcher)
+                raise
+            # Live from here: the stream's pump sends what comes (and what came meanwhile).
+            self._live[watch_id] = _Live(watcher, range_, prefix_len, prev_kv)
+            watcher.on_ready = functools.partial(self._mark_ready, watch_id)
+            self._mark_ready(watch_id)
+        except TableKeeperError as exc:
+            await self._queue.put(_ended(watch_id, exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("watch %d of a WatchMany stream failed", watch_id)
+            await self._queue.put(
+                watch_pb2.WatchUpdate(
+                    watch_id=watch_id,
+                    error_code=grpc.StatusCode.INTERNAL.value[0],
+                    error_message=f"watch failed: {exc}",
+                )
+            )
+
+    def _mark_ready(self, watch_id: int) -> None:
+        self._ready.add(watch_id)
+        self._ready_event.set()
+
+    async def _send_live(self) -> None:
+        """The pump: sends the live events of every watch that has some, and ends the watches
+        whose watcher ended (the range closed, it fell too far behind)."""
+        try:
+            await self._pump_live()
+        except Exception:  # a defect: end the stream (its watches resume on a new one)
+            log.exception("a WatchMany stream failed")
+            self._stopped.set()
+
+    async def _pump_live(self) -> None:
+        convert = self._servicer._events.get
+        queue = self._queue
+        while True:
+            await self._ready_event.wait()
+            self._ready_event.clear()
+            ready, self._ready = self._ready, set()
+            for watch_id in ready:
+                live = self._live.get(watch_id)
+                if live is None:
+                    continue
+                try:
+                    batch = live.range_.watch.take_live(live.watcher)
+                except TableKeeperError as exc:
+                    self._end(watch_id)
+                    await queue.put(_ended(watch_id, exc))
+                    continue
+                if batch:
+                    await queue.put(
+                        watch_pb2.WatchUpdate(
+                            watch_id=watch_id,
+                            events=[
+                                convert(live.range_, live.prefix_len, e, live.prev_kv)
+                                for e in batch
+                            ],
+                        )
+                    )
+                if live.watcher.pending or live.watcher.error is not None:
+                    self._mark_ready(watch_id)  # more than one batch, or its end
+
+    async def _relay(
+        self, watch_id: int, container_id: int, request: watch_pb2.WatchRequest
+    ) -> None:
+        """Cluster mode: the watch's range is owned elsewhere; relay it from the owner."""
+        forwarder = self._servicer._forwarder
+        assert forwarder is not None
+        endpoint = forwarder.owner(container_id)
+        relayed = forwarder.stream(
+            endpoint, WATCH_SERVICE + "Watch", request, watch_pb2.WatchResponse, self._context
+        )
+        try:
+            async with contextlib.aclosing(relayed) as responses:
+                async for response in responses:
+                    await self._queue.put(
+                        watch_pb2.WatchUpdate(
+                            watch_id=watch_id,
+                            created=response.created,
+                            revision=response.revision,
+                            events=response.events,
+                        )
+                    )
+        except grpc.aio.AioRpcError as error:
+            await self._queue.put(_relayed_end(watch_id, error, endpoint))
+            return
+        await self._queue.put(
+            _ended(watch_id, UnavailableError(f"the owner {endpoint} ended the watch"))
+        )
+
+    async def close(self) -> None:
+        for watch_id in list(self._live):
+            self._end(watch_id)
+        tasks = [*self._watches.values(), self._pump]
+        self._watches.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

@@ -98,6 +98,13 @@ def _get_stream(request: Any) -> list[Target]:
     return [Target(Permission.READ, stream_id=request.stream_id)]
 
 
+def _watch_many(request: Any) -> list[Target]:
+    """Each watch created on the stream reads its table; ending one needs nothing."""
+    if request.WhichOneof("request") == "create":
+        return [Target(Permission.READ, stream_id=request.create.watch.stream_id)]
+    return []
+
+
 def _etcd(needed: Permission) -> Rule:
     return lambda r: [Target(needed, namespace=ETCD_NAMESPACE)]
 
@@ -159,6 +166,7 @@ RULES: dict[str, Rule] = {
     _TK + "Batch": _batch,
     _TK + "ScanRange": lambda r: [Target(Permission.READ, stream_id=r.stream_id)],
     "/tablekeeper.v1.Watch/Watch": lambda r: [Target(Permission.READ, stream_id=r.stream_id)],
+    "/tablekeeper.v1.Watch/WatchMany": _watch_many,
     "/tablekeeper.v1.Sessions/Create": lambda r: [Target(Permission.WRITE, stream_id=r.stream_id)],
     "/tablekeeper.v1.Sessions/Close": lambda r: [Target(Permission.WRITE, stream_id=r.stream_id)],
     "/tablekeeper.v1.Sessions/KeepAlive": lambda r: [

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tablekeeper_proto.bookkeeper import kv_pb2 as tablekeeper__proto_dot_bookkeeper_dot_kv__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n tablekeeper_proto/v1/watch.proto\x12\x0etablekeeper.v1\x1a%tablekeeper_proto/bookkeeper/kv.proto\"x\n\x0cWatchRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x0c\n\x04pkey\x18\x02 \x01(\x0c\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x11\n\trange_end\x18\x04 \x01(\x0c\x12\x16\n\x0estart_revision\x18\x05 \x01(\x03\x12\x0f\n\x07prev_kv\x18\x06 \x01(\x08\"\xd4\x01\n\nWatchEvent\x12-\n\x04type\x18\x01 \x01(\x0e\x32\x1f.tablekeeper.v1.WatchEvent.Type\x12)\n\x02kv\x18\x02 \x01(\x0b\x32\x1d.bookkeeper.proto.kv.KeyValue\x12.\n\x07prev_kv\x18\x03 \x01(\x0b\x32\x1d.bookkeeper.proto.kv.KeyValue\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x05\"\x1b\n\x04Type\x12\x07\n\x03PUT\x10\x00\x12\n\n\x06\x44\x45LETE\x10\x01\"^\n\rWatchResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12*\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x1a.tablekeeper.v1.WatchEvent2O\n\x05Watch\x12\x46\n\x05Watch\x12\x1c.tablekeeper.v1.WatchRequest\x1a\x1d.tablekeeper.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n tablekeeper_proto/v1/watch.proto\x12\x0etablekeeper.v1\x1a%tablekeeper_proto/bookkeeper/kv.proto\"x\n\x0cWatchRequest\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x0c\n\x04pkey\x18\x02 \x01(\x0c\x12\x0b\n\x03key\x18\x03 \x01(\x0c\x12\x11\n\trange_end\x18\x04 \x01(\x0c\x12\x16\n\x0estart_revision\x18\x05 \x01(\x03\x12\x0f\n\x07prev_kv\x18\x06 \x01(\x08\"\xd4\x01\n\nWatchEvent\x12-\n\x04type\x18\x01 \x01(\x0e\x32\x1f.tablekeeper.v1.WatchEvent.Type\x12)\n\x02kv\x18\x02 \x01(\x0b\x32\x1d.bookkeeper.proto.kv.KeyValue\x12.\n\x07prev_kv\x18\x03 \x01(\x0b\x32\x1d.bookkeeper.proto.kv.KeyValue\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12\r\n\x05index\x18\x05 \x01(\x05\"\x1b\n\x04Type\x12\x07\n\x03PUT\x10\x00\x12\n\n\x06\x44\x45LETE\x10\x01\"^\n\rWatchResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12*\n\x06\x65vents\x18\x03 \x03(\x0b\x32\x1a.tablekeeper.v1.WatchEvent\"c\n\x12WatchStreamRequest\x12-\n\x06\x63reate\x18\x01 \x01(\x0b\x32\x1b.tablekeeper.v1.WatchCreateH\x00\x12\x13\n\tcancel_id\x18\x02 \x01(\x03H\x00\x42\t\n\x07request\"L\n\x0bWatchCreate\x12\x10\n\x08watch_id\x18\x01 \x01(\x03\x12+\n\x05watch\x18\x02 \x01(\x0b\x32\x1c.tablekeeper.v1.WatchRequest\"\xcb\x01\n\x0bWatchUpdate\x12\x10\n\x08watch_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x10\n\x08revision\x18\x03 \x01(\x03\x12*\n\x06\x65vents\x18\x04 \x03(\x0b\x32\x1a.tablekeeper.v1.WatchEvent\x12\x12\n\nerror_code\x18\x05 \x01(\x05\x12\x15\n\rerror_message\x18\x06 \x01(\t\x12\x14\n\x0c\x65rror_status\x18\x07 \x01(\x05\x12\x1a\n\x12\x63ompacted_revision\x18\x08 \x01(\x03\"C\n\x13WatchStreamResponse\x12,\n\x07updates\x18\x01 \x03(\x0b\x32\x1b.tablekeeper.v1.WatchUpdate2\xa9\x01\n\x05Watch\x12\x46\n\x05Watch\x12\x1c.tablekeeper.v1.WatchRequest\x1a\x1d.tablekeeper.v1.WatchResponse0\x01\x12X\n\tWatchMany\x12\".tablekeeper.v1.WatchStreamRequest\x1a#.tablekeeper.v1.WatchStreamResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHEVENT_TYPE']._serialized_end=426
   _globals['_WATCHRESPONSE']._serialized_start=428
   _globals['_WATCHRESPONSE']._serialized_end=522
-  _globals['_WATCH']._serialized_start=524
-  _globals['_WATCH']._serialized_end=603
+  _globals['_WATCHSTREAMREQUEST']._serialized_start=524
+  _globals['_WATCHSTREAMREQUEST']._serialized_end=623
+  _globals['_WATCHCREATE']._serialized_start=625
+  _globals['_WATCHCREATE']._serialized_end=701
+  _globals['_WATCHUPDATE']._serialized_start=704
+  _globals['_WATCHUPDATE']._serialized_end=907
+  _globals['_WATCHSTREAMRESPONSE']._serialized_start=909
+  _globals['_WATCHSTREAMRESPONSE']._serialized_end=976
+  _globals['_WATCH']._serialized_start=979
+  _globals['_WATCH']._serialized_end=1148
 # @@protoc_insertion_point(module_scope)

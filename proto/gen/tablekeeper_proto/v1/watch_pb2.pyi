@@ -145,3 +145,127 @@ class WatchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchResponse: _TypeAlias = WatchResponse  # noqa: Y015
+
+@_typing.final
+class WatchStreamRequest(_message.Message):
+    """Many watches on one stream (as etcd multiplexes watchers): the client names each watch with an
+    id of its own, and the server sends what is ready for any of them in one message, converting
+    each change once for all the stream's watchers of it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CREATE_FIELD_NUMBER: _builtins.int
+    CANCEL_ID_FIELD_NUMBER: _builtins.int
+    cancel_id: _builtins.int
+    """The id of a watch to end (its stream goes on)."""
+    @_builtins.property
+    def create(self) -> Global___WatchCreate: ...
+    def __init__(
+        self,
+        *,
+        create: Global___WatchCreate | None = ...,
+        cancel_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_id", b"cancel_id", "create", b"create", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_id", b"cancel_id", "create", b"create", "request", b"request"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_request: _TypeAlias = _typing.Literal["create", "cancel_id"]  # noqa: Y015
+    _WhichOneofArgType_request: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_request) -> _WhichOneofReturnType_request | None: ...
+
+Global___WatchStreamRequest: _TypeAlias = WatchStreamRequest  # noqa: Y015
+
+@_typing.final
+class WatchCreate(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WATCH_ID_FIELD_NUMBER: _builtins.int
+    WATCH_FIELD_NUMBER: _builtins.int
+    watch_id: _builtins.int
+    """Chosen by the client, unique among the stream's live watches."""
+    @_builtins.property
+    def watch(self) -> Global___WatchRequest: ...
+    def __init__(
+        self,
+        *,
+        watch_id: _builtins.int = ...,
+        watch: Global___WatchRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["watch", b"watch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["watch", b"watch", "watch_id", b"watch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchCreate: _TypeAlias = WatchCreate  # noqa: Y015
+
+@_typing.final
+class WatchUpdate(_message.Message):
+    """What happened to one watch of the stream: created, events, or its end."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WATCH_ID_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    ERROR_STATUS_FIELD_NUMBER: _builtins.int
+    COMPACTED_REVISION_FIELD_NUMBER: _builtins.int
+    watch_id: _builtins.int
+    created: _builtins.bool
+    """As WatchResponse: the first update of a watch."""
+    revision: _builtins.int
+    error_code: _builtins.int
+    """Non-zero: the watch ended with this gRPC status code (what the one-watch stream would have
+    ended with; the watch's id is free again), `error_message` its details.
+    """
+    error_message: _builtins.str
+    error_status: _builtins.int
+    """The error's BookKeeper status code (`tk-code` on the one-watch stream)."""
+    compacted_revision: _builtins.int
+    """With OUT_OF_RANGE (compacted): the oldest revision still held."""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___WatchEvent]: ...
+    def __init__(
+        self,
+        *,
+        watch_id: _builtins.int = ...,
+        created: _builtins.bool = ...,
+        revision: _builtins.int = ...,
+        events: _abc.Iterable[Global___WatchEvent] | None = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        error_status: _builtins.int = ...,
+        compacted_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compacted_revision", b"compacted_revision", "created", b"created", "error_code", b"error_code", "error_message", b"error_message", "error_status", b"error_status", "events", b"events", "revision", b"revision", "watch_id", b"watch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchUpdate: _TypeAlias = WatchUpdate  # noqa: Y015
+
+@_typing.final
+class WatchStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPDATES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___WatchUpdate]: ...
+    def __init__(
+        self,
+        *,
+        updates: _abc.Iterable[Global___WatchUpdate] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["updates", b"updates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStreamResponse: _TypeAlias = WatchStreamResponse  # noqa: Y015

@@ -39,12 +39,23 @@ class WatchStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchResponse.FromString,
                 _registered_method=True)
+        self.WatchMany = channel.stream_stream(
+                '/tablekeeper.v1.Watch/WatchMany',
+                request_serializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamResponse.FromString,
+                _registered_method=True)
 
 
 class WatchServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchMany(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_WatchServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchResponse.SerializeToString,
+            ),
+            'WatchMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchMany,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class Watch:
             '/tablekeeper.v1.Watch/Watch',
             tablekeeper__proto_dot_v1_dot_watch__pb2.WatchRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_watch__pb2.WatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tablekeeper.v1.Watch/WatchMany',
+            tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_watch__pb2.WatchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

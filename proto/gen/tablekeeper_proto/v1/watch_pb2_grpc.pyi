@@ -37,11 +37,13 @@ class WatchStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WatchAsyncStub: ...
     Watch: _grpc.UnaryStreamMultiCallable[_watch_pb2.WatchRequest, _watch_pb2.WatchResponse]
+    WatchMany: _grpc.StreamStreamMultiCallable[_watch_pb2.WatchStreamRequest, _watch_pb2.WatchStreamResponse]
 
 @_typing.type_check_only
 class WatchAsyncStub(WatchStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Watch: _aio.UnaryStreamMultiCallable[_watch_pb2.WatchRequest, _watch_pb2.WatchResponse]  # type: ignore[assignment]
+    WatchMany: _aio.StreamStreamMultiCallable[_watch_pb2.WatchStreamRequest, _watch_pb2.WatchStreamResponse]  # type: ignore[assignment]
 
 class WatchServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -50,5 +52,12 @@ class WatchServicer(metaclass=_abc_1.ABCMeta):
         request: _watch_pb2.WatchRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_watch_pb2.WatchResponse], _abc.AsyncIterator[_watch_pb2.WatchResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def WatchMany(
+        self,
+        request_iterator: _MaybeAsyncIterator[_watch_pb2.WatchStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_watch_pb2.WatchStreamResponse], _abc.AsyncIterator[_watch_pb2.WatchStreamResponse]]: ...
 
 def add_WatchServicer_to_server(servicer: WatchServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
