@@ -79,8 +79,10 @@ class Subscription:
         return item
 
     async def close(self) -> None:
-        """Stop the watch (the stream goes on for the others; closed after the last)."""
+        """Stop the watch (the stream goes on for the others; closed after the last). A task
+        waiting in `next()` gets CANCELLED."""
         await self._stream.unsubscribe(self)
+        self.deliver(Ended(grpc.StatusCode.CANCELLED, "watch closed"))
 
 
 class _Stream:

@@ -233,3 +233,19 @@ async def test_a_server_without_shared_streams_gets_a_stream_per_watch() -> None
     finally:
         await context.close()
         await grpc_server.stop(None)
+
+
+async def test_closing_a_watch_ends_an_iteration_waiting_on_it(server: ServerProcess) -> None:
+    async with AsyncClient(server.service) as client:
+        table = await _table(client)
+        other = await table.watch("q", start=b"").start()
+        watch = await table.watch("q", start=b"").start()
+        waiting = asyncio.ensure_future(watch.__anext__())
+        subscription = watch._feed
+        assert isinstance(subscription, _watch_mux.Subscription)
+        while not subscription._inbox._getters:  # type: ignore[attr-defined]
+            await asyncio.sleep(0)  # until the iteration waits for an update
+        await watch.close()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 10)
+        await other.close()
