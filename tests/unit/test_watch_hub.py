@@ -10,11 +10,13 @@ import pytest
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import pkey_prefix, prefix_end
 from tablekeeper_server.errors import CompactedError, UnavailableError, WatcherTooSlowError
-from tablekeeper_server.range.events import EventHistory
+from tablekeeper_server.range.events import ChangeEvent, EventHistory
+from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import (
     SEND_BYTES_MAX,
+    ConvertedEvents,
     HistoryBudget,
     KeySpan,
     WatchHub,
@@ -210,3 +212,31 @@ async def test_events_go_out_in_batches_of_bounded_bytes() -> None:
         if sum(sizes) == 25:
             break
     assert len(sizes) > 1
+
+
+def test_converted_events_are_converted_once_and_bounded_in_bytes() -> None:
+    """A change is converted once for all its watchers; large values do not pile up (the
+    cache empties before holding more than its bytes)."""
+    cache: ConvertedEvents[str] = ConvertedEvents(entries_max=100, bytes_max=10 * 1024 * 1024)
+    conversions: list[int] = []
+
+    def event(revision: int, size: int) -> ChangeEvent:
+        record = StoredRecord(revision, revision, 0, False, 0, b"x" * size)
+        return ChangeEvent(revision, 0, b"k", record, record)
+
+    def get(e: ChangeEvent) -> str:
+        def convert() -> str:
+            conversions.append(e.revision)
+            return f"event {e.revision}"
+
+        return cache.get(("r", e.revision), e, convert)
+
+    small = event(1, 10)
+    assert [get(small) for _ in range(1000)] == ["event 1"] * 1000
+    assert conversions == [1]
+    big = [event(r, 1024 * 1024) for r in range(2, 30)]  # ~2 MiB each with the previous value
+    for e in big:
+        assert get(e) == f"event {e.revision}"
+    assert cache._bytes <= 10 * 1024 * 1024
+    assert len(cache._converted) <= 5
+    assert sum(event_bytes(e) for e in big[-len(cache._converted) :]) == cache._bytes

@@ -33,7 +33,7 @@ from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.sessions import TTL_MS_MAX
-from tablekeeper_server.range.watch import KeySpan, Watcher
+from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -522,22 +522,14 @@ class _WatchStream:
 
 class _EventCache:
     """The etcd form of recent changes: a change is converted once however many watchers
-    receive it (bounded; emptied when full)."""
-
-    ENTRIES_MAX = 4096
+    receive it (bounded in entries and bytes; see `ConvertedEvents`)."""
 
     def __init__(self) -> None:
-        self._events: dict[tuple[str, int, int, bool], kv_pb2.Event] = {}
+        self._converted: ConvertedEvents[kv_pb2.Event] = ConvertedEvents()
 
     def get(self, range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
-        key = (range_.name.log_name, event.revision, event.index, prev_kv)
-        converted = self._events.get(key)
-        if converted is None:
-            converted = _convert_event(range_, event, prev_kv)
-            if len(self._events) >= self.ENTRIES_MAX:
-                self._events.clear()
-            self._events[key] = converted
-        return converted
+        key = (range_.name, event.revision, event.index, prev_kv)
+        return self._converted.get(key, event, lambda: _convert_event(range_, event, prev_kv))
 
 
 def _convert_event(range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:

@@ -34,8 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from tablekeeper_server.errors import (
     CompactedError,
@@ -82,6 +83,40 @@ def _chunks(events: list[ChangeEvent], bytes_max: int) -> list[list[ChangeEvent]
     if run:
         out.append(run)
     return out
+
+
+T = TypeVar("T")
+
+CONVERTED_EVENTS_MAX = 4096
+CONVERTED_BYTES_MAX = 8 * 1024 * 1024
+
+
+class ConvertedEvents(Generic[T]):
+    """Recent changes in a front-end's wire form, so a change is converted once however many
+    watchers receive it (they all get it within a moment of each other). Bounded in entries and
+    in bytes (events carry whole values): emptied when either bound is reached."""
+
+    def __init__(
+        self, entries_max: int = CONVERTED_EVENTS_MAX, bytes_max: int = CONVERTED_BYTES_MAX
+    ) -> None:
+        self._entries_max = entries_max
+        self._bytes_max = bytes_max
+        self._converted: dict[Hashable, T] = {}
+        self._bytes = 0
+
+    def get(self, key: Hashable, event: ChangeEvent, convert: Callable[[], T]) -> T:
+        """The converted form of `event` (`key` names the event and the form), converting it
+        on first use."""
+        converted = self._converted.get(key)
+        if converted is None:
+            converted = convert()
+            cost = event_bytes(event)
+            if len(self._converted) >= self._entries_max or self._bytes + cost > self._bytes_max:
+                self._converted.clear()
+                self._bytes = 0
+            self._converted[key] = converted
+            self._bytes += cost
+        return converted
 
 
 class HistoryBudget:

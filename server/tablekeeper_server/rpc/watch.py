@@ -34,10 +34,10 @@ from tablekeeper_server.errors import (
     wire_rule,
 )
 from tablekeeper_server.range.events import ChangeEvent
-from tablekeeper_server.range.replica import Range, RangeName
+from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.range.watch import KeySpan, Watcher
+from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 from tablekeeper_server.rpc.proxy import WATCH_SERVICE, Forwarder, was_forwarded
 from tablekeeper_server.rpc.status import CODE_METADATA_KEY, grpc_status, stream_errors
 
@@ -65,25 +65,16 @@ def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.Watc
 
 
 class _EventCache:
-    """Recent changes in their wire form: a change is converted once however many watchers
-    receive it (bounded; emptied when full)."""
-
-    ENTRIES_MAX = 4096
+    """Changes in this service's wire form, converted once for all their watchers."""
 
     def __init__(self) -> None:
-        self._events: dict[tuple[RangeName, int, int, int, bool], watch_pb2.WatchEvent] = {}
+        self._converted: ConvertedEvents[watch_pb2.WatchEvent] = ConvertedEvents()
 
     def get(
         self, range_: Range, prefix_len: int, event: ChangeEvent, prev_kv: bool
     ) -> watch_pb2.WatchEvent:
         key = (range_.name, event.revision, event.index, prefix_len, prev_kv)
-        converted = self._events.get(key)
-        if converted is None:
-            converted = _event(prefix_len, event, prev_kv)
-            if len(self._events) >= self.ENTRIES_MAX:
-                self._events.clear()
-            self._events[key] = converted
-        return converted
+        return self._converted.get(key, event, lambda: _event(prefix_len, event, prev_kv))
 
 
 def _check(request: watch_pb2.WatchRequest, limits: Limits) -> None:
