@@ -528,7 +528,7 @@ class _EventCache:
         self._converted: ConvertedEvents[kv_pb2.Event] = ConvertedEvents()
 
     def get(self, range_: Range, event: ChangeEvent, prev_kv: bool) -> kv_pb2.Event:
-        key = (range_.name, event.revision, event.index, prev_kv)
+        key = (range_.name.log_name, event.revision, event.index, prev_kv)
         return self._converted.get(key, event, lambda: _convert_event(range_, event, prev_kv))
 
 

@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
@@ -93,10 +93,12 @@ class RangeName:
     container_id: int
     stream_id: int
     range_id: int
+    log_name: str = field(init=False, repr=False, compare=False)
+    """The range's log (and its checkpoints') name; also how logs and metrics name it."""
 
-    @property
-    def log_name(self) -> str:
-        return f"{self.container_id:05d}-{self.stream_id:012d}-{self.range_id:012d}"
+    def __post_init__(self) -> None:
+        name = f"{self.container_id:05d}-{self.stream_id:012d}-{self.range_id:012d}"
+        object.__setattr__(self, "log_name", name)
 
 
 @dataclass(slots=True)

@@ -73,7 +73,7 @@ class _EventCache:
     def get(
         self, range_: Range, prefix_len: int, event: ChangeEvent, prev_kv: bool
     ) -> watch_pb2.WatchEvent:
-        key = (range_.name, event.revision, event.index, prefix_len, prev_kv)
+        key = (range_.name.log_name, event.revision, event.index, prefix_len, prev_kv)
         return self._converted.get(key, event, lambda: _event(prefix_len, event, prev_kv))
 
 
