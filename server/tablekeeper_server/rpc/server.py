@@ -13,7 +13,6 @@ from tablekeeper_proto.v1 import (
     admin_pb2_grpc,
     session_pb2_grpc,
     tablekeeper_pb2_grpc,
-    watch_pb2_grpc,
 )
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
@@ -30,7 +29,7 @@ from tablekeeper_server.rpc.servicers import (
     TableServicer,
 )
 from tablekeeper_server.rpc.sessions import SessionsServicer
-from tablekeeper_server.rpc.watch import WatchServicer
+from tablekeeper_server.rpc.watch import WatchServicer, add_watch_service
 from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
@@ -137,7 +136,7 @@ class GrpcServer:
             TableKeeperServicer(ops, registry, metrics), self._server
         )
         self._watch = WatchServicer(registry, limits, forwarder)
-        watch_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
+        add_watch_service(self._watch, self._server)
         self._sessions = SessionsServicer(registry, metrics, forwarder)
         if access is not None:
             self._sessions.is_superuser = access.is_superuser

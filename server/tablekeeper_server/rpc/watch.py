@@ -22,7 +22,7 @@ from typing import Any, TypeAlias
 import grpc
 
 from tablekeeper_proto.bookkeeper import kv_pb2
-from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
+from tablekeeper_proto.v1 import watch_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.keys import pkey_prefix
 from tablekeeper_server.errors import (
@@ -50,6 +50,42 @@ UPDATES_PER_MESSAGE_MAX = 1024
 by the range's watch hub)."""
 
 
+def _varint(value: int) -> bytes:
+    value &= 0xFFFF_FFFF_FFFF_FFFF  # negative int64s as protobuf encodes them
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _tag(message: Any, field: str, wire_type: int) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+
+
+_LENGTH_DELIMITED, _VARINT = 2, 0
+_UPDATE_ID = _tag(watch_pb2.WatchUpdate, "watch_id", _VARINT)
+_UPDATE_EVENT = _tag(watch_pb2.WatchUpdate, "events", _LENGTH_DELIMITED)
+_RESPONSE_UPDATE = _tag(watch_pb2.WatchStreamResponse, "updates", _LENGTH_DELIMITED)
+
+
+def _length_delimited(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def encode_events_update(watch_id: int, encoded_events: list[bytes]) -> bytes:
+    """A serialized `WatchUpdate` of events, from events already encoded as its `events`
+    entries (`_EventCache.encoded`): what a stream sends per watcher costs a join, not a
+    conversion and a serialization."""
+    return b"".join((_UPDATE_ID, _varint(watch_id), *encoded_events))
+
+
+def encode_response(updates: list[bytes]) -> bytes:
+    """A serialized `WatchStreamResponse` of serialized `WatchUpdate`s."""
+    return b"".join([_length_delimited(_RESPONSE_UPDATE, update) for update in updates])
+
+
 def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.WatchEvent:
     lkey = event.key[prefix_len:]
     out = watch_pb2.WatchEvent(revision=event.revision, index=event.index)
@@ -65,16 +101,29 @@ def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.Watc
 
 
 class _EventCache:
-    """Changes in this service's wire form, converted once for all their watchers."""
+    """Changes in this service's wire form, converted once for all their watchers: as
+    `WatchEvent`s (the one-watch stream) and as encoded `WatchUpdate.events` entries (the
+    shared streams)."""
 
     def __init__(self) -> None:
         self._converted: ConvertedEvents[watch_pb2.WatchEvent] = ConvertedEvents()
+        self._encoded: ConvertedEvents[bytes] = ConvertedEvents()
 
     def get(
         self, range_: Range, prefix_len: int, event: ChangeEvent, prev_kv: bool
     ) -> watch_pb2.WatchEvent:
         key = (range_.name.log_name, event.revision, event.index, prefix_len, prev_kv)
         return self._converted.get(key, event, lambda: _event(prefix_len, event, prev_kv))
+
+    def encoded(self, range_: Range, prefix_len: int, event: ChangeEvent, prev_kv: bool) -> bytes:
+        key = (range_.name.log_name, event.revision, event.index, prefix_len, prev_kv)
+        return self._encoded.get(
+            key,
+            event,
+            lambda: _length_delimited(
+                _UPDATE_EVENT, _event(prefix_len, event, prev_kv).SerializeToString()
+            ),
+        )
 
 
 def _check(request: watch_pb2.WatchRequest, limits: Limits) -> None:
@@ -119,7 +168,7 @@ def _relayed_end(watch_id: int, error: grpc.aio.AioRpcError, via: str) -> watch_
     return update
 
 
-class WatchServicer(watch_pb2_grpc.WatchServicer):
+class WatchServicer:
     """In cluster mode a watch on a range owned elsewhere is relayed from the owner."""
 
     def __init__(
@@ -187,7 +236,7 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
 
     async def WatchMany(  # noqa: N802
         self, request_iterator: AsyncIterator[watch_pb2.WatchStreamRequest], context: Context
-    ) -> AsyncIterator[watch_pb2.WatchStreamResponse]:
+    ) -> AsyncIterator[bytes]:
         async with stream_errors("WatchMany", context):
             if self._stopping:
                 raise UnavailableError("server shutting down")
@@ -199,13 +248,33 @@ class WatchServicer(watch_pb2_grpc.WatchServicer):
                     updates = await stream.next(reader)
                     if updates is None:
                         return
-                    yield watch_pb2.WatchStreamResponse(updates=updates)
+                    yield encode_response(updates)  # sent as is (`add_watch_service`)
             finally:
                 self._streams.discard(stream)
                 reader.cancel()
                 await stream.close()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await reader
+
+
+def add_watch_service(servicer: WatchServicer, server: Any) -> None:
+    """Register the Watch service: as generated, except that `WatchMany` sends the bytes its
+    handler yields as they are (it serializes them itself, see `encode_response`)."""
+    handlers = {
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            servicer.Watch,
+            request_deserializer=watch_pb2.WatchRequest.FromString,
+            response_serializer=watch_pb2.WatchResponse.SerializeToString,
+        ),
+        "WatchMany": grpc.stream_stream_rpc_method_handler(
+            servicer.WatchMany,
+            request_deserializer=watch_pb2.WatchStreamRequest.FromString,
+            response_serializer=bytes,
+        ),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("tablekeeper.v1.Watch", handlers),)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +301,8 @@ class _WatchStream:
     def __init__(self, servicer: WatchServicer, context: Context) -> None:
         self._servicer = servicer
         self._context = context
-        self._queue: asyncio.Queue[watch_pb2.WatchUpdate] = asyncio.Queue(self.QUEUE_MAX)
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue(self.QUEUE_MAX)
+        """Serialized `WatchUpdate`s."""
         self._watches: dict[int, asyncio.Task[None]] = {}
         """Watches being created or catching up (or relayed from their owner)."""
         self._live: dict[int, _Live] = {}
@@ -246,12 +316,12 @@ class _WatchStream:
         last event they had)."""
         self._stopped.set()
 
-    async def next(self, reader: asyncio.Task[None]) -> list[watch_pb2.WatchUpdate] | None:
+    async def next(self, reader: asyncio.Task[None]) -> list[bytes] | None:
         """The updates to send next (at least one), or None to end the stream: the server is
         stopping (clients resume elsewhere), or the client has closed its side and no watch
         is left. A failed read ends the stream with its error."""
         queue = self._queue
-        first: watch_pb2.WatchUpdate | None = None
+        first: bytes | None = None
         while first is None and queue.empty():
             if self._stopped.is_set():
                 return None
@@ -275,7 +345,7 @@ class _WatchStream:
                 first = getter.result()
         if self._stopped.is_set():
             return None
-        updates: list[watch_pb2.WatchUpdate] = [] if first is None else [first]
+        updates: list[bytes] = [] if first is None else [first]
         while len(updates) < UPDATES_PER_MESSAGE_MAX and not queue.empty():
             updates.append(queue.get_nowait())
         return updates
@@ -286,7 +356,7 @@ class _WatchStream:
             if kind == "create":
                 watch_id = request.create.watch_id
                 if watch_id in self._watches or watch_id in self._live:
-                    await self._queue.put(
+                    await self._send(
                         _ended(watch_id, BadRequestError(f"duplicate watch id {watch_id}"))
                     )
                     continue
@@ -332,17 +402,16 @@ class _WatchStream:
             watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
             try:
                 queue = self._queue
-                await queue.put(
+                await self._send(
                     watch_pb2.WatchUpdate(watch_id=watch_id, created=True, revision=revision)
                 )
-                convert = servicer._events.get
+                encoded = servicer._events.encoded
                 prefix_len, prev_kv = len(prefix), request.prev_kv
                 async with contextlib.aclosing(hub.catch_up(watcher)) as backlog:
                     async for batch in backlog:
                         await queue.put(
-                            watch_pb2.WatchUpdate(
-                                watch_id=watch_id,
-                                events=[convert(range_, prefix_len, e, prev_kv) for e in batch],
+                            encode_events_update(
+                                watch_id, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
                             )
                         )
             except BaseException:
@@ -353,12 +422,12 @@ class _WatchStream:
             watcher.on_ready = functools.partial(self._mark_ready, watch_id)
             self._mark_ready(watch_id)
         except TableKeeperError as exc:
-            await self._queue.put(_ended(watch_id, exc))
+            await self._send(_ended(watch_id, exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             log.exception("watch %d of a WatchMany stream failed", watch_id)
-            await self._queue.put(
+            await self._send(
                 watch_pb2.WatchUpdate(
                     watch_id=watch_id,
                     error_code=grpc.StatusCode.INTERNAL.value[0],
@@ -380,7 +449,7 @@ class _WatchStream:
             self._stopped.set()
 
     async def _pump_live(self) -> None:
-        convert = self._servicer._events.get
+        encoded = self._servicer._events.encoded
         queue = self._queue
         while True:
             await self._ready_event.wait()
@@ -394,20 +463,20 @@ class _WatchStream:
                     batch = live.range_.watch.take_live(live.watcher)
                 except TableKeeperError as exc:
                     self._end(watch_id)
-                    await queue.put(_ended(watch_id, exc))
+                    await self._send(_ended(watch_id, exc))
                     continue
                 if batch:
+                    range_, prefix_len, prev_kv = live.range_, live.prefix_len, live.prev_kv
                     await queue.put(
-                        watch_pb2.WatchUpdate(
-                            watch_id=watch_id,
-                            events=[
-                                convert(live.range_, live.prefix_len, e, live.prev_kv)
-                                for e in batch
-                            ],
+                        encode_events_update(
+                            watch_id, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
                         )
                     )
                 if live.watcher.pending or live.watcher.error is not None:
                     self._mark_ready(watch_id)  # more than one batch, or its end
+
+    async def _send(self, update: watch_pb2.WatchUpdate) -> None:
+        await self._queue.put(update.SerializeToString())
 
     async def _relay(
         self, watch_id: int, container_id: int, request: watch_pb2.WatchRequest
@@ -422,7 +491,7 @@ class _WatchStream:
         try:
             async with contextlib.aclosing(relayed) as responses:
                 async for response in responses:
-                    await self._queue.put(
+                    await self._send(
                         watch_pb2.WatchUpdate(
                             watch_id=watch_id,
                             created=response.created,
@@ -431,9 +500,9 @@ class _WatchStream:
                         )
                     )
         except grpc.aio.AioRpcError as error:
-            await self._queue.put(_relayed_end(watch_id, error, endpoint))
+            await self._send(_relayed_end(watch_id, error, endpoint))
             return
-        await self._queue.put(
+        await self._send(
             _ended(watch_id, UnavailableError(f"the owner {endpoint} ended the watch"))
         )
 
