@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from tablekeeper.types import KeyValue, WatchEvent
 from tablekeeper_proto.v1 import watch_pb2
 
 CODE_METADATA_KEY = "tk-code"
@@ -40,7 +42,44 @@ class Ended:
     rpc_error: grpc.aio.AioRpcError | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Created:
+    """The watch is registered: no change after `revision` (the range's, then) is missed."""
+
+    revision: int
+
+
+Item = Created | list[WatchEvent] | Ended
+"""What a watch receives: `Created` first, then lists of events, until its `Ended`."""
+
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+EventKey = tuple[bytes, int, int, bool]
+
+
+def convert_events(
+    pkey: bytes, events: Sequence[watch_pb2.WatchEvent], converted: dict[EventKey, WatchEvent]
+) -> list[WatchEvent]:
+    """The SDK's form of a watch's events of `pkey`. `converted` holds what one message's
+    other watches already converted (events are immutable, so watches share them)."""
+    out = []
+    for event in events:
+        has_prev = event.HasField("prev_kv")
+        key = (pkey, event.revision, event.index, has_prev)
+        shared = converted.get(key)
+        if shared is None:
+            is_put = event.type == watch_pb2.WatchEvent.PUT
+            shared = converted[key] = WatchEvent(
+                type="put" if is_put else "delete",
+                pkey=pkey,
+                lkey=event.kv.key,
+                kv=KeyValue.from_proto(pkey, event.kv) if is_put else None,
+                prev=KeyValue.from_proto(pkey, event.prev_kv) if has_prev else None,
+                revision=event.revision,
+                index=event.index,
+            )
+        out.append(shared)
+    return out
 
 
 def _ended(update: watch_pb2.WatchUpdate) -> Ended:
@@ -55,25 +94,38 @@ def _ended(update: watch_pb2.WatchUpdate) -> Ended:
 class Subscription:
     """One watch on a shared stream."""
 
-    def __init__(self, stream: _Stream, watch_id: int) -> None:
+    def __init__(self, stream: _Stream, watch_id: int, pkey: bytes) -> None:
         self._stream = stream
         self.watch_id = watch_id
-        self._inbox: asyncio.Queue[watch_pb2.WatchUpdate | Ended] = asyncio.Queue()
+        self.pkey = pkey
+        # A deque and one waiter rather than an asyncio.Queue: delivering to a thousand
+        # watches per message is the client's hot path.
+        self._inbox: deque[Item] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self.ended: Ended | None = None
 
-    def deliver(self, item: watch_pb2.WatchUpdate | Ended) -> None:
-        self._inbox.put_nowait(item)
+    def deliver(self, item: Item) -> None:
+        self._inbox.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def backlog(self) -> int:
         """Updates received and not yet consumed."""
-        return self._inbox.qsize()
+        return len(self._inbox)
 
-    async def next(self) -> watch_pb2.WatchUpdate | Ended:
+    async def next(self) -> Item:
         """The watch's next update, or how it ended (then always that)."""
         if self.ended is not None:
             return self.ended
-        item = await self._inbox.get()
+        while not self._inbox:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._inbox.popleft()
         if isinstance(item, Ended):
             self.ended = item
         return item
@@ -97,7 +149,7 @@ class _Stream:
         self._reader = asyncio.create_task(self._read())
 
     async def subscribe(self, request: watch_pb2.WatchRequest) -> Subscription:
-        subscription = Subscription(self, self._next_id)
+        subscription = Subscription(self, self._next_id, request.pkey)
         self._next_id += 1
         self._subscriptions[subscription.watch_id] = subscription
         create = watch_pb2.WatchCreate(watch_id=subscription.watch_id, watch=request)
@@ -123,6 +175,7 @@ class _Stream:
         ended: Ended
         try:
             async for response in self._call:
+                converted: dict[EventKey, WatchEvent] = {}
                 for update in response.updates:
                     subscription = self._subscriptions.get(update.watch_id)
                     if subscription is None:
@@ -133,7 +186,12 @@ class _Stream:
                     elif subscription.backlog >= INBOX_UPDATES_MAX:
                         self._too_slow(subscription)
                     else:
-                        subscription.deliver(update)
+                        if update.created:
+                            subscription.deliver(Created(update.revision))
+                        if update.events:
+                            subscription.deliver(
+                                convert_events(subscription.pkey, update.events, converted)
+                            )
             ended = Ended(None, "the server ended the watch stream")
         except grpc.aio.AioRpcError as error:
             ended = Ended(

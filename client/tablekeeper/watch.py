@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from types import TracebackType
 from typing import Any, Protocol
@@ -30,14 +31,14 @@ import grpc
 from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
 from tablekeeper._routes import BOOTSTRAP, Target
-from tablekeeper._watch_mux import Ended
+from tablekeeper._watch_mux import Created, Ended, Item, convert_events
 from tablekeeper.errors import (
     CompactedError,
     UnavailableError,
     WatchCancelledError,
     error_for_status,
 )
-from tablekeeper.types import KeyValue, WatchEvent
+from tablekeeper.types import WatchEvent
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
 
 _INDEX_MAX = 2**32 - 1
@@ -53,7 +54,7 @@ _RESUMABLE = (
 class _Feed(Protocol):
     """One watch's messages from the server, whichever way they come."""
 
-    async def next(self) -> watch_pb2.WatchUpdate | watch_pb2.WatchResponse | Ended: ...
+    async def next(self) -> Item: ...
 
     async def close(self) -> None: ...
 
@@ -61,10 +62,15 @@ class _Feed(Protocol):
 class _OwnStream:
     """A watch on a stream of its own (the `Watch` RPC)."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, pkey: bytes) -> None:
         self._call = call
+        self._pkey = pkey
+        self._created: Created | None = None
 
-    async def next(self) -> watch_pb2.WatchResponse | Ended:
+    async def next(self) -> Item:
+        if self._created is not None:  # the first message also had events
+            created, self._created = self._created, None
+            return created
         try:
             message = await self._call.read()
         except grpc.aio.AioRpcError as error:
@@ -73,8 +79,12 @@ class _OwnStream:
             )
         if message is grpc.aio.EOF:  # the server is stopping or gave the range away
             return Ended(None, "the server ended the watch stream")
-        response: watch_pb2.WatchResponse = message
-        return response
+        events = convert_events(self._pkey, message.events, {})
+        if message.created:
+            if not events:
+                return Created(message.revision)
+            self._created = Created(message.revision)
+        return events
 
     async def close(self) -> None:
         self._call.cancel()
@@ -110,7 +120,7 @@ class AsyncWatch:
         self._feed: _Feed | None = None
         self._target = BOOTSTRAP
         """Where `_feed` went (forgotten by the route cache if the stream breaks)."""
-        self._buffer: list[WatchEvent] = []
+        self._buffer: deque[WatchEvent] = deque()
         self._closed = False
         self.revision = 0
         """The range's revision when the watch (first) started; set by `start()`."""
@@ -126,7 +136,7 @@ class AsyncWatch:
         context = self._context
         if context.watch_streams_unsupported:
             stub = context.stub("watch", watch_pb2_grpc.WatchStub, target.endpoint)
-            return _OwnStream(stub.Watch(request))
+            return _OwnStream(stub.Watch(request), request.pkey)
         return await context.watch_streams.subscribe(target.endpoint, request)
 
     async def _open(self) -> None:
@@ -163,7 +173,7 @@ class AsyncWatch:
                 await asyncio.sleep(random.uniform(0, backoff))
                 backoff = min(policy.max_backoff_s, backoff * 2)
                 continue
-            if not first.created:
+            if not isinstance(first, Created):
                 await feed.close()
                 raise UnavailableError("watch: the server ended the stream before creating it")
             if self._last is None:
@@ -202,20 +212,6 @@ class AsyncWatch:
             message = f"watch: {code.name}: {ended.details}"
         raise type(final)(message, code=final.code or None)
 
-    def _convert(self, event: watch_pb2.WatchEvent) -> WatchEvent:
-        is_put = event.type == watch_pb2.WatchEvent.PUT
-        return WatchEvent(
-            type="put" if is_put else "delete",
-            pkey=self._pkey,
-            lkey=event.kv.key,
-            kv=KeyValue.from_proto(self._pkey, event.kv) if is_put else None,
-            prev=KeyValue.from_proto(self._pkey, event.prev_kv)
-            if event.HasField("prev_kv")
-            else None,
-            revision=event.revision,
-            index=event.index,
-        )
-
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         return self
 
@@ -235,13 +231,15 @@ class AsyncWatch:
                 self._raise_final(message)
                 self._failed(self._target, message)
                 continue
+            if isinstance(message, Created):  # a server repeating it: nothing to deliver
+                continue
             assert self._last is not None
-            for event in message.events:
+            for event in message:
                 position = (event.revision, event.index)
                 if position > self._last:
-                    self._buffer.append(self._convert(event))
+                    self._buffer.append(event)
                     self._last = position
-        return self._buffer.pop(0)
+        return self._buffer.popleft()
 
     async def close(self) -> None:
         """Stop watching (ends the stream, or this watch's share of it)."""

@@ -243,7 +243,7 @@ async def test_closing_a_watch_ends_an_iteration_waiting_on_it(server: ServerPro
         waiting = asyncio.ensure_future(watch.__anext__())
         subscription = watch._feed
         assert isinstance(subscription, _watch_mux.Subscription)
-        while not subscription._inbox._getters:  # type: ignore[attr-defined]
+        while subscription._waiter is None:
             await asyncio.sleep(0)  # until the iteration waits for an update
         await watch.close()
         with pytest.raises(StopAsyncIteration):

@@ -12,6 +12,7 @@ from tablekeeper_server.rpc.watch import (
     _length_delimited,
     encode_events_update,
     encode_response,
+    update_header,
 )
 
 pytestmark = pytest.mark.unit
@@ -35,7 +36,9 @@ def _events() -> list[watch_pb2.WatchEvent]:
 def test_an_update_of_encoded_events_parses_as_the_update(watch_id: int) -> None:
     events = _events()
     encoded = [_length_delimited(_UPDATE_EVENT, e.SerializeToString()) for e in events]
-    update = watch_pb2.WatchUpdate.FromString(encode_events_update(watch_id, encoded))
+    update = watch_pb2.WatchUpdate.FromString(
+        encode_events_update(update_header(watch_id), encoded)
+    )
     assert update == watch_pb2.WatchUpdate(watch_id=watch_id, events=events)
 
 

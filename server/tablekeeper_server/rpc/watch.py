@@ -74,11 +74,16 @@ def _length_delimited(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
-def encode_events_update(watch_id: int, encoded_events: list[bytes]) -> bytes:
-    """A serialized `WatchUpdate` of events, from events already encoded as its `events`
-    entries (`_EventCache.encoded`): what a stream sends per watcher costs a join, not a
-    conversion and a serialization."""
-    return b"".join((_UPDATE_ID, _varint(watch_id), *encoded_events))
+def update_header(watch_id: int) -> bytes:
+    """How every serialized `WatchUpdate` of the watch starts (its id)."""
+    return _UPDATE_ID + _varint(watch_id)
+
+
+def encode_events_update(header: bytes, encoded_events: list[bytes]) -> bytes:
+    """A serialized `WatchUpdate` of events, from its `update_header` and events already
+    encoded as its `events` entries (`_EventCache.encoded`): what a stream sends per watcher
+    costs a join, not a conversion and a serialization."""
+    return b"".join((header, *encoded_events))
 
 
 def encode_response(updates: list[bytes]) -> bytes:
@@ -285,6 +290,8 @@ class _Live:
     range_: Range
     prefix_len: int
     prev_kv: bool
+    header: bytes
+    """The start of each of its updates (its id), encoded once."""
 
 
 class _WatchStream:
@@ -407,18 +414,19 @@ class _WatchStream:
                 )
                 encoded = servicer._events.encoded
                 prefix_len, prev_kv = len(prefix), request.prev_kv
+                header = update_header(watch_id)
                 async with contextlib.aclosing(hub.catch_up(watcher)) as backlog:
                     async for batch in backlog:
                         await queue.put(
                             encode_events_update(
-                                watch_id, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
+                                header, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
                             )
                         )
             except BaseException:
                 hub.stop(watcher)
                 raise
             # Live from here: the stream's pump sends what comes (and what came meanwhile).
-            self._live[watch_id] = _Live(watcher, range_, prefix_len, prev_kv)
+            self._live[watch_id] = _Live(watcher, range_, prefix_len, prev_kv, header)
             watcher.on_ready = functools.partial(self._mark_ready, watch_id)
             self._mark_ready(watch_id)
         except TableKeeperError as exc:
@@ -469,7 +477,7 @@ class _WatchStream:
                     range_, prefix_len, prev_kv = live.range_, live.prefix_len, live.prev_kv
                     await queue.put(
                         encode_events_update(
-                            watch_id, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
+                            live.header, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
                         )
                     )
                 if live.watcher.pending or live.watcher.error is not None:
