@@ -12,7 +12,6 @@ watch on it ends alike and resumes on a new stream). The stream is closed when i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -153,11 +152,8 @@ class _Stream:
         self._next_id += 1
         self._subscriptions[subscription.watch_id] = subscription
         create = watch_pb2.WatchCreate(watch_id=subscription.watch_id, watch=request)
-        try:
-            async with self._write_lock:
-                await self._call.write(watch_pb2.WatchStreamRequest(create=create))
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            pass  # the stream failed: the reader ends every watch on it, this one too
+        # A failed write means a failed stream: the reader ends every watch on it, this one too.
+        await self._write_quietly(watch_pb2.WatchStreamRequest(create=create))
         if self.closed and subscription.ended is None:
             subscription.deliver(Ended(grpc.StatusCode.UNAVAILABLE, "watch stream closed"))
         return subscription
@@ -227,9 +223,17 @@ class _Stream:
         task.add_done_callback(self._writes.discard)
 
     async def _write_quietly(self, request: watch_pb2.WatchStreamRequest) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        """Send `request` unless the stream has failed or been closed (its reader reports)."""
+        try:
             async with self._write_lock:
                 await self._call.write(request)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            pass
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # The call was cancelled under the write (the stream closed), not this task.
 
     def close(self) -> None:
         if not self.closed:
