@@ -1,13 +1,16 @@
 """Watch fan-out and session capacity of one standalone server.
 
     .venv/bin/python benchmarks/watch_sessions.py [--watchers 1000] [--events 500]
-        [--sessions 100000] [--client-procs 4]
+        [--sessions 100000] [--client-procs 4] [--streams shared,per-watch]
 
 Watch fan-out: W watchers (spread over P client processes, one channel each) watch one pkey
 (one range); one writer puts E values one after another; every watcher records when each event
 arrived, and the delay is measured from the put's acknowledgement (its commit, as the writer
 sees it) to delivery. Prints events/s delivered
-(all watchers together) and p50/p99 delay.
+(all watchers together) and p50/p99 delay. `--streams`: how the SDK carries the watches, each
+mode run in turn against the same server: `shared` (the default: a client's watches of a table
+share one `WatchMany` stream) and `per-watch` (a stream per watch, what the SDK does against a
+server without `WatchMany`).
 
 Sessions: creates S sessions (TTL 120 s) on one range through the Create RPC, then keeps every one
 alive through a few KeepAlive streams (one stream carries many sessions) for two rounds, and
@@ -42,8 +45,11 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-async def _watchers(service: str, n: int, events: int, ready: object, out: object) -> None:
+async def _watchers(
+    service: str, n: int, events: int, per_watch: bool, ready: object, out: object
+) -> None:
     async with AsyncClient(service, channel_options=[("grpc.use_local_subchannel_pool", 1)]) as c:
+        c._context.watch_streams_unsupported = per_watch  # a stream per watch, as before
         table = await c.table(NS, TABLE)
         received: list[tuple[int, float]] = []
         watches = [table.watch(PKEY, start=b"") for _ in range(n)]
@@ -66,8 +72,10 @@ async def _watchers(service: str, n: int, events: int, ready: object, out: objec
         out.put((len(received), elapsed, received))  # type: ignore[attr-defined]
 
 
-def _watcher_proc(service: str, n: int, events: int, ready: object, out: object) -> None:
-    asyncio.run(_watchers(service, n, events, ready, out))
+def _watcher_proc(
+    service: str, n: int, events: int, per_watch: bool, ready: object, out: object
+) -> None:
+    asyncio.run(_watchers(service, n, events, per_watch, ready, out))
 
 
 async def _writer(service: str, events: int) -> tuple[float, list[float]]:
@@ -83,12 +91,16 @@ async def _writer(service: str, events: int) -> tuple[float, list[float]]:
         return time.perf_counter() - started, acked
 
 
-def watch_fanout(service: str, watchers: int, events: int, procs: int) -> dict[str, float]:
+def watch_fanout(
+    service: str, watchers: int, events: int, procs: int, per_watch: bool
+) -> dict[str, float | str]:
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     readies = [ctx.Event() for _ in range(procs)]
     workers = [
-        ctx.Process(target=_watcher_proc, args=(service, watchers // procs, events, r, out))
+        ctx.Process(
+            target=_watcher_proc, args=(service, watchers // procs, events, per_watch, r, out)
+        )
         for r in readies
     ]
     for w in workers:
@@ -105,6 +117,7 @@ def watch_fanout(service: str, watchers: int, events: int, procs: int) -> dict[s
     # saw its own acknowledgement).
     delays = sorted(t - acked[i] for r in results for i, t in r[2])
     return {
+        "streams": "per-watch" if per_watch else "shared",
         "watchers": watchers,
         "events_written": events,
         "write_s": write_s,
@@ -172,6 +185,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--client-procs", type=int, default=4)
     parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--streams", default="shared", help="shared, per-watch, or both (a,b)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp) / "data").start()
@@ -184,8 +198,15 @@ def main() -> int:
                     await client.create_table(NS, TABLE, ranges=2)
 
             asyncio.run(setup())
-            if args.watchers:
-                print(watch_fanout(server.service, args.watchers, args.events, args.client_procs))
+            for mode in args.streams.split(",") if args.watchers else ():
+                if mode not in ("shared", "per-watch"):
+                    parser.error(f"--streams: {mode!r} is not shared or per-watch")
+                per_watch = mode == "per-watch"
+                print(
+                    watch_fanout(
+                        server.service, args.watchers, args.events, args.client_procs, per_watch
+                    )
+                )
             if args.sessions:
                 print(asyncio.run(sessions(server.service, server.process.pid, args.sessions)))
         finally:
