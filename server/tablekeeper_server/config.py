@@ -89,6 +89,7 @@ class ServerConfig:
     """RocksDB memory shared by all of this process's ranges: block cache and (up to half of
     it) memtables (`storage.rocksdb.RocksMemory`)."""
     shutdown_grace_s: float = 10.0
+    """On SIGTERM, how long in-flight calls may take to finish before they are cut."""
     log_level: str = "INFO"
     log_format: str = "text"
     """`text` (readable lines) or `json` (one JSON object per line); see `logging_setup`."""
@@ -187,6 +188,8 @@ class ServerConfig:
         self.security.validate()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
+        if self.shutdown_grace_s < 0:
+            raise ValueError("--shutdown-grace must be >= 0")
         if self.rocksdb_memory_bytes < 8 * 1024 * 1024:
             raise ValueError("--rocksdb-memory must be at least 8MiB")
         if self.wal_segment_bytes_max < 4096:
@@ -269,6 +272,13 @@ STORAGE_SETTINGS = (
         "demand only",
     ),
     _s("checkpoints-kept", INT, "checkpoints_kept", "checkpoints kept per range"),
+    _s(
+        "shutdown-grace",
+        DURATION,
+        "shutdown_grace_s",
+        "on SIGTERM, how long in-flight calls may take to finish before they are cut (watch "
+        "and keep-alive streams end at once; their clients resume elsewhere)",
+    ),
     _s(
         "wal-segment-bytes",
         SIZE,

@@ -135,16 +135,22 @@ def test_sync_watch(server: ServerProcess) -> None:
         assert (deleted.type, deleted.kv, deleted.revision > put.revision) == ("delete", None, True)
 
 
-async def test_graceful_stop_ends_open_watches_at_once(server: ServerProcess) -> None:
+async def test_graceful_stop_ends_open_watches_at_once(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    server = ServerProcess(tmp_path / "data", extra_args=["--shutdown-grace", "120s"])
+    server_factory.append(server)  # stopped at the end, whatever happens
+    server.start()
     async with AsyncClient(server.service) as client:
         table = await _table(client)
         async with table.watch("w", start=b"") as watch:
             await table.put("w", "a", "1")
             assert (await _take(watch, 1))[0].lkey == b"a"
             started = asyncio.get_running_loop().time()
-            await asyncio.to_thread(server.stop)
-            # Without ending the streams first, stop would wait the whole 10 s grace period.
-            assert asyncio.get_running_loop().time() - started < 5
+            await asyncio.to_thread(server.stop, 90)
+            # Without ending the streams first, stop would wait the whole grace period (the
+            # bound is far from both: what it tells apart is 120 s from a moment).
+            assert asyncio.get_running_loop().time() - started < 60
             server.start()
             await table.put("w", "b", "2")
             assert (await _take(watch, 1))[0].lkey == b"b"  # resumed by itself
