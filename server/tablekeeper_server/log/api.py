@@ -53,6 +53,10 @@ class LogWriter(Protocol):
         """Release the log. Durable records stay; pending nothing (appends are synchronous)."""
         ...
 
+    def close_sync(self) -> None:
+        """`close` for callers outside the event loop (blocking; e.g. a range's recovery)."""
+        ...
+
 
 class LogBackend(Protocol):
     """Opens, reads and truncates named logs. Chosen once, in `main`, from configuration."""

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -169,8 +170,9 @@ class Range:
         than the log), open the log as its only writer, replay, and keep all three."""
         checkpointer = self._checkpointer
         restored = False
+        writer: LogWriter | None = None
         if checkpointer is not None and checkpointer.needs_restore():
-            checkpointer.restore()
+            writer = self._restore_while_opening_log(checkpointer)
             restored = True
         store = self._open_store(restored)
         try:
@@ -182,7 +184,15 @@ class Range:
                 store = self._rebuild_store(store, checkpointer, exc.message)
                 restored = True
                 applied = self._applied_of(store)
-            writer = self._log_backend.open_writer(self.name.log_name, min_last_sequence=applied)
+            if writer is not None and writer.last_sequence < applied:
+                # The log holds less than the checkpoint (e.g. it was lost and the checkpoint
+                # kept): open it again numbering on from the checkpoint.
+                writer.close_sync()
+                writer = None
+            if writer is None:
+                writer = self._log_backend.open_writer(
+                    self.name.log_name, min_last_sequence=applied
+                )
             try:
                 sm = self._replay(store, writer)
             except StoreCorruptionError as exc:
@@ -206,6 +216,20 @@ class Range:
                 store.close()
             raise
         self._store, self._sm, self._writer = store, sm, writer
+
+    def _restore_while_opening_log(self, checkpointer: RangeCheckpointer) -> LogWriter:
+        """Restore the newest checkpoint and, at the same time, open the log as its writer
+        (fencing the previous one): at a takeover both wait on the network (the checkpoint
+        store and the log backend), so one need not wait for the other."""
+        with ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name.log_name}") as pool:
+            opening = pool.submit(self._log_backend.open_writer, self.name.log_name)
+            try:
+                checkpointer.restore()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    opening.result().close_sync()
+                raise
+            return opening.result()
 
     def _rebuild_store(
         self, store: KvStore, checkpointer: RangeCheckpointer, reason: str
