@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -292,3 +293,52 @@ async def test_a_failed_root_range_reopens_by_itself(tmp_path: Path) -> None:
             root.get_namespace("refused")
     finally:
         await registry.stop()
+
+
+@pytest.mark.parametrize("log_kept", [True, False], ids=["log-kept", "log-lost"])
+async def test_a_range_restored_while_its_log_opens_numbers_on_from_both(
+    tmp_path: Path, log_kept: bool
+) -> None:
+    """The local store gone (a takeover, a lost disk): the range restores its checkpoint while
+    it opens its log. With the log kept, the tail after the checkpoint is replayed; with the
+    log lost too, the range reopens it numbering on from the checkpoint (revisions never go
+    back)."""
+    path = tmp_path / "db" / "range"
+    clock = ManualClock()
+
+    def new_range() -> Range:
+        backend = LocalLogBackend(tmp_path / "wal")
+        checkpointer = RangeCheckpointer(
+            NAME.log_name,
+            path,
+            RocksKvStore,
+            DirectoryCheckpointStore(tmp_path / "checkpoints"),
+            backend,
+            clock,
+        )
+        return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+
+    range_ = new_range()
+    await range_.open()
+    for i in range(10):
+        await range_.execute(put(b"k%d" % i, b"1"))
+    assert await range_.checkpoint(force=True) is not None
+    checkpointed = range_.applied_sequence
+    await range_.execute(put(b"tail", b"2"))
+    await range_.close()
+    shutil.rmtree(path)
+    if not log_kept:
+        shutil.rmtree(tmp_path / "wal")
+
+    range_ = new_range()
+    await range_.open()
+    assert range_.checkpointer is not None
+    assert range_.checkpointer.stats.restored_from != ""
+    assert value_of(range_, b"k9") == b"1"
+    assert value_of(range_, b"tail") == (b"2" if log_kept else None)
+    expected = checkpointed + 1 if log_kept else checkpointed
+    assert range_.applied_sequence == expected
+    response = await range_.execute(put(b"after", b"3"))
+    assert isinstance(response, kv.PutResponse)
+    assert range_.applied_sequence == expected + 1
+    await range_.close()
