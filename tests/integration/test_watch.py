@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tablekeeper import AsyncClient, AsyncTable, AsyncWatch, CompactedError, WatchEvent
+from tablekeeper import AsyncClient, CompactedError, WatchEvent
 from tests.support.server import ServerProcess
+from tests.support.watches import fresh_table, take
 
 pytestmark = pytest.mark.integration
 
@@ -26,39 +27,20 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         server.stop()
 
 
-async def _table(client: AsyncClient) -> AsyncTable:
-    ns = "w" + uuid.uuid4().hex[:8]
-    await client.create_namespace(ns)
-    await client.create_table(ns, "t", ranges=2)
-    return await client.table(ns, "t")
-
-
-async def _take(watch: AsyncWatch, n: int, timeout_s: float = 30.0) -> list[WatchEvent]:
-    async def take() -> list[WatchEvent]:
-        out: list[WatchEvent] = []
-        async for event in watch:
-            out.append(event)
-            if len(out) == n:
-                break
-        return out
-
-    return await asyncio.wait_for(take(), timeout_s)
-
-
 def _summary(events: list[WatchEvent]) -> list[tuple[str, bytes, bytes | None]]:
     return [(e.type, e.lkey, e.kv.value if e.kv else None) for e in events]
 
 
 async def test_watch_every_change_once_in_order_across_restart(server: ServerProcess) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "w")
         expected: list[tuple[str, bytes, bytes | None]] = []
         async with table.watch("w", start=b"", prev_kv=True) as watch:
             for i in range(30):
                 await table.put("w", f"k{i % 7}", f"v{i}")
                 expected.append(("put", f"k{i % 7}".encode(), f"v{i}".encode()))
             await table.put("other-pkey", "k1", "x")  # same table, not watched
-            first = await _take(watch, 30)
+            first = await take(watch, 30)
             assert _summary(first) == expected
             revisions = [(e.revision, e.index) for e in first]
             assert revisions == sorted(set(revisions))
@@ -71,7 +53,7 @@ async def test_watch_every_change_once_in_order_across_restart(server: ServerPro
                 more.append(("put", f"k{i % 7}".encode(), f"v{i}".encode()))
             assert await table.delete_range("w", "k0", "k2") == 3
             more += [("delete", b"k0", None), ("delete", b"k1", None), ("delete", b"k2", None)]
-            second = await _take(watch, len(more))
+            second = await take(watch, len(more))
             assert _summary(second) == more
             assert second[0].revision > first[-1].revision
             assert second[-1].prev is not None  # prev_kv asked for
@@ -80,19 +62,19 @@ async def test_watch_every_change_once_in_order_across_restart(server: ServerPro
         # A new watch resumed from the last revision seen before the restart gets exactly the
         # rest, from the durable history.
         async with table.watch("w", start=b"", start_revision=last_seen + 1) as resumed:
-            assert _summary(await _take(resumed, len(more))) == more
+            assert _summary(await take(resumed, len(more))) == more
 
         # A single-key watch from now on.
         async with table.watch("w", "k3") as one:
             await table.put("w", "k4", "no")
             await table.put("w", "k3", "yes")
-            (event,) = await _take(one, 1)
+            (event,) = await take(one, 1)
             assert (event.lkey, event.kv and event.kv.value) == (b"k3", b"yes")
 
 
 async def test_compacted_revision_is_a_clear_error(server: ServerProcess) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "w")
         items: list[tuple[str, str, str | int]] = [("c", f"k{i:05d}", "v") for i in range(6000)]
         assert not any(await table.batch_put(items))
         assert await table.delete_range("c") == 6000  # 6,000 more events: > 10,000 in all
@@ -106,7 +88,7 @@ async def test_compacted_revision_is_a_clear_error(server: ServerProcess) -> Non
         async with table.watch(
             "c", start=b"", start_revision=info.value.oldest_revision
         ) as watch_ok:
-            events = await _take(watch_ok, 10)
+            events = await take(watch_ok, 10)
             assert events[0].revision == info.value.oldest_revision
             assert [e.revision for e in events] == list(
                 range(events[0].revision, events[0].revision + 10)
@@ -142,10 +124,10 @@ async def test_graceful_stop_ends_open_watches_at_once(
     server_factory.append(server)  # stopped at the end, whatever happens
     server.start()
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "w")
         async with table.watch("w", start=b"") as watch:
             await table.put("w", "a", "1")
-            assert (await _take(watch, 1))[0].lkey == b"a"
+            assert (await take(watch, 1))[0].lkey == b"a"
             started = asyncio.get_running_loop().time()
             await asyncio.to_thread(server.stop, 90)
             # Without ending the streams first, stop would wait the whole grace period (the
@@ -153,4 +135,4 @@ async def test_graceful_stop_ends_open_watches_at_once(
             assert asyncio.get_running_loop().time() - started < 60
             server.start()
             await table.put("w", "b", "2")
-            assert (await _take(watch, 1))[0].lkey == b"b"  # resumed by itself
+            assert (await take(watch, 1))[0].lkey == b"b"  # resumed by itself

@@ -6,7 +6,6 @@ others running; and the SDK falls back to a stream per watch on a server without
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -15,18 +14,17 @@ import pytest
 
 from tablekeeper import (
     AsyncClient,
-    AsyncTable,
     AsyncWatch,
     CompactedError,
     RetryPolicy,
     WatchCancelledError,
-    WatchEvent,
     _watch_mux,
 )
 from tablekeeper._context import ClientContext
 from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2, watch_pb2_grpc
 from tests.support.server import ServerProcess
+from tests.support.watches import fresh_table, take
 
 pytestmark = pytest.mark.integration
 
@@ -38,25 +36,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server.stop()
 
 
-async def _table(client: AsyncClient) -> AsyncTable:
-    ns = "ws" + uuid.uuid4().hex[:8]
-    await client.create_namespace(ns)
-    await client.create_table(ns, "t", ranges=2)
-    return await client.table(ns, "t")
-
-
-async def _take(watch: AsyncWatch, n: int, timeout_s: float = 30.0) -> list[WatchEvent]:
-    async def take() -> list[WatchEvent]:
-        out: list[WatchEvent] = []
-        async for event in watch:
-            out.append(event)
-            if len(out) == n:
-                break
-        return out
-
-    return await asyncio.wait_for(take(), timeout_s)
-
-
 def _streams(client: AsyncClient) -> int:
     return len(client._context.watch_streams._streams)
 
@@ -65,7 +44,7 @@ async def test_watches_of_a_table_share_one_stream_and_each_gets_its_own_changes
     server: ServerProcess,
 ) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         # 40 watches: 20 pkeys (over both ranges), the whole pkey and one key of each.
         whole = [await table.watch(f"p{i}", start=b"").start() for i in range(20)]
         single = [await table.watch(f"p{i}", "k1").start() for i in range(20)]
@@ -75,13 +54,13 @@ async def test_watches_of_a_table_share_one_stream_and_each_gets_its_own_changes
                 await table.put(f"p{i}", "k0", f"{round_}")
                 await table.put(f"p{i}", "k1", f"{round_}")
         for i, watch in enumerate(whole):
-            events = await _take(watch, 6)
+            events = await take(watch, 6)
             assert [(e.pkey, e.lkey, e.kv and e.kv.value) for e in events] == [
                 (f"p{i}".encode(), f"k{j % 2}".encode(), f"{j // 2}".encode()) for j in range(6)
             ]
             assert [e.revision for e in events] == sorted({e.revision for e in events})
         for watch in single:
-            events = await _take(watch, 3)
+            events = await take(watch, 3)
             assert [(e.lkey, e.kv and e.kv.value) for e in events] == [
                 (b"k1", b"0"),
                 (b"k1", b"1"),
@@ -94,14 +73,14 @@ async def test_watches_of_a_table_share_one_stream_and_each_gets_its_own_changes
 
 async def test_closing_one_watch_leaves_the_others_on_the_stream(server: ServerProcess) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         first = await table.watch("p", start=b"").start()
         second = await table.watch("p", start=b"").start()
         await table.put("p", "a", "1")
-        assert (await _take(first, 1))[0].lkey == b"a"
+        assert (await take(first, 1))[0].lkey == b"a"
         await first.close()
         await table.put("p", "b", "2")
-        assert [e.lkey for e in await _take(second, 2)] == [b"a", b"b"]
+        assert [e.lkey for e in await take(second, 2)] == [b"a", b"b"]
         assert _streams(client) == 1
         with pytest.raises(StopAsyncIteration):
             await first.__anext__()
@@ -110,7 +89,7 @@ async def test_closing_one_watch_leaves_the_others_on_the_stream(server: ServerP
 
 async def test_a_compacted_watch_ends_alone(server: ServerProcess) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         live = await table.watch("c", "live").start()
         items: list[tuple[str, str, str | int]] = [("c", f"k{i:05d}", "v") for i in range(6000)]
         assert not any(await table.batch_put(items))
@@ -121,7 +100,7 @@ async def test_a_compacted_watch_ends_alone(server: ServerProcess) -> None:
         assert info.value.oldest_revision > 1
         assert f"oldest available revision is {info.value.oldest_revision}" in str(info.value)
         await table.put("c", "live", "still here")
-        event = (await _take(live, 1))[0]
+        event = (await take(live, 1))[0]
         assert event.kv is not None and event.kv.value == b"still here"
         await live.close()
 
@@ -130,7 +109,7 @@ async def test_a_duplicate_watch_id_is_refused_and_the_first_watch_goes_on(
     server: ServerProcess,
 ) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         channel = grpc.aio.insecure_channel(server.target)
         try:
             call = watch_pb2_grpc.WatchStub(channel).WatchMany()
@@ -168,16 +147,16 @@ async def test_a_watch_whose_events_are_not_read_is_cancelled_in_the_client_alon
 ) -> None:
     monkeypatch.setattr(_watch_mux, "INBOX_UPDATES_MAX", 5)
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         idle = await table.watch("s", start=b"").start()
         busy = await table.watch("s", start=b"").start()
         for i in range(20):
             await table.put("s", f"k{i}", "v")
-            assert (await _take(busy, 1))[0].lkey == f"k{i}".encode()
+            assert (await take(busy, 1))[0].lkey == f"k{i}".encode()
         with pytest.raises(WatchCancelledError, match="resume from revision"):
-            await _take(idle, 20)
+            await take(idle, 20)
         await table.put("s", "after", "v")
-        assert (await _take(busy, 1))[0].lkey == b"after"
+        assert (await take(busy, 1))[0].lkey == b"after"
         await busy.close()
         await idle.close()
 
@@ -226,7 +205,7 @@ async def test_a_server_without_shared_streams_gets_a_stream_per_watch() -> None
             await watch.start()
         assert context.watch_streams_unsupported
         for watch, key in zip(watches, (b"a", b"b"), strict=True):
-            events = await _take(watch, 2)
+            events = await take(watch, 2)
             assert [(e.lkey, e.revision) for e in events] == [(key, 11), (key, 12)]
             await watch.close()
         assert old.calls == 2
@@ -237,7 +216,7 @@ async def test_a_server_without_shared_streams_gets_a_stream_per_watch() -> None
 
 async def test_closing_a_watch_ends_an_iteration_waiting_on_it(server: ServerProcess) -> None:
     async with AsyncClient(server.service) as client:
-        table = await _table(client)
+        table = await fresh_table(client, "ws")
         other = await table.watch("q", start=b"").start()
         watch = await table.watch("q", start=b"").start()
         waiting = asyncio.ensure_future(watch.__anext__())

@@ -43,6 +43,22 @@ def put(key: bytes, value: bytes) -> wal_pb2.WalCommand:
     return wal_pb2.WalCommand(put=kv.PutRequest(key=key, value=value, header=HEADER))
 
 
+def checkpointed_range(root: Path, backend: LocalLogBackend) -> Range:
+    """The range NAME with its store under `root`/db/range, its log in `backend` and its
+    checkpoints under `root`/checkpoints."""
+    path = root / "db" / "range"
+    clock = ManualClock()
+    checkpointer = RangeCheckpointer(
+        NAME.log_name,
+        path,
+        RocksKvStore,
+        DirectoryCheckpointStore(root / "checkpoints"),
+        backend,
+        clock,
+    )
+    return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+
+
 def value_of(range_: Range, key: bytes) -> bytes | None:
     response = range_.read(kv.RangeRequest(key=key, header=HEADER))
     return response.kvs[0].value if response.kvs else None
@@ -143,18 +159,9 @@ async def test_a_held_store_lock_does_not_set_the_store_aside(tmp_path: Path) ->
     misses elsewhere, and would hide the real problem."""
     backend = LocalLogBackend(tmp_path / "wal")
     path = tmp_path / "db" / "range"
-    clock = ManualClock()
 
     def new_range() -> Range:
-        checkpointer = RangeCheckpointer(
-            NAME.log_name,
-            path,
-            RocksKvStore,
-            DirectoryCheckpointStore(tmp_path / "checkpoints"),
-            backend,
-            clock,
-        )
-        return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+        return checkpointed_range(tmp_path, backend)
 
     range_ = new_range()
     await range_.open()
@@ -304,19 +311,9 @@ async def test_a_range_restored_while_its_log_opens_numbers_on_from_both(
     log lost too, the range reopens it numbering on from the checkpoint (revisions never go
     back)."""
     path = tmp_path / "db" / "range"
-    clock = ManualClock()
 
     def new_range() -> Range:
-        backend = LocalLogBackend(tmp_path / "wal")
-        checkpointer = RangeCheckpointer(
-            NAME.log_name,
-            path,
-            RocksKvStore,
-            DirectoryCheckpointStore(tmp_path / "checkpoints"),
-            backend,
-            clock,
-        )
-        return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+        return checkpointed_range(tmp_path, LocalLogBackend(tmp_path / "wal"))
 
     range_ = new_range()
     await range_.open()
