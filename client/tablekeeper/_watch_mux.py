@@ -19,11 +19,10 @@ from typing import Any
 
 import grpc
 
+from tablekeeper.errors import CODE_METADATA_KEY, COMPACTED_METADATA_KEY
 from tablekeeper.types import KeyValue, WatchEvent
 from tablekeeper_proto.v1 import watch_pb2
 
-CODE_METADATA_KEY = "tk-code"
-COMPACTED_METADATA_KEY = "tk-compacted-revision"
 INBOX_UPDATES_MAX = 10_000
 """Updates one watch may have received and not yet consumed; beyond, it is ended as too slow
 (RESOURCE_EXHAUSTED, like the server's bound on a watcher's queue) instead of holding the

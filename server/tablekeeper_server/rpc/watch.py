@@ -39,7 +39,12 @@ from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 from tablekeeper_server.rpc.proxy import WATCH_SERVICE, Forwarder, was_forwarded
-from tablekeeper_server.rpc.status import CODE_METADATA_KEY, grpc_status, stream_errors
+from tablekeeper_server.rpc.status import (
+    CODE_METADATA_KEY,
+    COMPACTED_METADATA_KEY,
+    grpc_status,
+    stream_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +173,7 @@ def _relayed_end(watch_id: int, error: grpc.aio.AioRpcError, via: str) -> watch_
     for key, value in error.trailing_metadata() or ():
         if key == CODE_METADATA_KEY and value.lstrip("-").isdigit():
             update.error_status = int(value)
-        elif key == "tk-compacted-revision" and value.isdigit():
+        elif key == COMPACTED_METADATA_KEY and value.isdigit():
             update.compacted_revision = int(value)
     return update
 
