@@ -43,6 +43,9 @@ class CountingBackend:
             async def close(self) -> None:
                 await writer.close()
 
+            def close_sync(self) -> None:
+                writer.close_sync()
+
         return Counting()
 
     def read(self, log_name: str, from_sequence: int) -> Iterator[LogRecord]:
@@ -193,6 +196,9 @@ class GatedBackend:
 
             async def close(self) -> None:
                 await writer.close()
+
+            def close_sync(self) -> None:
+                writer.close_sync()
 
         return Gated()
 
