@@ -131,7 +131,7 @@ class _EventCache:
             key,
             event,
             lambda: _length_delimited(
-                _UPDATE_EVENT, _event(prefix_len, event, prev_kv).SerializeToString()
+                _UPDATE_EVENT, self.get(range_, prefix_len, event, prev_kv).SerializeToString()
             ),
         )
 
@@ -206,18 +206,11 @@ class WatchServicer:
         self, request: watch_pb2.WatchRequest, context: Context
     ) -> AsyncIterator[watch_pb2.WatchResponse]:
         async with stream_errors("Watch", context):
-            _check(request, self._limits)
-            if self._stopping:
-                raise UnavailableError("server shutting down")
-            prefix = pkey_prefix(request.pkey)
-            start, end = key_span(prefix, request.key, request.range_end)
-            try:
-                range_ = await self._registry.table_range(request.stream_id, request.pkey)
-            except NotServedHereError as elsewhere:
-                if self._forwarder is None or was_forwarded(context):
-                    raise
+            located = await self._locate(request, context)
+            if isinstance(located, NotServedHereError):
+                assert self._forwarder is not None
                 relayed = self._forwarder.relay(
-                    elsewhere.container_id,
+                    located.container_id,
                     WATCH_SERVICE + "Watch",
                     request,
                     watch_pb2.WatchResponse,
@@ -227,8 +220,9 @@ class WatchServicer:
                     async for response in responses:
                         yield response
                 return
+            range_, prefix, span = located
             hub = range_.watch
-            watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
+            watcher, revision = hub.start(span, request.start_revision)
             self._active.add(watcher)
             try:
                 yield watch_pb2.WatchResponse(created=True, revision=revision)
@@ -243,6 +237,24 @@ class WatchServicer:
                         )
             finally:
                 self._active.discard(watcher)
+
+    async def _locate(
+        self, request: watch_pb2.WatchRequest, context: Context
+    ) -> tuple[Range, bytes, KeySpan] | NotServedHereError:
+        """The watch's range, its pkey's key prefix and the keys it follows; or, in cluster
+        mode, the `NotServedHereError` of a range owned elsewhere, to relay from its owner."""
+        _check(request, self._limits)
+        if self._stopping:
+            raise UnavailableError("server shutting down")
+        prefix = pkey_prefix(request.pkey)
+        span = KeySpan(*key_span(prefix, request.key, request.range_end))
+        try:
+            range_ = await self._registry.table_range(request.stream_id, request.pkey)
+        except NotServedHereError as elsewhere:
+            if self._forwarder is None or was_forwarded(context):
+                raise
+            return elsewhere
+        return range_, prefix, span
 
     async def WatchMany(  # noqa: N802
         self, request_iterator: AsyncIterator[watch_pb2.WatchStreamRequest], context: Context
@@ -398,20 +410,13 @@ class _WatchStream:
     async def _run(self, watch_id: int, request: watch_pb2.WatchRequest) -> None:
         servicer = self._servicer
         try:
-            _check(request, servicer._limits)
-            if self._stopped.is_set():
-                raise UnavailableError("server shutting down")
-            prefix = pkey_prefix(request.pkey)
-            start, end = key_span(prefix, request.key, request.range_end)
-            try:
-                range_ = await servicer._registry.table_range(request.stream_id, request.pkey)
-            except NotServedHereError as elsewhere:
-                if servicer._forwarder is None or was_forwarded(self._context):
-                    raise
-                await self._relay(watch_id, elsewhere.container_id, request)
+            located = await servicer._locate(request, self._context)
+            if isinstance(located, NotServedHereError):
+                await self._relay(watch_id, located.container_id, request)
                 return
+            range_, prefix, span = located
             hub = range_.watch
-            watcher, revision = hub.start(KeySpan(start, end), request.start_revision)
+            watcher, revision = hub.start(span, request.start_revision)
             try:
                 queue = self._queue
                 await self._send(
