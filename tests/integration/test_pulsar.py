@@ -34,6 +34,7 @@ import pytest
 from tablekeeper import AsyncClient, Client, RetryPolicy
 from tablekeeper_server.checkpoint.pulsar import PulsarCheckpointStore
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
+from tablekeeper_server.log import pulsar as pulsar_log
 from tablekeeper_server.log.api import LogRecord
 from tablekeeper_server.log.pulsar import KIND_DATA, PulsarLogBackend, encode_header
 from tablekeeper_server.pulsar_common.admin import PulsarAdmin
@@ -172,6 +173,43 @@ def test_records_over_the_message_size_limit_are_fragmented(
     run(scenario())
     assert payloads_of(list(backends().read(LOG, 1))) == payloads
     assert payloads_of(list(backends().read(LOG, 2))) == payloads[1:]
+
+
+def test_the_tail_a_takeover_reads_to_fence_the_log_is_not_read_twice(
+    backends: Callable[[], PulsarLogBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payloads = [f"record {i}".encode() for i in range(1, 31)]
+
+    async def fill() -> None:
+        writer = backends().open_writer(LOG)
+        await writer.append(payloads)
+        await writer.close()
+
+    run(fill())
+    scans: list[object] = []
+    real_scan = pulsar_log._Scan
+
+    def counting_scan(*args: Any) -> Any:
+        scans.append(args)
+        return real_scan(*args)
+
+    monkeypatch.setattr(pulsar_log, "_Scan", counting_scan)
+    # The new owner's recovery scan reads the log once; the replay after it takes those records.
+    backend = backends()
+    writer = backend.open_writer(LOG)
+    assert len(scans) == 1
+    assert payloads_of(list(backend.read(LOG, 11))) == payloads[10:]
+    assert len(scans) == 1
+    assert payloads_of(list(backend.read(LOG, 1))) == payloads  # later reads go to Pulsar
+    assert len(scans) == 2
+    run(writer.close())
+    # A tail over the bound is not kept: the replay reads it from Pulsar.
+    monkeypatch.setattr(pulsar_log, "RECOVERED_TAIL_BYTES_MAX", 100)
+    backend = backends()
+    writer = backend.open_writer(LOG)
+    assert payloads_of(list(backend.read(LOG, 1))) == payloads
+    assert len(scans) == 4
+    run(writer.close())
 
 
 def _internal_stats(admin: PulsarAdmin, backend: PulsarLogBackend, log: str) -> dict[str, Any]:

@@ -113,6 +113,10 @@ FRAGMENT_BYTES: Final = 4 * MiB
 TRUNCATION_SUBSCRIPTION: Final = "tablekeeper-truncation"
 INDEX_STRIDE: Final = 64
 """Record one truncation point per this many records (at most): truncation is that coarse."""
+
+RECOVERED_TAIL_BYTES_MAX: Final = 16 * MiB
+"""A writer's recovery scan keeps the records it read, up to this many payload bytes, for the
+first `read` after the open (the caller's replay): the tail is then read from Pulsar once."""
 DEFAULT_NAMESPACE: Final = "tablekeeper"
 _LOG_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
 
@@ -307,6 +311,7 @@ class PulsarLogWriter:
         epoch: int,
         last_sequence: int,
         state: _LogState,
+        recovered: list[LogRecord] | None = None,
     ) -> None:
         self._backend = backend
         self._log_name = log_name
@@ -319,6 +324,8 @@ class PulsarLogWriter:
         self._fenced = False
         self._broken: str | None = None
         self._close_lock = threading.Lock()
+        self._recovered = recovered
+        self._opened_at = last_sequence
 
     @property
     def log_name(self) -> str:
@@ -439,7 +446,15 @@ class PulsarLogWriter:
         self._fenced = True
         self._release()
 
+    def _take_recovered(self) -> list[LogRecord] | None:
+        """The records the open's recovery scan read (every record from the truncation cursor to
+        `last_sequence`), once; None if already taken, too large to keep, or no longer the
+        whole log (records were appended since)."""
+        recovered, self._recovered = self._recovered, None
+        return recovered if self._last == self._opened_at else None
+
     def _release(self) -> None:
+        self._recovered = None
         with self._close_lock:
             producer, self._producer = self._producer, None
         if producer is not None:
@@ -645,12 +660,12 @@ class PulsarLogBackend:
         except pulsar.PulsarException as exc:
             raise _open_error(log_name, exc) from exc
         try:
-            epoch, last, index = self._recover(log_name, producer, min_last_sequence)
+            epoch, last, index, recovered = self._recover(log_name, producer, min_last_sequence)
         except BaseException:
             with contextlib.suppress(Exception):
                 producer.close()
             raise
-        writer = PulsarLogWriter(self, log_name, producer, epoch, last, state)
+        writer = PulsarLogWriter(self, log_name, producer, epoch, last, state, recovered)
         with state.lock:
             state.writer = writer
             state.index = index
@@ -659,18 +674,31 @@ class PulsarLogBackend:
 
     def _recover(
         self, log_name: str, producer: Any, min_last_sequence: int
-    ) -> tuple[int, int, list[_IndexEntry]]:
+    ) -> tuple[int, int, list[_IndexEntry], list[LogRecord] | None]:
+        """Fence the log (steps 2-4 of the module docstring). Returns the epoch, the last
+        sequence, the record starts seen and the records themselves (None past
+        `RECOVERED_TAIL_BYTES_MAX`)."""
         cursor = self._cursor(log_name)
         if cursor is None:
             raise UnavailableError(f"log {log_name!r}: the topic vanished while opening")
         scan = self._new_scan(log_name, cursor, None)
         index = _LogState()
+        kept: list[LogRecord] | None = []
+        kept_bytes = 0
         try:
 
             def step() -> None:
+                nonlocal kept, kept_bytes
                 out = scan.next()
-                if out is not None:
-                    index.add_index(out[0].sequence, out[1])
+                if out is None:
+                    return
+                index.add_index(out[0].sequence, out[1])
+                if kept is not None:
+                    kept_bytes += len(out[0].payload)
+                    if kept_bytes > RECOVERED_TAIL_BYTES_MAX:
+                        kept = None
+                    else:
+                        kept.append(out[0])
 
             while scan.has_more():
                 step()
@@ -703,7 +731,7 @@ class PulsarLogBackend:
                 log_name,
                 scan.replay.skipped,
             )
-        return epoch, base, index.index
+        return epoch, base, index.index, kept
 
     def _send(self, log_name: str, producer: Any, messages: Sequence[bytes]) -> None:
         try:
@@ -718,7 +746,9 @@ class PulsarLogBackend:
 
         Starts at the truncation cursor (or at an indexed record start closer to
         `from_sequence`) and stops at the topic's end as of each `next()`; when a writer of the
-        log is open in this backend, stops at its `last_sequence` as of the first `next()`."""
+        log is open in this backend, stops at its `last_sequence` as of the first `next()`. The
+        first read after a writer opened takes the records its recovery scan already read (the
+        same records a scan from the truncation cursor would yield), without reading again."""
         _check_log_name(log_name)
         return self._read(log_name, max(1, from_sequence))
 
@@ -728,6 +758,12 @@ class PulsarLogBackend:
             writer = state.writer
             stop_after = writer.last_sequence if writer is not None else None
             hint = state.best_start(from_sequence)
+            recovered = writer._take_recovered() if writer is not None else None
+        if recovered is not None:
+            for record in recovered:
+                if record.sequence >= from_sequence:
+                    yield record
+            return
         cursor = self._cursor(log_name)
         if cursor is None:
             return
