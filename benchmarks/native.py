@@ -6,7 +6,10 @@ TableKeeper `Batch` RPC or one etcd `Txn` carrying `--batch` puts). The client's
 our SDK are out of the picture: what is measured is each server's per-call path.
 
 For every cell it prints ops/s, p50/p99 latency, server CPU per op (from /proc of the server
-process), the errors, and the TableKeeper/etcd ratio of ops/s.
+process), the errors, and the TableKeeper/etcd ratio of ops/s. A third target, the *gRPC floor*
+(benchmarks/grpc_floor.py: the same Python gRPC server runtime answering empty responses), gets
+the same calls: what a TableKeeper call costs beyond it is TableKeeper's own path
+(`--no-floor` leaves it out).
 
     make ghz                                   # go install of ghz into .deploy/bin (once)
     .venv/bin/python benchmarks/native.py      # starts both servers on free loopback ports
@@ -18,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.etcd import EtcdProcess  # noqa: E402
-from tests.support.server import ServerProcess  # noqa: E402
+from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 GHZ_DEFAULT = REPO / ".deploy" / "bin" / "ghz"
 TABLE_NAMESPACE, TABLE_NAME = "bench", "native"
@@ -208,6 +215,33 @@ def ghz(
     return result
 
 
+@contextlib.contextmanager
+def grpc_floor(work: Path, tablekeeper: Target) -> Iterator[Target]:
+    """Start benchmarks/grpc_floor.py; the target takes TableKeeper's calls and messages."""
+    port = free_port()
+    log = (work / "grpc-floor.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "grpc_floor.py"), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the gRPC floor server did not start: see {log.name}")
+            time.sleep(0.05)
+        yield dataclasses.replace(
+            tablekeeper, name="grpc-floor", address=f"127.0.0.1:{port}", pid=process.pid
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
 def run_cell(args: argparse.Namespace, target: Target, op: str, concurrency: int) -> Cell:
     data = args.work / f"{target.name}-{op}.json"
     data.write_text(json.dumps(target.messages[op]))
@@ -261,14 +295,22 @@ def cell_rows(cells: list[Cell]) -> list[str]:
 
 def render(cells: list[Cell]) -> str:
     rows = cell_rows(cells)
-    rows += ["", "| op | in flight | TableKeeper / etcd ops/s |", "|---|---:|---:|"]
+    rows += [
+        "",
+        "| op | in flight | TableKeeper / etcd ops/s | TableKeeper CPU µs/op over the gRPC floor |",
+        "|---|---:|---:|---:|",
+    ]
     by_key = {(c.target, c.op, c.concurrency): c for c in cells}
     for c in cells:
         if c.target != "tablekeeper":
             continue
         anchor = by_key.get(("etcd", c.op, c.concurrency))
-        if anchor and anchor.ops_per_s:
-            rows.append(f"| {c.op} | {c.concurrency} | {c.ops_per_s / anchor.ops_per_s:.2f}× |")
+        ratio = f"{c.ops_per_s / anchor.ops_per_s:.2f}×" if anchor and anchor.ops_per_s else "-"
+        floor = by_key.get(("grpc-floor", c.op, c.concurrency))
+        beyond = "-"
+        if floor and floor.cpu_us_per_op is not None and c.cpu_us_per_op is not None:
+            beyond = f"{c.cpu_us_per_op - floor.cpu_us_per_op:.0f}"
+        rows.append(f"| {c.op} | {c.concurrency} | {ratio} | {beyond} |")
     return "\n".join(rows)
 
 
@@ -283,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranges", type=int, default=4, help="ranges of the TableKeeper table")
     parser.add_argument("--connections", type=int, default=4, help="ghz connections at most")
     parser.add_argument("--server-args", default="", help="extra `tablekeeper server` flags")
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also drive the gRPC floor (benchmarks/grpc_floor.py) with TableKeeper's calls",
+    )
     parser.add_argument("--ghz", type=Path, default=Path(os.environ.get("GHZ", GHZ_DEFAULT)))
     parser.add_argument("--out", type=Path, help="also write the cells as JSON lines here")
     args = parser.parse_args(argv)
@@ -296,11 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess(args.work / "tk", extra_args=args.server_args.split())
         server.start(timeout_s=60)
         try:
-            with EtcdProcess(args.work / "etcd").start() as etcd:
-                targets = [
-                    tablekeeper_target(server, args.work, args),
-                    etcd_target(etcd, args.work, args),
-                ]
+            with contextlib.ExitStack() as stack:
+                etcd = stack.enter_context(EtcdProcess(args.work / "etcd").start())
+                tablekeeper = tablekeeper_target(server, args.work, args)
+                targets = [tablekeeper, etcd_target(etcd, args.work, args)]
+                if args.floor:
+                    targets.append(stack.enter_context(grpc_floor(args.work, tablekeeper)))
                 for target in targets:
                     prefill(args, target)
                 for op in ops:

@@ -373,9 +373,18 @@ def test_streams_and_admin_answer_the_grpc_status_with_tk_code(
 class _Ops:
     """`TableOps` whose every op fails with one error."""
 
-    def __init__(self, error: server.TableKeeperError) -> None:
+    def __init__(self, error: server.TableKeeperError, *, queued: bool) -> None:
         self.limits = Limits()
         self.error = error
+        self.queued = queued
+
+    def submit_put(self, stream_id: int, request: Any) -> Any:
+        """A put the Batch queues at once (`queued`) fails the same as one it awaits."""
+        if not self.queued:
+            return None
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(self.error)
+        return future
 
     async def put(self, stream_id: int, request: Any, context: Any = None) -> Any:
         raise self.error
@@ -383,12 +392,14 @@ class _Ops:
     range = increment = delete = txn = put
 
 
+@pytest.mark.parametrize("queued", [False, True], ids=["awaited", "queued"])
 @pytest.mark.parametrize("cls", list(ROWS), ids=lambda cls: cls.__name__)
 def test_a_batch_op_answers_the_body_code_and_retryable(
-    cls: type[server.TableKeeperError],
+    cls: type[server.TableKeeperError], queued: bool
 ) -> None:
     row = ROWS[cls]
-    servicer = TableKeeperServicer(_Ops(row.make()), None, None)  # type: ignore[arg-type]
+    ops = _Ops(row.make(), queued=queued)
+    servicer = TableKeeperServicer(ops, None, None)  # type: ignore[arg-type]
     header = kv_rpc_pb2.RoutingHeader(stream_id=1024, r_key=b"p")
     request = tablekeeper_pb2.BatchRequest(
         ops=[

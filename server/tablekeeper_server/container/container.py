@@ -316,6 +316,18 @@ class StorageContainer:
         self._ranges[(stream_id, range_id)] = range_
         return range_
 
+    def open_data_range(self, stream_id: int, range_id: int) -> Range | None:
+        """`data_range` when it needs no waiting: the range if this container serves and has it
+        open and healthy, else None (then `data_range` opens it or says why not)."""
+        if self.state is not ContainerState.SERVING:
+            return None
+        key = (stream_id, range_id)
+        range_ = self._ranges.get(key)
+        if range_ is None or range_.failed:
+            return None
+        self.env.range_limit.touch((self.id, *key))
+        return range_
+
     async def data_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
         """The open range (stream_id, range_id), opening (recovering) it on first use."""
         if self.state is not ContainerState.SERVING:

@@ -388,21 +388,38 @@ class Range:
         `RangeStateMachine.check_prev_kvs`). Raises `IndeterminateError` if the log failed
         during the append that carried this command.
         """
+        future = self._prepare(command)
+        await self._queue.put(_Pending(command.SerializeToString(), command, future))
+        return await self._queued(future)
+
+    def submit(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response] | None:
+        """`execute` without waiting: queue `command` now and return the future of its response
+        (the same outcomes as `execute`), or None when the queue is full (nothing queued: call
+        `execute`, which waits for room). Raises what `execute` raises before queueing."""
+        if self._queue.full():
+            return None
+        future = self._prepare(command)
+        self._queue.put_nowait(_Pending(command.SerializeToString(), command, future))
+        self._queued(future)
+        return future
+
+    def _prepare(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response]:
         self._notice_damage()
         if not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         command.timestamp_ms = self._clock.now_ms()
         if self._sm is not None:
             self._sm.check_prev_kvs(command)  # ResourceLimitError before anything is logged
-        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(command.SerializeToString(), command, future))
+        return asyncio.get_running_loop().create_future()
+
+    def _queued(self, future: asyncio.Future[Response]) -> asyncio.Future[Response]:
         self._in_flight += 1
         future.add_done_callback(self._answered)
         if self._writer_exited:
             # We waited for room in the queue while the writer stopped (the range failed or
             # closed): nobody will take this command. It was never appended.
             self._refuse_queued()
-        return await future
+        return future
 
     def read(
         self, request: kv_rpc_pb2.RangeRequest, budget: ReadBudget | None = None

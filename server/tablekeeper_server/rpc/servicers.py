@@ -333,6 +333,19 @@ class TableOps:
             stream_id, req, validation.check_put, "put", context, kv_rpc_pb2.PutResponse
         )
 
+    def submit_put(
+        self, stream_id: int, req: kv_rpc_pb2.PutRequest
+    ) -> asyncio.Future[kv_rpc_pb2.PutResponse] | None:
+        """`put`'s local path when nothing needs waiting for (the range open here, room in its
+        queue): queue the put and return the future of its response; None when `put` must
+        serve it (nothing queued). Raises what `put` raises for a bad request."""
+        validation.check_routing(req.header, self.limits)
+        validation.check_put(req, self.limits)
+        range_ = self.registry.open_table_range(stream_id, req.header.r_key, req.header.range_id)
+        if range_ is None:
+            return None
+        return range_.submit(wal_pb2.WalCommand(put=req))  # type: ignore[return-value]
+
     async def increment(
         self, stream_id: int, req: kv_rpc_pb2.IncrementRequest, context: Context = None
     ) -> kv_rpc_pb2.IncrementResponse:
@@ -484,7 +497,22 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
 
         async def handle() -> tablekeeper_pb2.BatchResponse:
             budget = _BatchBudget.of(request, self._ops.limits)
-            results = await asyncio.gather(*(self._one(op, context, budget) for op in request.ops))
+            queued = self._submit_puts(request, context)
+            rest = request.ops[len(queued) :]
+            later = asyncio.gather(*(self._one(op, context, budget) for op in rest))
+            waiting: list[asyncio.Future[Any]] = [*queued, later]
+            try:
+                await asyncio.wait(waiting)
+            except asyncio.CancelledError:
+                for future in queued:
+                    future.cancel()
+                later.cancel()
+                raise
+            results = [
+                _batch_result("put", op.put, future)
+                for op, future in zip(request.ops[: len(queued)], queued, strict=True)
+            ]
+            results += later.result()
             return tablekeeper_pb2.BatchResponse(results=results)
 
         return await serve_admin("Batch", context, handle)
@@ -500,16 +528,37 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
 
         return await serve("ScanRange", context, self._metrics, handle, error, _header_code)
 
+    def _submit_puts(
+        self, request: tablekeeper_pb2.BatchRequest, context: Context
+    ) -> list[asyncio.Future[kv_rpc_pb2.PutResponse]]:
+        """Queue the Batch's leading puts that need no waiting on their ranges at once, without
+        a task each (what most of a bulk load's Batch is); the future of each one's outcome. The
+        first op that needs more (another kind, a range to open or forward to, a full queue)
+        and every op after it run through `_one`, so the ops reach each range in their order."""
+        queued: list[asyncio.Future[kv_rpc_pb2.PutResponse]] = []
+        loop = asyncio.get_running_loop()
+        for op in request.ops:
+            if op.WhichOneof("op") != "put":
+                break
+            try:
+                future = self._ops.submit_put(_stream_id(op.put.header, context), op.put)
+            except Exception as exc:  # the put's own outcome, as `_one` would report it
+                future = loop.create_future()
+                future.set_exception(exc)
+            if future is None:
+                break
+            queued.append(future)
+        return queued
+
     async def _one(
         self, op: tablekeeper_pb2.BatchOp, context: Context, budget: _BatchBudget
     ) -> tablekeeper_pb2.BatchResult:
         kind = op.WhichOneof("op")
-        result = tablekeeper_pb2.BatchResult()
         if kind is None:
+            result = tablekeeper_pb2.BatchResult()
             result.put.header.code = Code.BAD_REQUEST
             return result
         request = getattr(op, kind)
-        target = getattr(result, kind)
         handlers: dict[str, Callable[[int, Any, Context], Awaitable[Any]]] = {
             "put": self._ops.put,
             "increment": self._ops.increment,
@@ -518,27 +567,42 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             "txn": self._ops.txn,
         }
         handler = handlers[kind]
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
             if kind == "range":
                 budget.before_read()
             response = await handler(_stream_id(request.header, context), request, context)
             if kind == "range":
                 budget.after_read(response.ByteSize())
-            target.CopyFrom(response)
-            if code := target.header.code:
-                result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
-        except TableKeeperError as exc:
-            target.header.code = exc.code
-            result.error = exc.message
-            # A read over the Batch's response bound is answered retryable: send it alone.
-            over_bound = kind == "range" and isinstance(exc, ResourceLimitError)
-            result.retryable = wire_rule(exc).retryable or over_bound
+            outcome.set_result(response)
         except Exception as exc:
-            log.exception("batch op failed")
-            target.header.code = Code.INTERNAL_SERVER_ERROR
-            result.error = f"internal error: {exc}"
-        target.header.routing_header.CopyFrom(request.header)
-        return result
+            outcome.set_exception(exc)
+        return _batch_result(kind, request, outcome)
+
+
+def _batch_result(
+    kind: str, request: Any, outcome: asyncio.Future[Any]
+) -> tablekeeper_pb2.BatchResult:
+    """One Batch op's result from its (done) outcome: the response, or the error it raised."""
+    result = tablekeeper_pb2.BatchResult()
+    target = getattr(result, kind)
+    exc = outcome.exception()
+    if exc is None:
+        target.CopyFrom(outcome.result())
+        if code := target.header.code:
+            result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
+    elif isinstance(exc, TableKeeperError):
+        target.header.code = exc.code
+        result.error = exc.message
+        # A read over the Batch's response bound is answered retryable: send it alone.
+        over_bound = kind == "range" and isinstance(exc, ResourceLimitError)
+        result.retryable = wire_rule(exc).retryable or over_bound
+    else:
+        log.error("batch op failed", exc_info=exc)
+        target.header.code = Code.INTERNAL_SERVER_ERROR
+        result.error = f"internal error: {exc}"
+    target.header.routing_header.CopyFrom(request.header)
+    return result
 
 
 class _BatchBudget:
