@@ -687,12 +687,9 @@ def test_a_batch_applies_its_ops_on_one_key_in_their_order(
     client: Client, shared_server: ServerProcess, ns: str
 ) -> None:
     """Puts at the head of a Batch are queued on their ranges at once, the ops after the first
-    other op through the general path: either way each range gets them in the Batch's order."""
-    if os.environ.get(CLUSTER_ENV):
-        pytest.skip(
-            "standalone only: a Batch's ops on ranges another server owns are forwarded one call "
-            "each, concurrently, so two ops on one key apply in no set order (README)"
-        )
+    other op through the general path, and (cluster mode) the writes on ranges another server
+    owns are forwarded to it as one Batch per container: either way each range gets them in the
+    Batch's order."""
     import grpc
 
     from tablekeeper_proto.bookkeeper import kv_rpc_pb2

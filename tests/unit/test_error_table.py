@@ -370,13 +370,33 @@ def test_streams_and_admin_answer_the_grpc_status_with_tk_code(
             assert seen.oldest_revision == 7
 
 
+class _FailingForwarder:
+    def __init__(self, error: server.TableKeeperError) -> None:
+        self.error = error
+
+    async def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+
+class _Elsewhere:
+    """A registry whose every range is in container 7, hosted by another server."""
+
+    containers: dict[int, Any] = {}
+
+    async def container_of(self, stream_id: int, pkey: bytes) -> int:
+        return 7
+
+
 class _Ops:
     """`TableOps` whose every op fails with one error."""
 
-    def __init__(self, error: server.TableKeeperError, *, queued: bool) -> None:
+    def __init__(self, error: server.TableKeeperError, *, path: str) -> None:
         self.limits = Limits()
         self.error = error
-        self.queued = queued
+        self.queued = path == "queued"
+        # "forwarded": the ops' ranges are on another server, which cannot be reached.
+        self.forwarder = _FailingForwarder(error) if path == "forwarded" else None
+        self.registry = _Elsewhere()
 
     def submit_put(self, stream_id: int, request: Any) -> Any:
         """A put the Batch queues at once (`queued`) fails the same as one it awaits."""
@@ -392,13 +412,13 @@ class _Ops:
     range = increment = delete = txn = put
 
 
-@pytest.mark.parametrize("queued", [False, True], ids=["awaited", "queued"])
+@pytest.mark.parametrize("path", ["awaited", "queued", "forwarded"])
 @pytest.mark.parametrize("cls", list(ROWS), ids=lambda cls: cls.__name__)
 def test_a_batch_op_answers_the_body_code_and_retryable(
-    cls: type[server.TableKeeperError], queued: bool
+    cls: type[server.TableKeeperError], path: str
 ) -> None:
     row = ROWS[cls]
-    ops = _Ops(row.make(), queued=queued)
+    ops = _Ops(row.make(), path=path)
     servicer = TableKeeperServicer(ops, None, None)  # type: ignore[arg-type]
     header = kv_rpc_pb2.RoutingHeader(stream_id=1024, r_key=b"p")
     request = tablekeeper_pb2.BatchRequest(

@@ -213,6 +213,12 @@ class ContainerRegistry:
             stream_id, range_props.range_id, route.props.stream_conf.ttl_seconds
         )
 
+    async def container_of(self, stream_id: int, pkey: bytes) -> int:
+        """The storage container of the range that holds `pkey` of table `stream_id` (here or
+        elsewhere; raises what routing raises, e.g. `StreamNotFoundError`)."""
+        route = await self._route(stream_id)
+        return route.ranges[route.router.route(pkey)].storage_container_id
+
     def open_table_range(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Range | None:
         """`table_range` when the answer is at hand: the table's route is cached and current,
         and the range is open and healthy in a container here. None otherwise (including every

@@ -29,6 +29,7 @@ from tablekeeper_server.errors import (
     BadRequestError,
     Code,
     IllegalOpError,
+    IndeterminateError,
     ResourceLimitError,
     TableKeeperError,
     wire_rule,
@@ -42,10 +43,13 @@ from tablekeeper_server.rpc.proxy import (
     TABLEKEEPER_SERVICE,
     Forwarder,
     local_or_forward,
+    was_forwarded,
 )
 from tablekeeper_server.rpc.status import command_status_reason, serve, serve_admin
 
 log = logging.getLogger(__name__)
+_FORWARDED_IN_BATCHES = frozenset({"put", "increment", "delete_range", "txn"})
+"""Batch op kinds a server forwards to a range's owner in one Batch per container."""
 _BATCH_METHODS = {
     "put": "Put",
     "increment": "Increment",
@@ -487,7 +491,10 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
     async def Batch(  # noqa: N802
         self, request: tablekeeper_pb2.BatchRequest, context: Context
     ) -> tablekeeper_pb2.BatchResponse:
-        """Run independent ops concurrently, so ops on one range share a group commit.
+        """Run independent ops concurrently, so ops on one range share a group commit. Each
+        range gets its ops in the Batch's order (two writes of one key apply as listed): the
+        leading puts on open ranges here are queued at once, the other ops here start in order,
+        and the writes on ranges another server owns go to it as one Batch per container.
 
         Bounds (see `_BatchBudget`): more than `batch_ops_max` ops, or writes that could return
         more than `response_bytes_max` bytes of stored data, refuse the whole Batch before
@@ -498,8 +505,17 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         async def handle() -> tablekeeper_pb2.BatchResponse:
             budget = _BatchBudget.of(request, self._ops.limits)
             queued = self._submit_puts(request, context)
-            rest = request.ops[len(queued) :]
-            later = asyncio.gather(*(self._one(op, context, budget) for op in rest))
+            rest = list(request.ops[len(queued) :])
+            elsewhere = await self._writes_elsewhere(rest, context)
+            forwarded = {i for indices in elsewhere.values() for i in indices}
+            here = [i for i in range(len(rest)) if i not in forwarded]
+            later = asyncio.gather(
+                *(self._one(rest[i], context, budget) for i in here),
+                *(
+                    self._forward_writes(container, [rest[i] for i in indices], context)
+                    for container, indices in elsewhere.items()
+                ),
+            )
             waiting: list[asyncio.Future[Any]] = [*queued, later]
             try:
                 await asyncio.wait(waiting)
@@ -512,7 +528,14 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 _batch_result("put", op.put, future)
                 for op, future in zip(request.ops[: len(queued)], queued, strict=True)
             ]
-            results += later.result()
+            answers: list[Any] = later.result()
+            rest_results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(rest)
+            for i, result in zip(here, answers[: len(here)], strict=True):
+                rest_results[i] = result
+            for indices, sub_results in zip(elsewhere.values(), answers[len(here) :], strict=True):
+                for i, result in zip(indices, sub_results, strict=True):
+                    rest_results[i] = result
+            results += [r for r in rest_results if r is not None]
             return tablekeeper_pb2.BatchResponse(results=results)
 
         return await serve_admin("Batch", context, handle)
@@ -549,6 +572,66 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 break
             queued.append(future)
         return queued
+
+    async def _writes_elsewhere(
+        self, ops: list[tablekeeper_pb2.BatchOp], context: Context
+    ) -> dict[int, list[int]]:
+        """The write ops (indices into `ops`) whose ranges another server owns, by container:
+        each container's share is forwarded as one Batch, so its owner applies them in their
+        order (one forwarded call per op would let two writes of one key race). Empty when
+        nothing is forwarded from here (standalone, or this call was itself forwarded); an op
+        whose routing fails is left to `_one`, which reports its error."""
+        forwarder = self._ops.forwarder
+        if forwarder is None or (context is not None and was_forwarded(context)):
+            return {}
+        registry = self._ops.registry
+        elsewhere: dict[int, list[int]] = {}
+        for i, op in enumerate(ops):
+            kind = op.WhichOneof("op")
+            if kind not in _FORWARDED_IN_BATCHES:
+                continue
+            request = getattr(op, kind)
+            try:
+                container = await registry.container_of(
+                    _stream_id(request.header, context), request.header.r_key
+                )
+            except Exception:
+                continue
+            if container not in registry.containers:
+                elsewhere.setdefault(container, []).append(i)
+        return elsewhere
+
+    async def _forward_writes(
+        self, container: int, ops: list[tablekeeper_pb2.BatchOp], context: Context
+    ) -> list[tablekeeper_pb2.BatchResult]:
+        """Forward `ops` (writes on ranges of `container`) to its owner as one Batch; their
+        results, or each op answered with why the Batch could not be forwarded."""
+        assert self._ops.forwarder is not None
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            response = await self._ops.forwarder.forward(
+                container,
+                TABLEKEEPER_SERVICE + "Batch",
+                tablekeeper_pb2.BatchRequest(ops=ops),
+                tablekeeper_pb2.BatchResponse,
+                lambda _: 0,  # a Batch answers per op; a refusal of all of it is a gRPC status
+                idempotent=False,
+                context=context,
+            )
+            if len(response.results) == len(ops):
+                return list(response.results)
+            raise IndeterminateError(
+                f"container {container}'s owner answered {len(response.results)} results for "
+                f"{len(ops)} forwarded ops"
+            )
+        except Exception as exc:
+            outcome.set_exception(exc)
+        results = []
+        for op in ops:
+            kind = op.WhichOneof("op")
+            assert kind is not None
+            results.append(_batch_result(kind, getattr(op, kind), outcome))
+        return results
 
     async def _one(
         self, op: tablekeeper_pb2.BatchOp, context: Context, budget: _BatchBudget
