@@ -398,8 +398,8 @@ class _Ops:
         self.forwarder = _FailingForwarder(error) if path == "forwarded" else None
         self.registry = _Elsewhere()
 
-    def submit_put(self, stream_id: int, request: Any) -> Any:
-        """A put the Batch queues at once (`queued`) fails the same as one it awaits."""
+    def submit_write(self, kind: str, stream_id: int, request: Any) -> Any:
+        """A write the Batch queues at once (`queued`) fails the same as one it awaits."""
         if not self.queued:
             return None
         future = asyncio.get_running_loop().create_future()

@@ -48,8 +48,14 @@ from tablekeeper_server.rpc.proxy import (
 from tablekeeper_server.rpc.status import command_status_reason, serve, serve_admin
 
 log = logging.getLogger(__name__)
-_FORWARDED_IN_BATCHES = frozenset({"put", "increment", "delete_range", "txn"})
-"""Batch op kinds a server forwards to a range's owner in one Batch per container."""
+_WRITE_CHECKS: dict[str, Callable[[Any, validation.Limits], None]] = {
+    "put": validation.check_put,
+    "increment": validation.check_increment,
+    "delete_range": validation.check_delete,
+    "txn": validation.check_txn,
+}
+"""The Batch ops that write (each checked like its unary call): queued at once when their range
+is open here, forwarded to a range's owner in one Batch per container."""
 _BATCH_METHODS = {
     "put": "Put",
     "increment": "Increment",
@@ -337,18 +343,17 @@ class TableOps:
             stream_id, req, validation.check_put, "put", context, kv_rpc_pb2.PutResponse
         )
 
-    def submit_put(
-        self, stream_id: int, req: kv_rpc_pb2.PutRequest
-    ) -> asyncio.Future[kv_rpc_pb2.PutResponse] | None:
-        """`put`'s local path when nothing needs waiting for (the range open here, room in its
-        queue): queue the put and return the future of its response; None when `put` must
-        serve it (nothing queued). Raises what `put` raises for a bad request."""
+    def submit_write(self, kind: str, stream_id: int, req: Any) -> asyncio.Future[Any] | None:
+        """A write's local path when nothing needs waiting for (the range open here, room in its
+        queue): queue it as `WalCommand.<kind>` and return the future of its response; None
+        when `put` / `increment` / `delete` / `txn` must serve it (nothing queued). Raises
+        what those raise for a bad request."""
         validation.check_routing(req.header, self.limits)
-        validation.check_put(req, self.limits)
+        _WRITE_CHECKS[kind](req, self.limits)
         range_ = self.registry.open_table_range(stream_id, req.header.r_key, req.header.range_id)
         if range_ is None:
             return None
-        return range_.submit(wal_pb2.WalCommand(put=req))  # type: ignore[return-value]
+        return range_.submit(wal_pb2.WalCommand(**{kind: req}))
 
     async def increment(
         self, stream_id: int, req: kv_rpc_pb2.IncrementRequest, context: Context = None
@@ -493,8 +498,8 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
     ) -> tablekeeper_pb2.BatchResponse:
         """Run independent ops concurrently, so ops on one range share a group commit. Each
         range gets its ops in the Batch's order (two writes of one key apply as listed): the
-        leading puts on open ranges here are queued at once, the other ops here start in order,
-        and the writes on ranges another server owns go to it as one Batch per container.
+        writes on open ranges here are queued at once, the other ops here start in order, and
+        the writes on ranges another server owns go to it as one Batch per container.
 
         Bounds (see `_BatchBudget`): more than `batch_ops_max` ops, or writes that could return
         more than `response_bytes_max` bytes of stored data, refuse the whole Batch before
@@ -504,39 +509,40 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
 
         async def handle() -> tablekeeper_pb2.BatchResponse:
             budget = _BatchBudget.of(request, self._ops.limits)
-            queued = self._submit_puts(request, context)
-            rest = list(request.ops[len(queued) :])
-            elsewhere = await self._writes_elsewhere(rest, context)
+            ops = list(request.ops)
+            queued, rest = self._submit_writes(ops, context)
+            elsewhere = await self._writes_elsewhere(ops, rest, context)
             forwarded = {i for indices in elsewhere.values() for i in indices}
-            here = [i for i in range(len(rest)) if i not in forwarded]
+            here = [i for i in rest if i not in forwarded]
             later = asyncio.gather(
-                *(self._one(rest[i], context, budget) for i in here),
+                *(self._one(ops[i], context, budget) for i in here),
                 *(
-                    self._forward_writes(container, [rest[i] for i in indices], context)
+                    self._forward_writes(container, [ops[i] for i in indices], context)
                     for container, indices in elsewhere.items()
                 ),
             )
-            waiting: list[asyncio.Future[Any]] = [*queued, later]
+            waiting: list[asyncio.Future[Any]] = [*queued.values(), later]
             try:
                 await asyncio.wait(waiting)
             except asyncio.CancelledError:
-                for future in queued:
+                for future in queued.values():
                     future.cancel()
                 later.cancel()
                 raise
-            results = [
-                _batch_result("put", op.put, future)
-                for op, future in zip(request.ops[: len(queued)], queued, strict=True)
-            ]
+            results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(ops)
+            for i, future in queued.items():
+                kind = ops[i].WhichOneof("op")
+                assert kind is not None
+                results[i] = _batch_result(kind, getattr(ops[i], kind), future)
             answers: list[Any] = later.result()
-            rest_results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(rest)
             for i, result in zip(here, answers[: len(here)], strict=True):
-                rest_results[i] = result
+                results[i] = result
             for indices, sub_results in zip(elsewhere.values(), answers[len(here) :], strict=True):
                 for i, result in zip(indices, sub_results, strict=True):
-                    rest_results[i] = result
-            results += [r for r in rest_results if r is not None]
-            return tablekeeper_pb2.BatchResponse(results=results)
+                    results[i] = result
+            answered = [r for r in results if r is not None]
+            assert len(answered) == len(ops), "every op of the Batch is answered"
+            return tablekeeper_pb2.BatchResponse(results=answered)
 
         return await serve_admin("Batch", context, handle)
 
@@ -551,32 +557,42 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
 
         return await serve("ScanRange", context, self._metrics, handle, error, _header_code)
 
-    def _submit_puts(
-        self, request: tablekeeper_pb2.BatchRequest, context: Context
-    ) -> list[asyncio.Future[kv_rpc_pb2.PutResponse]]:
-        """Queue the Batch's leading puts that need no waiting on their ranges at once, without
-        a task each (what most of a bulk load's Batch is); the future of each one's outcome. The
-        first op that needs more (another kind, a range to open or forward to, a full queue)
-        and every op after it run through `_one`, so the ops reach each range in their order."""
-        queued: list[asyncio.Future[kv_rpc_pb2.PutResponse]] = []
+    def _submit_writes(
+        self, ops: list[tablekeeper_pb2.BatchOp], context: Context
+    ) -> tuple[dict[int, asyncio.Future[Any]], list[int]]:
+        """Queue the Batch's writes that need no waiting on their ranges at once, without a
+        task each (what most of a bulk load's Batch is): the future of each one's outcome, by
+        op index, and the indices of the other ops. Once a write needs more (a range to open or
+        forward to, a full queue), every later write goes the general way too, after it, so
+        each range gets the Batch's writes in their order. Reads always go the general way (a
+        read in a Batch sees what is applied when it runs, as before)."""
+        queued: dict[int, asyncio.Future[Any]] = {}
+        rest: list[int] = []
         loop = asyncio.get_running_loop()
-        for op in request.ops:
-            if op.WhichOneof("op") != "put":
-                break
+        blocked = False
+        for i, op in enumerate(ops):
+            kind = op.WhichOneof("op")
+            if blocked or kind not in _WRITE_CHECKS:
+                rest.append(i)
+                continue
+            request = getattr(op, kind)
+            future: asyncio.Future[Any] | None
             try:
-                future = self._ops.submit_put(_stream_id(op.put.header, context), op.put)
-            except Exception as exc:  # the put's own outcome, as `_one` would report it
+                future = self._ops.submit_write(kind, _stream_id(request.header, context), request)
+            except Exception as exc:  # the write's own outcome, as `_one` would report it
                 future = loop.create_future()
                 future.set_exception(exc)
             if future is None:
-                break
-            queued.append(future)
-        return queued
+                blocked = True
+                rest.append(i)
+            else:
+                queued[i] = future
+        return queued, rest
 
     async def _writes_elsewhere(
-        self, ops: list[tablekeeper_pb2.BatchOp], context: Context
+        self, ops: list[tablekeeper_pb2.BatchOp], indices: list[int], context: Context
     ) -> dict[int, list[int]]:
-        """The write ops (indices into `ops`) whose ranges another server owns, by container:
+        """Of the ops at `indices`, the writes whose ranges another server owns, by container:
         each container's share is forwarded as one Batch, so its owner applies them in their
         order (one forwarded call per op would let two writes of one key race). Empty when
         nothing is forwarded from here (standalone, or this call was itself forwarded); an op
@@ -586,9 +602,10 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
             return {}
         registry = self._ops.registry
         elsewhere: dict[int, list[int]] = {}
-        for i, op in enumerate(ops):
+        for i in indices:
+            op = ops[i]
             kind = op.WhichOneof("op")
-            if kind not in _FORWARDED_IN_BATCHES:
+            if kind not in _WRITE_CHECKS:
                 continue
             request = getattr(op, kind)
             try:
