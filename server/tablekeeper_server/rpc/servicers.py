@@ -54,8 +54,9 @@ _WRITE_CHECKS: dict[str, Callable[[Any, validation.Limits], None]] = {
     "delete_range": validation.check_delete,
     "txn": validation.check_txn,
 }
-"""The Batch ops that write (each checked like its unary call): queued at once when their range
-is open here, forwarded to a range's owner in one Batch per container."""
+"""The writes, by `WalCommand` field, and their checks (unary or in a Batch). In a Batch they are
+queued at once when their range is open here, forwarded to a range's owner in one Batch per
+container."""
 _BATCH_METHODS = {
     "put": "Put",
     "increment": "Increment",
@@ -314,18 +315,16 @@ class TableOps:
             passthrough_codes=lambda code: command_status_reason(method, code) is not None,
         )
 
+    def _check_write(self, op: str, req: Any) -> None:
+        """A write's validation, whichever way it is then served."""
+        validation.check_routing(req.header, self.limits)
+        _WRITE_CHECKS[op](req, self.limits)
+
     async def _write(
-        self,
-        stream_id: int,
-        req: Any,
-        check: Callable[[Any, validation.Limits], None],
-        op: str,
-        context: Context,
-        response_type: Callable[..., M],
+        self, stream_id: int, req: Any, op: str, context: Context, response_type: Callable[..., M]
     ) -> M:
         """Validate, route by pkey, append to the range's log as `WalCommand.<op>`, apply."""
-        validation.check_routing(req.header, self.limits)
-        check(req, self.limits)
+        self._check_write(op, req)
 
         async def local() -> M:
             range_ = await self.registry.table_range(
@@ -339,17 +338,14 @@ class TableOps:
     async def put(
         self, stream_id: int, req: kv_rpc_pb2.PutRequest, context: Context = None
     ) -> kv_rpc_pb2.PutResponse:
-        return await self._write(
-            stream_id, req, validation.check_put, "put", context, kv_rpc_pb2.PutResponse
-        )
+        return await self._write(stream_id, req, "put", context, kv_rpc_pb2.PutResponse)
 
     def submit_write(self, kind: str, stream_id: int, req: Any) -> asyncio.Future[Any] | None:
         """A write's local path when nothing needs waiting for (the range open here, room in its
         queue): queue it as `WalCommand.<kind>` and return the future of its response; None
         when `put` / `increment` / `delete` / `txn` must serve it (nothing queued). Raises
         what those raise for a bad request."""
-        validation.check_routing(req.header, self.limits)
-        _WRITE_CHECKS[kind](req, self.limits)
+        self._check_write(kind, req)
         range_ = self.registry.open_table_range(stream_id, req.header.r_key, req.header.range_id)
         if range_ is None:
             return None
@@ -358,33 +354,19 @@ class TableOps:
     async def increment(
         self, stream_id: int, req: kv_rpc_pb2.IncrementRequest, context: Context = None
     ) -> kv_rpc_pb2.IncrementResponse:
-        return await self._write(
-            stream_id,
-            req,
-            validation.check_increment,
-            "increment",
-            context,
-            kv_rpc_pb2.IncrementResponse,
-        )
+        return await self._write(stream_id, req, "increment", context, kv_rpc_pb2.IncrementResponse)
 
     async def delete(
         self, stream_id: int, req: kv_rpc_pb2.DeleteRangeRequest, context: Context = None
     ) -> kv_rpc_pb2.DeleteRangeResponse:
         return await self._write(
-            stream_id,
-            req,
-            validation.check_delete,
-            "delete_range",
-            context,
-            kv_rpc_pb2.DeleteRangeResponse,
+            stream_id, req, "delete_range", context, kv_rpc_pb2.DeleteRangeResponse
         )
 
     async def txn(
         self, stream_id: int, req: kv_rpc_pb2.TxnRequest, context: Context = None
     ) -> kv_rpc_pb2.TxnResponse:
-        return await self._write(
-            stream_id, req, validation.check_txn, "txn", context, kv_rpc_pb2.TxnResponse
-        )
+        return await self._write(stream_id, req, "txn", context, kv_rpc_pb2.TxnResponse)
 
     async def range(
         self, stream_id: int, req: kv_rpc_pb2.RangeRequest, context: Context = None
