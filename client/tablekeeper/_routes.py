@@ -6,9 +6,9 @@ the bootstrap endpoint (the service URI), which proxies it or answers "not serve
 (NOT_FOUND, nothing applied), which the retry loops handle.
 
 What is cached, fetched through the bootstrap endpoint:
-- per table, its ranges (`MetaRangeService.GetActiveRanges`) as a `RangeRouter`. TableKeeper's
-  ranges never split, so this lives as long as the table; it is dropped when the table is
-  deleted through this client or an op finds the table gone.
+- per table, its ranges (`MetaRangeService.GetActiveRanges`) as a `RangeRouter`. It is dropped
+  when the table is deleted through this client or an op finds the table gone, and when an op
+  finds its range not there (a split replaced it, or its container moved): fetched again then.
 - per storage container, its owner's `host:port` (`StorageContainerService.
   GetStorageContainerEndpoint`, one request for every container of the table). When an owner
   answers "not served here" (or a Batch op says `retryable`), or cannot be reached, that
@@ -52,6 +52,8 @@ class Target:
     """The storage container of the op's range; -1 when routing is off or the range unknown."""
     endpoint: str | None
     """The owner's `host:port`; None = the bootstrap endpoint."""
+    stream_id: int = dataclasses.field(default=0, compare=False)
+    """The op's table (0: routing is off or the table unknown)."""
 
 
 BOOTSTRAP = Target(-1, None)
@@ -141,7 +143,7 @@ class RouteCache:
             container = table.container_of_range[range_id]
         else:
             return BOOTSTRAP  # the server will say what is wrong with that range id
-        return Target(container, await self._endpoint(stream_id, container))
+        return Target(container, await self._endpoint(stream_id, container), stream_id)
 
     async def endpoint_for(self, stream_id: int, pkey: bytes) -> str | None:
         """The `host:port` that ops on `pkey` go to now; None = the bootstrap endpoint."""
@@ -151,12 +153,15 @@ class RouteCache:
 
     def failed(self, target: Target, error: grpc.aio.AioRpcError | None = None) -> None:
         """An attempt sent to `target` met `error` (None: a Batch op answered `retryable`, or a
-        stream ended): if that says the range is not there, look its container up again."""
+        stream ended): if that says the range is not there, look its container up again, and
+        the table's ranges (a split may have replaced the range)."""
         if error is not None:
             if not wrong_location(error):
                 return
             if target.endpoint is not None and _connect_failure(error):
                 self._unreachable[target.endpoint] = self._clock() + self.UNREACHABLE_S
+        if target.stream_id:
+            self._tables.pop(target.stream_id, None)
         cached = self._endpoints.get(target.container_id)
         if cached is not None and cached[0] == target.endpoint:
             del self._endpoints[target.container_id]

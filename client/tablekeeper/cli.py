@@ -357,7 +357,9 @@ def _add_catalog_commands(commands: _Commands) -> None:
     )
     ns.add("list", "list every namespace, by name")
 
-    table = commands.group(commands.add("table", "create, get, list or delete tables"), "action")
+    table = commands.group(
+        commands.add("table", "create, get, list, split or delete tables"), "action"
+    )
     create = table.add("create", "create a table")
     _table_arg(create)
     create.add_argument(
@@ -374,6 +376,23 @@ def _add_catalog_commands(commands: _Commands) -> None:
     )
     _table_arg(table.add("get", "print a table's id, ranges and TTL"))
     _table_arg(table.add("delete", "delete a table and all its keys"))
+    split = table.add(
+        "split",
+        "split a table range into two, online",
+        description="Split one range of a table into two halves of its hash interval while "
+        "the table serves: the range is sealed, copied into its two children from its "
+        "checkpoint, and the table switches to them. Requests to that range pause meanwhile "
+        "(they are refused as retryable and resent). Prints the children and the pause.",
+    )
+    _table_arg(split)
+    split.add_argument(
+        "--range",
+        type=_positive_int,
+        default=0,
+        dest="range_id",
+        metavar="ID",
+        help="the range to split (see `table get`; default: the widest range)",
+    )
     table.add("list", "list a namespace's tables, by name").add_argument(
         "namespace", help="namespace name"
     )
@@ -586,11 +605,41 @@ def _table(ctx: CommandContext) -> int:
         out.doc(_table_doc(info), text)
     elif args.action == "get":
         info = client.get_table(namespace, name)
+        ranges = client.layout(namespace, name).ranges  # current: splits add ranges
         text = (
-            f"table {namespace}/{name}: id {info.table_id}, {info.ranges} ranges, "
-            f"ttl {info.ttl_seconds}s"
+            f"table {namespace}/{name}: id {info.table_id}, {len(ranges)} ranges "
+            f"({', '.join(str(r.range_id) for r in ranges)}), ttl {info.ttl_seconds}s"
         )
-        out.doc(_table_doc(info), text)
+        doc = _table_doc(info)
+        doc["ranges"] = len(ranges)
+        doc["range_ids"] = [r.range_id for r in ranges]
+        out.doc(doc, text)
+    elif args.action == "split":
+        split = client.split_range(namespace, name, args.range_id)
+        children = [
+            {
+                "range_id": c.range_id,
+                "container": c.storage_container_id,
+                "start_hash": c.start_hash_key,
+                "end_hash": c.end_hash_key,
+            }
+            for c in split.children
+        ]
+        text = (
+            f"split range {split.parent_range_id} of {namespace}/{name} into "
+            + " and ".join(f"{c['range_id']} (container {c['container']})" for c in children)
+            + f": {split.keys_copied} keys copied, requests paused {split.paused_seconds:.3f}s"
+        )
+        doc = {
+            "namespace": namespace,
+            "table": name,
+            "parent_range_id": split.parent_range_id,
+            "children": children,
+            "sealed_sequence": split.sealed_sequence,
+            "keys_copied": split.keys_copied,
+            "paused_seconds": round(split.paused_seconds, 6),
+        }
+        out.doc(doc, text)
     else:
         client.delete_table(namespace, name)
         out.doc(

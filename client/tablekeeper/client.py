@@ -19,11 +19,20 @@ from tablekeeper._context import ClientContext
 from tablekeeper._loop import LoopThread
 from tablekeeper._routes import RouteCache, RouteStats
 from tablekeeper._transport import RetryPolicy, _split_host_port, parse_service_uri, within
+from tablekeeper.bulk import table_layout
 from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_rpc_error
 from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
 from tablekeeper.table import AsyncTable, AsyncTxn
-from tablekeeper.types import CompareOp, Key, KeyValue, NamespaceInfo, TableInfo, TxnResult
+from tablekeeper.types import (
+    CompareOp,
+    Key,
+    KeyValue,
+    NamespaceInfo,
+    TableInfo,
+    TableLayout,
+    TxnResult,
+)
 from tablekeeper.watch import Watch
 from tablekeeper_proto.bookkeeper import storage_pb2, stream_pb2
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tablekeeper_pb2_grpc
@@ -31,6 +40,8 @@ from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2, tab
 T = TypeVar("T")
 
 DEFAULT_SERVICE = "bk://127.0.0.1:4181"
+SPLIT_TIMEOUT_S = 600.0
+"""How long `split_range` waits at least (a split copies the whole range)."""
 
 
 def _service_endpoints(service: str) -> list[str]:
@@ -322,6 +333,27 @@ class AsyncClient:
             admin_pb2.CheckpointRequest(stream_id=stream_id), timeout=self.retry.call_timeout_s * 10
         )
 
+    async def layout(self, namespace: str, table: str) -> TableLayout:
+        """The table's current ranges (their hash intervals and containers), which a split
+        changes. Raises `TableNotFoundError`."""
+        return await table_layout(self._context, namespace, table)
+
+    async def split_range(
+        self, namespace: str, table: str, range_id: int = 0
+    ) -> admin_pb2.SplitRangeResponse:
+        """Split one range of a table into two halves of its hash interval (`range_id` 0: the
+        table's widest range) while the table serves, and return once the children serve
+        (`SplitRangeResponse`: the children, keys copied, how long the range paused). Requests
+        to the range meanwhile are refused as retryable and resent by the retry loops.
+        Superusers only; tables of the etcd and Oxia front-ends cannot be split."""
+        stub = self._context.stub("admin", admin_pb2_grpc.AdminStub)
+        request = admin_pb2.SplitRangeRequest(namespace=namespace, table=table, range_id=range_id)
+        response: admin_pb2.SplitRangeResponse = await stub.SplitRange(
+            request, timeout=max(self.retry.call_timeout_s * 10, SPLIT_TIMEOUT_S)
+        )
+        self._context.routes.forget_table(response.stream_id)
+        return response
+
     async def status(self) -> Any:
         """The server's per-range status (`StatusResponse`): applied positions, WAL sizes,
         checkpoints."""
@@ -507,6 +539,16 @@ class Client:
     def checkpoint(self, namespace: str | None = None, table: str | None = None) -> Any:
         """Checkpoint one table's ranges now (or every open range); see `AsyncClient`."""
         return self._runner.run(self._async.checkpoint(namespace, table))
+
+    def layout(self, namespace: str, table: str) -> TableLayout:
+        """The table's current ranges; see `AsyncClient.layout`."""
+        return self._runner.run(self._async.layout(namespace, table))
+
+    def split_range(
+        self, namespace: str, table: str, range_id: int = 0
+    ) -> admin_pb2.SplitRangeResponse:
+        """Split one range of a table in two; see `AsyncClient.split_range`."""
+        return self._runner.run(self._async.split_range(namespace, table, range_id))
 
     def status(self) -> Any:
         """The server's per-range status (`StatusResponse`)."""

@@ -115,6 +115,16 @@ class RouteNotFoundError(TableKeeperError):
     BookKeeper clients retry."""
 
 
+class RangeMovedError(RouteNotFoundError):
+    """The range was sealed by a split: its keys now live in its children. Nothing was applied;
+    the request succeeds once routed again (the server re-routes by itself once the split has
+    switched the table's ranges; until then the caller retries, as for NOT_FOUND)."""
+
+    def __init__(self, message: str, children: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.children = children
+
+
 class NotServedHereError(RouteNotFoundError):
     """The request belongs to storage container `container_id`, which another server owns (or
     nobody owns right now). The RPC layer forwards the request to the owner when it knows one;

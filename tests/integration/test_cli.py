@@ -329,7 +329,8 @@ def test_table_commands(svc: str) -> None:
     assert match, out
     table_id = int(match.group(1))
     out = ok(tk("table", "get", "cli_tables/t", service=svc))
-    assert out == f"table cli_tables/t: id {table_id}, 6 ranges, ttl 0s\n"
+    ids = ", ".join(str(1024 + i) for i in range(6))  # the current ranges (a split adds some)
+    assert out == f"table cli_tables/t: id {table_id}, 6 ranges ({ids}), ttl 0s\n"
     out = ok(tk("table", "create", "cli_tables/ttl", "--ranges", "2", "--ttl", "30", service=svc))
     assert "2 ranges" in out
     assert ok(tk("table", "get", "cli_tables/ttl", service=svc)).endswith("ttl 30s\n")
@@ -523,7 +524,8 @@ def test_output_formats_on_every_command(svc: str) -> None:
     assert ns_table == ["NAMESPACE  ID", f"cli_fmt    {created['id']}"]
     info = json.loads(ok(tk("table", "create", "cli_fmt/t", "-o", "json", service=svc)))
     assert info["table"] == "t" and info["ranges"] == 4 and info["ttl_seconds"] == 0
-    assert json.loads(ok(tk("table", "get", "cli_fmt/t", "-o", "json", service=svc))) == info
+    got = json.loads(ok(tk("table", "get", "cli_fmt/t", "-o", "json", service=svc)))
+    assert got == {**info, "range_ids": [1024, 1025, 1026, 1027]}
     t = "cli_fmt/t"
     put = json.loads(ok(tk("put", t, "k", "v1", "-o", "json", service=svc)))
     assert put == {"pkey": "k", "lkey": "k", "prev": None}

@@ -160,6 +160,15 @@ ROWS: dict[type[server.TableKeeperError], Row] = {
         unary=S.NOT_FOUND,
         retryable=True,
     ),
+    server.RangeMovedError: _row(
+        lambda: server.RangeMovedError("x", (1, 2)),
+        C.INTERNAL_SERVER_ERROR,
+        S.UNAVAILABLE,
+        sdk.InternalServerError,
+        sdk.UnavailableError,
+        unary=S.NOT_FOUND,
+        retryable=True,
+    ),
     server.NotServedHereError: _row(
         lambda: server.NotServedHereError(3, "x"),
         C.INTERNAL_SERVER_ERROR,

@@ -187,7 +187,8 @@ async def test_wrong_location_forgets_the_container_and_finds_the_new_owner() ->
     assert cache.stats.invalidations == 1
     assert await cache.locate(TABLE, pkey) == Target(0, "b:2")
     assert await cache.endpoint_for(TABLE, pkey_on(2)) == "b:2"  # others stay cached
-    assert len(containers.requests) == 2 and meta.calls == 1  # ranges are not fetched again
+    # The ranges are fetched again too: a split may have replaced the range.
+    assert len(containers.requests) == 2 and meta.calls == 2
 
 
 async def test_unknown_owners_go_to_the_bootstrap_endpoint_until_asked_again() -> None:

@@ -7,17 +7,27 @@ RangeMetadata. A table's ranges are created lazily on the first GetActiveRanges,
 TableKeeper adds `-1 0x03 stream_id range_id` -> the range's TTL (8 bytes): the data ranges that
 have been opened on this container (of any table), so the next owner of the container can open
 them all as soon as it takes the container over instead of on their first request.
+
+Splits (`container.splitter`) keep their state here too. `begin_split` reserves the children's
+range ids and records the parent as RANGE_FENCING with its `children` (whose RangeMetadata,
+`parents` = the parent, are written at once but are not current yet); `finish_split` is the one
+atomic switch: the children replace the parent in `current_ranges`, the parent becomes
+RANGE_FENCED, and `stream_id 0x05 range_id` marks its data as still to be deleted until
+`forget_retired`. A split found RANGE_FENCING after a crash is resumed by the container's owner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.kv import MetadataKv
 from tablekeeper_server.core.routing import split_hash_space
+from tablekeeper_server.errors import IllegalOpError, KeyNotFoundError
 from tablekeeper_server.range.replica import Range
 
 _LONG = struct.Struct(">q")
@@ -35,6 +45,19 @@ def _range_key(stream_id: int, range_id: int) -> bytes:
 
 
 _HOSTED_PREFIX = _LONG.pack(-1) + b"\x03"
+
+
+def _retired_key(stream_id: int, range_id: int) -> bytes:
+    return _LONG.pack(stream_id) + b"\x05" + _LONG.pack(range_id)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPlan:
+    """A split under way or done: the parent range and its children, in hash order."""
+
+    stream_id: int
+    parent: stream_pb2.RangeProperties
+    children: tuple[stream_pb2.RangeProperties, ...]
 
 
 def _hosted_key(stream_id: int, range_id: int) -> bytes:
@@ -120,13 +143,143 @@ class MetaCatalog:
         ranges.sort(key=lambda r: r.start_hash_key)
         return ranges
 
+    # ------------------------------------------------------------------ splits
+
+    def _range_metadata(self, stream_id: int, range_id: int) -> stream_pb2.RangeMetadata | None:
+        raw = self._kv.get(_range_key(stream_id, range_id))
+        return None if raw is None else stream_pb2.RangeMetadata.FromString(raw)
+
+    def _plan(self, stream_id: int, parent: stream_pb2.RangeMetadata) -> SplitPlan:
+        children = []
+        for child_id in parent.children:
+            child = self._range_metadata(stream_id, child_id)
+            if child is None:
+                raise KeyNotFoundError(f"range {child_id} of table {stream_id} has no metadata")
+            children.append(child.props)
+        return SplitPlan(stream_id, parent.props, tuple(children))
+
+    async def begin_split(self, stream_id: int, range_id: int) -> SplitPlan:
+        """Record a split of range `range_id` into two halves of its hash interval (or return
+        the one already under way). The first child stays on the parent's container; the
+        second goes to the container holding the fewest of the table's ranges (the next ones
+        after the parent's first), so splitting spreads a table over the containers, new ones
+        included. Raises `KeyNotFoundError` if the range is not one of the table's current
+        ranges, `IllegalOpError` if its hash interval cannot be halved."""
+        async with self._lock:
+            raw = self._kv.get(_stream_key(stream_id))
+            metadata = None if raw is None else stream_pb2.StreamMetadata.FromString(raw)
+            parent = self._range_metadata(stream_id, range_id)
+            if metadata is None or parent is None or range_id not in metadata.current_ranges:
+                raise KeyNotFoundError(f"table {stream_id} has no current range {range_id}")
+            if parent.state == stream_pb2.RANGE_FENCING:
+                return self._plan(stream_id, parent)
+            props = parent.props
+            middle = props.start_hash_key + (props.end_hash_key - props.start_hash_key) // 2
+            if middle <= props.start_hash_key:
+                raise IllegalOpError(f"range {range_id} holds too few hashes to split")
+            count = self._num_containers()
+            load = Counter(
+                r.storage_container_id
+                for r in self._read(stream_id) or []
+                if r.range_id != range_id
+            )
+            load[props.storage_container_id] += 1  # the first child
+            order = [(props.storage_container_id + 1 + i) % count for i in range(count)]
+            second = min(order, key=lambda c: (load[c], order.index(c)))
+            now = self._now_ms()
+            first_id = metadata.next_range_id
+            children = (
+                stream_pb2.RangeProperties(
+                    start_hash_key=props.start_hash_key,
+                    end_hash_key=middle,
+                    range_id=first_id,
+                    storage_container_id=props.storage_container_id,
+                ),
+                stream_pb2.RangeProperties(
+                    start_hash_key=middle,
+                    end_hash_key=props.end_hash_key,
+                    range_id=first_id + 1,
+                    storage_container_id=second,
+                ),
+            )
+            metadata.next_range_id = first_id + len(children)
+            metadata.m_time = now
+            parent.state = stream_pb2.RANGE_FENCING
+            parent.children[:] = [c.range_id for c in children]
+            puts = [
+                (_stream_key(stream_id), metadata.SerializeToString()),
+                (_range_key(stream_id, range_id), parent.SerializeToString()),
+            ]
+            for child in children:
+                child_metadata = stream_pb2.RangeMetadata(
+                    props=child,
+                    state=stream_pb2.RANGE_ACTIVE,
+                    create_time=now,
+                    fence_time=2**63 - 1,
+                    parents=[range_id],
+                )
+                puts.append(
+                    (_range_key(stream_id, child.range_id), child_metadata.SerializeToString())
+                )
+            await self._kv.commit(puts=puts)
+            return SplitPlan(stream_id, props, children)
+
+    async def finish_split(self, plan: SplitPlan) -> None:
+        """The switch: the children replace the parent in the table's current ranges, in one
+        txn (idempotent: a split already switched is left alone)."""
+        async with self._lock:
+            raw = self._kv.get(_stream_key(plan.stream_id))
+            parent = self._range_metadata(plan.stream_id, plan.parent.range_id)
+            if raw is None or parent is None or parent.state != stream_pb2.RANGE_FENCING:
+                return
+            metadata = stream_pb2.StreamMetadata.FromString(raw)
+            current: list[int] = []
+            for range_id in metadata.current_ranges:
+                if range_id == plan.parent.range_id:
+                    current.extend(c.range_id for c in plan.children)
+                else:
+                    current.append(range_id)
+            now = self._now_ms()
+            metadata.current_ranges[:] = current
+            metadata.m_time = now
+            parent.state = stream_pb2.RANGE_FENCED
+            parent.fence_time = now
+            await self._kv.commit(
+                puts=[
+                    (_stream_key(plan.stream_id), metadata.SerializeToString()),
+                    (_range_key(plan.stream_id, plan.parent.range_id), parent.SerializeToString()),
+                    (_retired_key(plan.stream_id, plan.parent.range_id), b"\x01"),
+                ]
+            )
+
+    def splits(self) -> tuple[list[SplitPlan], list[SplitPlan]]:
+        """(splits under way, finished splits whose parent's data is still to be deleted)."""
+        pending, retired = [], []
+        for key, value in self._kv.scan(_LONG.pack(0), _LONG.pack(2**63 - 1) + b"\xff" * 9):
+            if len(key) != 17:
+                continue
+            stream_id, kind, range_id = struct.unpack(">qcq", key)
+            if kind == b"\x02":
+                metadata = stream_pb2.RangeMetadata.FromString(value)
+                if metadata.state == stream_pb2.RANGE_FENCING:
+                    pending.append(self._plan(stream_id, metadata))
+            elif kind == b"\x05":
+                metadata_or_none = self._range_metadata(stream_id, range_id)
+                if metadata_or_none is not None:
+                    retired.append(self._plan(stream_id, metadata_or_none))
+        return pending, retired
+
+    async def forget_retired(self, plan: SplitPlan) -> None:
+        """The parent of a finished split has been deleted."""
+        await self._kv.commit(deletes=[_retired_key(plan.stream_id, plan.parent.range_id)])
+
     async def forget_stream(self, stream_id: int) -> list[stream_pb2.RangeProperties]:
         """Drop a deleted table's range metadata; return its ranges so their data can go."""
         async with self._lock:
             ranges = self._read(stream_id) or []
             prefix = _LONG.pack(stream_id)
             await self._kv.commit(
-                delete_ranges=[(prefix + b"\x01", prefix + b"\x02" + b"\xff" * 8)]
+                delete_ranges=[(prefix + b"\x01", prefix + b"\x05" + b"\xff" * 8)]
             )
             return ranges
 

@@ -24,16 +24,23 @@ from tablekeeper_server.container.container import (
     ContainerEnv,
     StorageContainer,
 )
+from tablekeeper_server.container.splitter import Splitter
 from tablekeeper_server.core.routing import RangeRouter
-from tablekeeper_server.errors import NotServedHereError, RouteNotFoundError, UnavailableError
+from tablekeeper_server.errors import (
+    NotServedHereError,
+    RangeMovedError,
+    RouteNotFoundError,
+    UnavailableError,
+)
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.watch import HistoryBudget
 
 log = logging.getLogger(__name__)
 
 REMOTE_ROUTE_TTL_S = 10.0
-"""How long a route resolved through another server's root range is trusted: a table deleted
-there stops being served here within this time (deletes on this server drop it at once)."""
+"""How long a route read from another server is trusted: a table deleted there stops being
+served here, and a split there is seen here, within this time (deletes and splits on this
+server drop the route at once, and a request that meets a split range re-reads it)."""
 
 
 class _TableRoute:
@@ -60,6 +67,17 @@ class RemoteCatalog(Protocol):
         self, stream_id: int, container_id: int
     ) -> list[stream_pb2.RangeProperties]: ...
 
+    async def seal_range(
+        self,
+        container_id: int,
+        stream_id: int,
+        range_id: int,
+        children: tuple[int, ...],
+        drop: bool,
+    ) -> int:
+        """`Splitter.seal_here` (or, with `drop`, `drop_here`) on the container's owner."""
+        ...
+
 
 class ContainerRegistry:
     def __init__(
@@ -83,15 +101,18 @@ class ContainerRegistry:
         suspended: another server may be taking its containers over), or None."""
         self._routes: dict[int, _TableRoute] = {}
         self._resolving: dict[int, asyncio.Task[_TableRoute]] = {}
+        self.splitter = Splitter(self)
 
     async def start(self) -> None:
         # The root container first: it is what every table operation starts from.
         ordered = sorted(self.containers.values(), key=lambda c: c.id != ROOT_CONTAINER_ID)
         for container in ordered:
             await container.start()
+            self.splitter.resume(container)
         log.info("serving %d storage containers", len(self.containers))
 
     async def stop(self) -> None:
+        await self.splitter.stop()
         await asyncio.gather(*(c.stop() for c in self.containers.values()))
 
     async def add(self, container_id: int, epoch: int) -> None:
@@ -110,6 +131,8 @@ class ContainerRegistry:
             self.containers.pop(container_id, None)
             await container.stop()
             raise
+        self._routes.clear()  # routes trusted for as long as their meta range is not here
+        self.splitter.resume(container)
 
     async def remove(self, container_id: int) -> None:
         """Stop hosting `container_id`: close its ranges (the new owner fences their logs)."""
@@ -167,12 +190,23 @@ class ContainerRegistry:
         self._heal(container)
         return await meta.active_ranges(stream_id, self.stream_props)
 
+    def forget_route(self, stream_id: int) -> None:
+        """Read the table's ranges again on its next request (they changed: a split)."""
+        self._routes.pop(stream_id, None)
+
+    def _current(self, route: _TableRoute | None) -> bool:
+        """Whether a cached route may be used: always while the root range and the table's
+        meta range are both here (deleting the table and splitting its ranges then drop the
+        route here), else for `REMOTE_ROUTE_TTL_S`."""
+        containers = self.containers
+        return route is not None and (
+            (ROOT_CONTAINER_ID in containers and route.props.storage_container_id in containers)
+            or self.env.clock.monotonic_s() - route.resolved_at < REMOTE_ROUTE_TTL_S
+        )
+
     async def _route(self, stream_id: int) -> _TableRoute:
         route = self._routes.get(stream_id)
-        if route is not None and (
-            ROOT_CONTAINER_ID in self.containers
-            or self.env.clock.monotonic_s() - route.resolved_at < REMOTE_ROUTE_TTL_S
-        ):
+        if route is not None and self._current(route):
             return route
         # One resolution per table however many requests arrive before it is cached.
         task = self._resolving.get(stream_id)
@@ -202,15 +236,35 @@ class ContainerRegistry:
         with stale information and gets `RouteNotFoundError` (clients retry after refreshing).
         """
         route = await self._route(stream_id)
+        if range_id > max(route.ranges):  # the client knows of a split this route predates
+            self.forget_route(stream_id)
+            route = await self._route(stream_id)
         range_props = route.ranges[route.router.route(pkey)]
-        if range_id > 0 and range_id != range_props.range_id:
+        if range_id > 0 and range_id != range_props.range_id and range_id in route.ranges:
+            # (A range that is no longer current was split: its keys are in its descendants,
+            # and a client still routing by it is served by the one holding the key.)
             raise RouteNotFoundError(
                 f"range {range_id} of table {stream_id} does not hold this key "
                 f"(it belongs to range {range_props.range_id})"
             )
         container = self.container(range_props.storage_container_id)
-        return await container.data_range(
+        range_ = await container.data_range(
             stream_id, range_props.range_id, route.props.stream_conf.ttl_seconds
+        )
+        if range_.sealed is None:
+            return range_
+        # Split: once the switch is done the table's ranges read again route to a child.
+        self.forget_route(stream_id)
+        route = await self._route(stream_id)
+        moved_to = route.ranges[route.router.route(pkey)]
+        if moved_to.range_id == range_props.range_id:
+            raise RangeMovedError(
+                f"range {range_props.range_id} of table {stream_id} is being split; retry",
+                range_.sealed,
+            )
+        container = self.container(moved_to.storage_container_id)
+        return await container.data_range(
+            stream_id, moved_to.range_id, route.props.stream_conf.ttl_seconds
         )
 
     async def container_of(self, stream_id: int, pkey: bytes) -> int:
@@ -224,12 +278,7 @@ class ContainerRegistry:
         and the range is open and healthy in a container here. None otherwise (including every
         case where `table_range` would raise): then call `table_range`."""
         route = self._routes.get(stream_id)
-        if route is None or self.suspended is not None:
-            return None
-        if (
-            ROOT_CONTAINER_ID not in self.containers
-            and self.env.clock.monotonic_s() - route.resolved_at >= REMOTE_ROUTE_TTL_S
-        ):
+        if route is None or self.suspended is not None or not self._current(route):
             return None
         range_props = route.ranges[route.router.route(pkey)]
         if range_id > 0 and range_id != range_props.range_id:
@@ -237,7 +286,8 @@ class ContainerRegistry:
         container = self.containers.get(range_props.storage_container_id)
         if container is None:
             return None
-        return container.open_data_range(stream_id, range_props.range_id)
+        range_ = container.open_data_range(stream_id, range_props.range_id)
+        return None if range_ is None or range_.sealed is not None else range_
 
     async def drop_tables(self, tables: list[stream_pb2.StreamProperties]) -> None:
         """Remove the ranges and data of deleted tables (best effort; logged on failure)."""

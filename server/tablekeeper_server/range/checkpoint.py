@@ -110,8 +110,10 @@ class RangeCheckpointer:
 
     # ------------------------------------------------------------------ create
 
-    def checkpoint(self, store: KvStore) -> Manifest:
-        """Checkpoint `store` (the range's open store) and truncate the log. See module doc."""
+    def checkpoint(self, store: KvStore, *, truncate_log: bool = True) -> Manifest:
+        """Checkpoint `store` (the range's open store) and truncate the log. See module doc.
+        `truncate_log=False`: leave the log alone (a split publishing a child's first
+        checkpoint: the child's log does not exist yet)."""
         started = time.monotonic()
         self._remove_stale_scratch(".checkpoint")
         scratch = self.store_path.parent / f".checkpoint-{self.store_path.name}-{uuid.uuid4().hex}"
@@ -144,8 +146,9 @@ class RangeCheckpointer:
             self._store.put_bytes(manifest.object_name, manifest.encode())
             kept = self._collect_garbage()
             self._failpoints.hit("checkpoint.before_truncate")
-            oldest_kept = min(m.applied_sequence for m in kept)
-            self._log.truncate(self.range_name, oldest_kept + 1)
+            if truncate_log:
+                oldest_kept = min(m.applied_sequence for m in kept)
+                self._log.truncate(self.range_name, oldest_kept + 1)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         duration = time.monotonic() - started
@@ -254,6 +257,14 @@ class RangeCheckpointer:
             if name not in referenced:
                 self._store.delete(name)
         return kept
+
+    def delete_all(self) -> None:
+        """Delete every checkpoint of the range (its manifests first, then their objects): the
+        range is gone (a split retired it)."""
+        for name in self._manifests():
+            self._store.delete(name)
+        for name in self._store.list(f"{self.range_name}/objects"):
+            self._store.delete(name)
 
     # ------------------------------------------------------------------ restore
 

@@ -47,8 +47,10 @@ from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     CorruptionError,
+    IllegalOpError,
     IndeterminateError,
     LogFencedError,
+    RangeMovedError,
     StorageUnavailableError,
     StoreCorruptionError,
     TableKeeperError,
@@ -161,6 +163,8 @@ class Range:
             raise
         assert self._sm is not None
         self.watch.attach(self._sm.history, self._sm.applied_sequence)
+        if self._sm.sealed is not None:
+            self.watch.close(self._moved().message)
         self.sessions.start(self._sm.session_ttls(), self._sm.session_roles())
         self._accepting = True
         self._task = asyncio.create_task(self._write_loop(), name=f"range-{self.name.log_name}")
@@ -407,6 +411,8 @@ class Range:
         self._notice_damage()
         if not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
+        if self._sm is not None and self._sm.sealed is not None:
+            raise self._moved()
         command.timestamp_ms = self._clock.now_ms()
         if self._sm is not None:
             self._sm.check_prev_kvs(command)  # ResourceLimitError before anything is logged
@@ -439,7 +445,42 @@ class Range:
         self._notice_damage()
         if self._sm is None or not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
+        if self._sm.sealed is not None:
+            raise self._moved()
         return self._sm
+
+    # ------------------------------------------------------------------ split
+
+    @property
+    def sealed(self) -> tuple[int, ...] | None:
+        """The children of this range once a split sealed it (it refuses every request from
+        then on), else None."""
+        return None if self._sm is None else self._sm.sealed
+
+    def _moved(self) -> RangeMovedError:
+        children = self.sealed or ()
+        return RangeMovedError(
+            f"range {self.name.log_name} was split: its keys moved to ranges "
+            + ", ".join(map(str, children)),
+            children,
+        )
+
+    async def seal(self, children: tuple[int, ...]) -> int:
+        """Seal the range for a split into `children` (a command in its log, so it stays
+        sealed across restarts; sealing again with the same children is a no-op) and return
+        its applied position. Its watchers end (they resume on the children); every later
+        request is refused with `RangeMovedError`. Raises `IllegalOpError` if the range holds
+        what a split cannot divide (sessions, etcd or Oxia bookkeeping), or was sealed for
+        other children."""
+        if self.sealed is None:
+            command = wal_pb2.WalCommand(seal=wal_pb2.RangeSeal(children=children))
+            await self.execute(command)
+        if self.sealed != children:
+            raise IllegalOpError(
+                f"range {self.name.log_name} is sealed for ranges {self.sealed}, not {children}"
+            )
+        self.watch.close(self._moved().message)
+        return self.applied_sequence
 
     async def _write_loop(self) -> None:
         try:

@@ -40,7 +40,13 @@ from tablekeeper_server.core.keys import (
     store_key,
     system_key,
 )
-from tablekeeper_server.errors import Code, ResourceLimitError, TableKeeperError
+from tablekeeper_server.errors import (
+    Code,
+    IllegalOpError,
+    RangeMovedError,
+    ResourceLimitError,
+    TableKeeperError,
+)
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import (
     INT64_MAX,
@@ -63,6 +69,8 @@ def sequence_counter_key(pkey: bytes) -> bytes:
     return system_key(b"seq/" + pkey_prefix(pkey))
 
 
+SEAL_KEY = system_key(b"sealed")
+"""Present once the range is sealed by a split: a record whose value is the `RangeSeal`."""
 SESSION_PREFIX = system_key(b"ss/")
 _SESSION_ID_STEP = 1 << 48
 """A session's id is its command's revision, or (if a client chose that id before) the first
@@ -70,6 +78,16 @@ free one of revision + k * step (deterministic, so replay agrees)."""
 _MEMBER_PREFIX = system_key(b"se/")
 _OWNER_PREFIX = system_key(b"sk/")
 _SESSION_ROLE_PREFIX = system_key(b"sr/")
+SPLIT_REFUSING_PREFIXES = (
+    system_key(b"etcd-"),
+    system_key(b"oxseq/"),
+    SESSION_PREFIX,
+    _MEMBER_PREFIX,
+    _OWNER_PREFIX,
+    _SESSION_ROLE_PREFIX,
+)
+"""Bookkeeping a split cannot divide between two children by pkey (the etcd and Oxia
+front-ends', sessions and their ephemeral keys): a range holding any of it refuses a seal."""
 
 
 def session_key(session_id: int) -> bytes:
@@ -312,6 +330,14 @@ class RangeStateMachine:
         self.applied_sequence: int = 0 if raw is None else int(_SEQ.unpack(raw)[0])
         self.history = history
         self.sessions = sum(1 for _ in store.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)))
+        raw_seal = store.get(SEAL_KEY)
+        self.sealed: tuple[int, ...] | None = (
+            None
+            if raw_seal is None
+            else tuple(wal_pb2.RangeSeal.FromString(decode_record(raw_seal).value).children)
+        )
+        """The children of a range a split sealed (it refuses every command after the seal),
+        or None."""
         self.last_events: list[ChangeEvent] = []
         """The changes of the last `apply_batch`, in order (for live watchers)."""
         self.last_rejections: dict[int, TableKeeperError] = {}
@@ -403,6 +429,8 @@ class RangeStateMachine:
             self._prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=False)
         now = command.timestamp_ms
         op = command.WhichOneof("op")
+        if self.sealed is not None:
+            return self._after_seal(op, command)
         if op == "put":
             writes: dict[bytes, StoredRecord | None] = {}
             put_response = self._put(view, revision, now, command.put, writes)
@@ -437,7 +465,41 @@ class RangeStateMachine:
             from tablekeeper_server.oxia.apply import apply_oxia_write  # imports this module
 
             return apply_oxia_write(view, previous, revision, now, command.oxia_write)
+        if op == "seal":
+            return self._seal(view, previous, revision, command.seal)
         return kv_rpc_pb2.PutResponse(header=_header(Code.BAD_REQUEST))
+
+    def _after_seal(self, op: str | None, command: wal_pb2.WalCommand) -> Response | _Rejected:
+        """A command that reached the log after the seal (it was queued before): it changes
+        nothing and is refused as "range moved", except the same seal again (a retried split)."""
+        assert self.sealed is not None
+        if op == "seal" and tuple(command.seal.children) == self.sealed:
+            return kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+        children = ", ".join(map(str, self.sealed))
+        return _Rejected(
+            RangeMovedError(
+                f"this range was split: its keys moved to ranges {children}", self.sealed
+            )
+        )
+
+    def _seal(
+        self, view: _ApplyView, previous: int, revision: int, seal: wal_pb2.RangeSeal
+    ) -> Response | _Rejected:
+        """Seal the range for a split (see `SEAL_KEY`): refused while the range holds
+        bookkeeping that cannot be divided by pkey (`SPLIT_REFUSING_PREFIXES`)."""
+        if len(seal.children) < 2:
+            return _Rejected(IllegalOpError("a split needs at least two children"))
+        if view.dirty:
+            view.commit(previous)
+        for index, prefix in enumerate(SPLIT_REFUSING_PREFIXES):
+            if next(view.scan(prefix, prefix_end(prefix)), None) is not None:
+                what = "etcd or Oxia bookkeeping" if index < 2 else "sessions or ephemeral keys"
+                return _Rejected(
+                    IllegalOpError(f"this range holds {what}: splitting it is not supported")
+                )
+        view.put(SEAL_KEY, StoredRecord(0, revision, 0, False, 0, seal.SerializeToString()))
+        self.sealed = tuple(seal.children)
+        return kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
 
     @staticmethod
     def _expire_at(now_ms: int, ttl_ms: int) -> int | None:

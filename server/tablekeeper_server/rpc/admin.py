@@ -14,10 +14,18 @@ from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2
 from tablekeeper_server.cluster.status import ClusterView, ViewSource
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
-from tablekeeper_server.errors import BadRequestError, InvalidNamespaceNameError, UnavailableError
+from tablekeeper_server.errors import (
+    BadRequestError,
+    IllegalOpError,
+    InvalidNamespaceNameError,
+    StreamNotFoundError,
+    UnavailableError,
+)
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.rpc.frontends import find_table
 from tablekeeper_server.rpc.proxy import (
     TABLEKEEPER_SERVICE,
+    Forwarder,
     RemoteCatalogClient,
     local_or_forward,
     was_forwarded,
@@ -26,6 +34,9 @@ from tablekeeper_server.rpc.status import serve, serve_admin
 from tablekeeper_server.security.access import Permission, parse_permissions, permission_names
 
 _ADMIN_SERVICE = "/tablekeeper.v1.Admin/"
+SPLIT_REFUSED_NAMESPACES = ("etcd", "oxia")
+"""The namespaces of the etcd and Oxia front-ends' tables (each front-end reads its table's
+bookkeeping as one range)."""
 M = TypeVar("M")
 
 
@@ -244,6 +255,70 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return await self._from_root(
             "ListTables", context, request, local, admin_pb2.ListTablesResponse
         )
+
+    # ------------------------------------------------------------------ splits
+
+    async def SplitRange(  # noqa: N802
+        self, request: admin_pb2.SplitRangeRequest, context: Any
+    ) -> admin_pb2.SplitRangeResponse:
+        """Split a range on the owner of the table's meta range (forwarded there)."""
+
+        async def local() -> admin_pb2.SplitRangeResponse:
+            if request.namespace in SPLIT_REFUSED_NAMESPACES:
+                raise IllegalOpError(
+                    f"tables of namespace {request.namespace!r} belong to the etcd or Oxia "
+                    "front-end, whose ranges cannot be split"
+                )
+            props = await find_table(
+                self._registry, self._forwarder(), request.namespace, request.table
+            )
+            if props is None:
+                raise StreamNotFoundError(f"no table {request.namespace}/{request.table}")
+            outcome = await self._registry.splitter.split(props.stream_id, request.range_id)
+            return admin_pb2.SplitRangeResponse(
+                stream_id=props.stream_id,
+                parent_range_id=outcome.plan.parent.range_id,
+                children=outcome.plan.children,
+                sealed_sequence=outcome.sealed_sequence,
+                keys_copied=outcome.keys_copied,
+                paused_seconds=outcome.paused_seconds,
+            )
+
+        async def handle() -> admin_pb2.SplitRangeResponse:
+            return await local_or_forward(
+                self._forwarder(),
+                context,
+                local,
+                _ADMIN_SERVICE + "SplitRange",
+                request,
+                admin_pb2.SplitRangeResponse,
+                lambda _: 0,
+                idempotent=False,
+            )
+
+        return await serve_admin("SplitRange", context, handle)
+
+    async def SealRange(  # noqa: N802
+        self, request: admin_pb2.SealRangeRequest, context: Any
+    ) -> admin_pb2.SealRangeResponse:
+        async def handle() -> admin_pb2.SealRangeResponse:
+            splitter = self._registry.splitter
+            if request.drop:
+                await splitter.drop_here(request.container_id, request.stream_id, request.range_id)
+                return admin_pb2.SealRangeResponse()
+            sealed = await splitter.seal_here(
+                request.container_id,
+                request.stream_id,
+                request.range_id,
+                tuple(request.children),
+            )
+            return admin_pb2.SealRangeResponse(sealed_sequence=sealed)
+
+        return await serve_admin("SealRange", context, handle)
+
+    def _forwarder(self) -> Forwarder | None:
+        remote = self._registry.remote
+        return remote.forwarder if isinstance(remote, RemoteCatalogClient) else None
 
     # ------------------------------------------------------------------ permissions
 

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import grpc
 
 from tablekeeper_proto.bookkeeper import storage_pb2
+from tablekeeper_proto.v1 import admin_pb2
 from tablekeeper_server.errors import (
     ForwardedError,
     IndeterminateError,
@@ -46,6 +47,7 @@ TABLE_SERVICE = "/bookkeeper.proto.kv.rpc.TableService/"
 TABLEKEEPER_SERVICE = "/tablekeeper.v1.TableKeeper/"
 SESSIONS_SERVICE = "/tablekeeper.v1.Sessions/"
 WATCH_SERVICE = "/tablekeeper.v1.Watch/"
+ADMIN_SERVICE = "/tablekeeper.v1.Admin/"
 FORWARD_TIMEOUT_S = 30.0
 _CONNECT_FAILURE_HINTS = ("failed to connect", "connection refused", "connections to all backends")
 R = TypeVar("R")
@@ -288,6 +290,30 @@ class RemoteCatalogClient:
             idempotent=True,
         )
         return [related.props for related in response.ranges]
+
+    async def seal_range(
+        self,
+        container_id: int,
+        stream_id: int,
+        range_id: int,
+        children: tuple[int, ...],
+        drop: bool,
+    ) -> int:
+        response = await self._forwarder.forward(
+            container_id,
+            ADMIN_SERVICE + "SealRange",
+            admin_pb2.SealRangeRequest(
+                container_id=container_id,
+                stream_id=stream_id,
+                range_id=range_id,
+                children=children,
+                drop=drop,
+            ),
+            admin_pb2.SealRangeResponse,
+            lambda _: 0,
+            idempotent=True,  # sealing again for the same children, or dropping again: no-ops
+        )
+        return int(response.sealed_sequence)
 
 
 async def local_or_forward(

@@ -181,6 +181,8 @@ RULES: dict[str, Rule] = {
     _ADMIN + "Revoke": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
     _ADMIN + "ListPermissions": lambda r: [Target(Permission.ADMIN, namespace=r.namespace)],
     _ADMIN + "CheckAccess": SUPERUSER,  # servers asking the root's owner
+    _ADMIN + "SplitRange": SUPERUSER,
+    _ADMIN + "SealRange": SUPERUSER,  # the server running a split, asking a range's owner
     # The etcd v3 API (--etcd-port).
     "/etcdserverpb.KV/Range": _etcd(Permission.READ),
     "/etcdserverpb.KV/Put": _etcd_with_prev,

@@ -638,3 +638,126 @@ class ClusterStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterStatusResponse: _TypeAlias = ClusterStatusResponse  # noqa: Y015
+
+@_typing.final
+class SplitRangeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMESPACE_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    RANGE_ID_FIELD_NUMBER: _builtins.int
+    namespace: _builtins.str
+    table: _builtins.str
+    range_id: _builtins.int
+    """The range to split; 0 = the table's range holding the most keys."""
+    def __init__(
+        self,
+        *,
+        namespace: _builtins.str = ...,
+        table: _builtins.str = ...,
+        range_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "range_id", b"range_id", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SplitRangeRequest: _TypeAlias = SplitRangeRequest  # noqa: Y015
+
+@_typing.final
+class SplitRangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    PARENT_RANGE_ID_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    SEALED_SEQUENCE_FIELD_NUMBER: _builtins.int
+    KEYS_COPIED_FIELD_NUMBER: _builtins.int
+    PAUSED_SECONDS_FIELD_NUMBER: _builtins.int
+    stream_id: _builtins.int
+    parent_range_id: _builtins.int
+    """The range that was split (now retired)."""
+    sealed_sequence: _builtins.int
+    """The parent's log position when it was sealed (the children's revisions continue from it)."""
+    keys_copied: _builtins.int
+    """Table keys copied into the children."""
+    paused_seconds: _builtins.float
+    """How long the range refused requests: from its seal to the children being routable."""
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[_stream_pb2.RangeProperties]:
+        """Its two children, in hash order, as GetActiveRanges reports them."""
+
+    def __init__(
+        self,
+        *,
+        stream_id: _builtins.int = ...,
+        parent_range_id: _builtins.int = ...,
+        children: _abc.Iterable[_stream_pb2.RangeProperties] | None = ...,
+        sealed_sequence: _builtins.int = ...,
+        keys_copied: _builtins.int = ...,
+        paused_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "keys_copied", b"keys_copied", "parent_range_id", b"parent_range_id", "paused_seconds", b"paused_seconds", "sealed_sequence", b"sealed_sequence", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SplitRangeResponse: _TypeAlias = SplitRangeResponse  # noqa: Y015
+
+@_typing.final
+class SealRangeRequest(_message.Message):
+    """Server to server: seal a range (a split's first step) and checkpoint it, or drop a range a
+    finished split retired. Sent to the owner of the range's container.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    RANGE_ID_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    DROP_FIELD_NUMBER: _builtins.int
+    container_id: _builtins.int
+    stream_id: _builtins.int
+    range_id: _builtins.int
+    drop: _builtins.bool
+    """Drop the (already retired) range: close it and delete its log, checkpoints and store."""
+    @_builtins.property
+    def children(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        container_id: _builtins.int = ...,
+        stream_id: _builtins.int = ...,
+        range_id: _builtins.int = ...,
+        children: _abc.Iterable[_builtins.int] | None = ...,
+        drop: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "container_id", b"container_id", "drop", b"drop", "range_id", b"range_id", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealRangeRequest: _TypeAlias = SealRangeRequest  # noqa: Y015
+
+@_typing.final
+class SealRangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEALED_SEQUENCE_FIELD_NUMBER: _builtins.int
+    sealed_sequence: _builtins.int
+    def __init__(
+        self,
+        *,
+        sealed_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sealed_sequence", b"sealed_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SealRangeResponse: _TypeAlias = SealRangeResponse  # noqa: Y015

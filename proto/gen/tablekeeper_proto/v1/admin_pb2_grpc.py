@@ -79,6 +79,16 @@ class AdminStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.FromString,
                 _registered_method=True)
+        self.SplitRange = channel.unary_unary(
+                '/tablekeeper.v1.Admin/SplitRange',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeResponse.FromString,
+                _registered_method=True)
+        self.SealRange = channel.unary_unary(
+                '/tablekeeper.v1.Admin/SealRange',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -143,6 +153,20 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SplitRange(self, request, context):
+        """Split a table range into two (`tablekeeper table split`); run by the owner of the table's
+        meta range (forwarded there). Superusers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SealRange(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -190,6 +214,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CheckAccess,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.SerializeToString,
+            ),
+            'SplitRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SplitRange,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeResponse.SerializeToString,
+            ),
+            'SealRange': grpc.unary_unary_rpc_method_handler(
+                    servicer.SealRange,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -435,6 +469,60 @@ class Admin:
             '/tablekeeper.v1.Admin/CheckAccess',
             tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_admin__pb2.CheckAccessResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SplitRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/SplitRange',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.SplitRangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SealRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/SealRange',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

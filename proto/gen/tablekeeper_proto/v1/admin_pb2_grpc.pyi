@@ -50,6 +50,11 @@ class AdminStub:
     Revoke: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeRequest, _admin_pb2.GrantResponse]
     ListPermissions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPermissionsRequest, _admin_pb2.ListPermissionsResponse]
     CheckAccess: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CheckAccessRequest, _admin_pb2.CheckAccessResponse]
+    SplitRange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SplitRangeRequest, _admin_pb2.SplitRangeResponse]
+    """Split a table range into two (`tablekeeper table split`); run by the owner of the table's
+    meta range (forwarded there). Superusers only.
+    """
+    SealRange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SealRangeRequest, _admin_pb2.SealRangeResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -70,6 +75,11 @@ class AdminAsyncStub(AdminStub):
     Revoke: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeRequest, _admin_pb2.GrantResponse]  # type: ignore[assignment]
     ListPermissions: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPermissionsRequest, _admin_pb2.ListPermissionsResponse]  # type: ignore[assignment]
     CheckAccess: _aio.UnaryUnaryMultiCallable[_admin_pb2.CheckAccessRequest, _admin_pb2.CheckAccessResponse]  # type: ignore[assignment]
+    SplitRange: _aio.UnaryUnaryMultiCallable[_admin_pb2.SplitRangeRequest, _admin_pb2.SplitRangeResponse]  # type: ignore[assignment]
+    """Split a table range into two (`tablekeeper table split`); run by the owner of the table's
+    meta range (forwarded there). Superusers only.
+    """
+    SealRange: _aio.UnaryUnaryMultiCallable[_admin_pb2.SealRangeRequest, _admin_pb2.SealRangeResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -141,5 +151,22 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.CheckAccessRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.CheckAccessResponse, _abc.Awaitable[_admin_pb2.CheckAccessResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SplitRange(
+        self,
+        request: _admin_pb2.SplitRangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SplitRangeResponse, _abc.Awaitable[_admin_pb2.SplitRangeResponse]]:
+        """Split a table range into two (`tablekeeper table split`); run by the owner of the table's
+        meta range (forwarded there). Superusers only.
+        """
+
+    @_abc_1.abstractmethod
+    def SealRange(
+        self,
+        request: _admin_pb2.SealRangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.SealRangeResponse, _abc.Awaitable[_admin_pb2.SealRangeResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -6,17 +6,19 @@ A range appends one WalCommand per write request; replaying the commands in sequ
 rebuilds the range's state exactly, so everything a command's effect depends on is in it.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as _kv_rpc_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
 
-if sys.version_info >= (3, 10):
-    from typing import TypeAlias as _TypeAlias
+if sys.version_info >= (3, 11):
+    from typing import TypeAlias as _TypeAlias, Never as _Never
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -33,6 +35,7 @@ class WalCommand(_message.Message):
     ETCD_TXN_FIELD_NUMBER: _builtins.int
     OXIA_WRITE_FIELD_NUMBER: _builtins.int
     ETCD_COMPACT_FIELD_NUMBER: _builtins.int
+    SEAL_FIELD_NUMBER: _builtins.int
     timestamp_ms: _builtins.int
     """The serving range's clock when it accepted the command. Expiry times (table TTL) are derived
     from it, so replay computes the same expiry as the original apply.
@@ -63,6 +66,12 @@ class WalCommand(_message.Message):
     def increment(self) -> _kv_rpc_pb2.IncrementRequest: ...
     @_builtins.property
     def session(self) -> Global___SessionCommand: ...
+    @_builtins.property
+    def seal(self) -> Global___RangeSeal:
+        """Seal the range for a split (`tablekeeper table split`): from this command on it refuses
+        every request ("range moved"); its keys are copied to the children it names.
+        """
+
     def __init__(
         self,
         *,
@@ -75,16 +84,39 @@ class WalCommand(_message.Message):
         etcd_txn: _builtins.bytes = ...,
         oxia_write: _builtins.bytes = ...,
         etcd_compact: _builtins.int = ...,
+        seal: Global___RangeSeal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "txn", b"txn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write", "etcd_compact"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write", "etcd_compact", "seal"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 
 Global___WalCommand: _TypeAlias = WalCommand  # noqa: Y015
+
+@_typing.final
+class RangeSeal(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def children(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The ranges that take the sealed range's keys over, in hash order."""
+
+    def __init__(
+        self,
+        *,
+        children: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RangeSeal: _TypeAlias = RangeSeal  # noqa: Y015
 
 @_typing.final
 class SessionCommand(_message.Message):

@@ -1,0 +1,214 @@
+"""Online range split over real ranges (RocksDB stores, a checkpoint directory, an in-memory log
+shared by "servers"): the switch, what the children hold, what a sealed range answers, and a
+split resumed by the next owner after a crash between its steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2, stream_pb2
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
+from tablekeeper_server.container.container import ContainerEnv
+from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import ManualClock
+from tablekeeper_server.core.failpoints import FailpointError, Failpoints
+from tablekeeper_server.core.routing import routing_hash
+from tablekeeper_server.errors import IllegalOpError, RangeMovedError
+from tablekeeper_server.log.memory import MemoryLogBackend
+from tablekeeper_server.range.replica import RangeName
+from tablekeeper_server.rpc.admin import SPLIT_REFUSED_NAMESPACES
+from tablekeeper_server.storage.rocksdb import RocksKvStore
+
+pytestmark = pytest.mark.unit
+
+PARENT = 1024
+
+
+def make_registry(
+    root: Path, log: MemoryLogBackend, name: str, failpoints: Failpoints | None = None
+) -> ContainerRegistry:
+    env = ContainerEnv(
+        num_containers=2,
+        log_backend=log,
+        store_factory=RocksKvStore,
+        db_dir=root / name,
+        clock=ManualClock(),
+        checkpoint_store=DirectoryCheckpointStore(root / "checkpoints"),
+        failpoints=failpoints or Failpoints(),
+    )
+    return ContainerRegistry(env, [0, 1])
+
+
+async def new_table(registry: ContainerRegistry) -> int:
+    await registry.root.create_namespace("ns", stream_pb2.NamespaceConfiguration())
+    conf = stream_pb2.StreamConfiguration(initial_num_ranges=2, storage_type=stream_pb2.TABLE)
+    return (await registry.root.create_stream("ns", "t", conf)).stream_id
+
+
+async def put(
+    registry: ContainerRegistry, stream: int, pkey: bytes, value: bytes, **kw: object
+) -> kv_rpc_pb2.PutResponse:
+    request = kv_rpc_pb2.PutRequest(key=b"k", value=value, **kw)  # type: ignore[arg-type]
+    request.header.r_key = pkey
+    range_ = await registry.table_range(stream, pkey)
+    response = await range_.execute(wal_pb2.WalCommand(put=request))
+    assert isinstance(response, kv_rpc_pb2.PutResponse)
+    return response
+
+
+async def get_all(registry: ContainerRegistry, stream: int, pkey: bytes) -> list[bytes]:
+    range_ = await registry.table_range(stream, pkey)
+    header = kv_rpc_pb2.RoutingHeader(r_key=pkey)
+    response = range_.read(kv_rpc_pb2.RangeRequest(key=b"\x00", range_end=b"\xff", header=header))
+    return [kv.value for kv in response.kvs]
+
+
+PKEYS = [f"p{i}".encode() for i in range(60)]
+
+
+async def fill(registry: ContainerRegistry, stream: int) -> None:
+    for pkey in PKEYS:
+        await put(registry, stream, pkey, b"v-" + pkey)
+
+
+async def test_a_split_hands_each_key_to_the_child_holding_its_hash(tmp_path: Path) -> None:
+    log = MemoryLogBackend()
+    registry = make_registry(tmp_path, log, "a")
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    sequential = await put(registry, stream, b"seq", b"s", sequential=True)
+    before = (await registry.table_range(stream, b"seq")).applied_sequence
+
+    outcome = await registry.splitter.split(stream, PARENT)
+
+    parent, (first, second) = outcome.plan.parent, outcome.plan.children
+    assert (first.start_hash_key, second.end_hash_key) == (
+        parent.start_hash_key,
+        parent.end_hash_key,
+    )
+    assert first.end_hash_key == second.start_hash_key
+    assert first.storage_container_id == parent.storage_container_id
+    assert second.storage_container_id != parent.storage_container_id  # the emptier container
+    ranges = await registry.active_ranges(stream)
+    assert [r.range_id for r in ranges] == [first.range_id, second.range_id, PARENT + 1]
+    in_parent = [p for p in [*PKEYS, b"seq"] if routing_hash(p) < parent.end_hash_key]
+    assert outcome.keys_copied == len(in_parent) >= 10
+    for pkey in PKEYS:
+        range_ = await registry.table_range(stream, pkey)
+        assert await get_all(registry, stream, pkey) == [b"v-" + pkey]
+        if pkey in in_parent:
+            child = first if routing_hash(pkey) < first.end_hash_key else second
+            assert range_.name.range_id == child.range_id
+    # Revisions go on from the parent's; the sequential counter moved with its pkey.
+    moved = await registry.table_range(stream, in_parent[0])
+    await put(registry, stream, in_parent[0], b"again")
+    assert moved.applied_sequence > max(before, outcome.sealed_sequence)
+    again = await put(registry, stream, b"seq", b"s", sequential=True)
+    assert int(again.key[-20:]) == int(sequential.key[-20:]) + 1
+    # The parent is gone: its log, checkpoints and store.
+    parent_name = RangeName(parent.storage_container_id, stream, PARENT).log_name
+    assert log.size_bytes(parent_name) == 0 and not list(log.read(parent_name, 0))
+    assert not list((tmp_path / "checkpoints").glob(f"{parent_name}/manifests/*"))
+    assert registry.containers[0].meta is not None
+    assert registry.containers[0].meta.splits() == ([], [])
+    await registry.stop()
+
+    # A restart serves the children from their stores and logs.
+    again_registry = make_registry(tmp_path, log, "a")
+    await again_registry.start()
+    for pkey in PKEYS:
+        expected = b"again" if pkey == in_parent[0] else b"v-" + pkey
+        assert await get_all(again_registry, stream, pkey) == [expected]
+    await again_registry.stop()
+
+
+async def test_a_split_of_a_split(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    first = await registry.splitter.split(stream, PARENT)
+    child = first.plan.children[1]
+    second = await registry.splitter.split(stream, child.range_id)
+    assert [c.range_id for c in second.plan.children] == [child.range_id + 1, child.range_id + 2]
+    ranges = await registry.active_ranges(stream)
+    assert len(ranges) == 4
+    assert [r.start_hash_key for r in ranges] == sorted(r.start_hash_key for r in ranges)
+    for pkey in PKEYS:
+        assert await get_all(registry, stream, pkey) == [b"v-" + pkey]
+    await registry.stop()
+
+
+async def test_a_sealed_range_refuses_requests_with_range_moved(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    pkey = next(p for p in PKEYS if routing_hash(p) < 0)  # range 1024 holds the negative half
+    range_ = await registry.table_range(stream, pkey)
+    await range_.seal((2000, 2001))
+    await range_.seal((2000, 2001))  # again: a retried split
+    with pytest.raises(IllegalOpError):
+        await range_.seal((3000, 3001))
+    request = kv_rpc_pb2.PutRequest(key=b"k", value=b"x")
+    request.header.r_key = pkey
+    with pytest.raises(RangeMovedError) as moved:
+        await range_.execute(wal_pb2.WalCommand(put=request))
+    assert moved.value.retryable and moved.value.children == (2000, 2001)
+    with pytest.raises(RangeMovedError):
+        range_.read(kv_rpc_pb2.RangeRequest(key=b"k", header=request.header))
+    # The route still names it (no split switched it): a retryable "being split".
+    with pytest.raises(RangeMovedError):
+        await registry.table_range(stream, pkey)
+    await registry.stop()
+
+
+async def test_a_range_with_sessions_refuses_to_be_sealed(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    range_ = await registry.table_range(stream, b"p")
+    await range_.execute(wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=10_000)))
+    with pytest.raises(IllegalOpError, match="sessions"):
+        await range_.seal((2000, 2001))
+    assert range_.sealed is None
+    await put(registry, stream, b"p", b"still served")
+    await registry.stop()
+
+
+@pytest.mark.parametrize(
+    "failpoint", ["split.after_seal", "split.during_copy", "split.before_switch"]
+)
+async def test_a_split_cut_off_is_finished_by_the_next_owner(
+    tmp_path: Path, failpoint: str
+) -> None:
+    log = MemoryLogBackend()
+    registry = make_registry(tmp_path, log, "a", Failpoints({failpoint: "error"}))
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    with pytest.raises(FailpointError):
+        await registry.splitter.split(stream, PARENT)
+    await registry.stop()  # "crashed": the parent is sealed, the switch not done
+
+    successor = make_registry(tmp_path, log, "b")  # another server's (empty) data directory
+    await successor.start()
+    meta = successor.containers[0].meta
+    assert meta is not None
+    await successor.splitter.resumed()  # resumed in the background, at start
+    assert meta.splits() == ([], [])
+    assert len(await successor.active_ranges(stream)) == 3
+    for pkey in PKEYS:
+        assert await get_all(successor, stream, pkey) == [b"v-" + pkey]
+    await successor.stop()
+
+
+def test_the_refused_namespaces_are_the_front_ends() -> None:
+    from tablekeeper_server.etcd.keyspace import NAMESPACE as ETCD_NAMESPACE
+    from tablekeeper_server.oxia.namespaces import TABLE_NAMESPACE as OXIA_NAMESPACE
+
+    assert set(SPLIT_REFUSED_NAMESPACES) == {ETCD_NAMESPACE, OXIA_NAMESPACE}
