@@ -31,6 +31,7 @@ from tablekeeper_server.errors import (
     IllegalOpError,
     IndeterminateError,
     ResourceLimitError,
+    RouteNotFoundError,
     TableKeeperError,
     wire_rule,
 )
@@ -303,17 +304,23 @@ class TableOps:
         local: Callable[[], Awaitable[M]],
         response_type: Callable[..., M],
     ) -> M:
-        return await local_or_forward(
-            self.forwarder,
-            context,
-            local,
-            TABLE_SERVICE + method,
-            req,
-            response_type,
-            _header_code,
-            idempotent=method == "Range",
-            passthrough_codes=lambda code: command_status_reason(method, code) is not None,
-        )
+        try:
+            return await local_or_forward(
+                self.forwarder,
+                context,
+                local,
+                TABLE_SERVICE + method,
+                req,
+                response_type,
+                _header_code,
+                idempotent=method == "Range",
+                passthrough_codes=lambda code: command_status_reason(method, code) is not None,
+            )
+        except RouteNotFoundError:
+            # Perhaps routed by ranges a split replaced: read them again for the retry.
+            if req.header.stream_id:
+                self.registry.forget_route(req.header.stream_id)
+            raise
 
     def _check_write(self, op: str, req: Any) -> None:
         """A write's validation, whichever way it is then served."""
@@ -618,6 +625,12 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 context=context,
             )
             if len(response.results) == len(ops):
+                for op, result in zip(ops, response.results, strict=True):
+                    if result.retryable:  # perhaps routed by ranges a split replaced
+                        kind = op.WhichOneof("op")
+                        stream_id = getattr(op, str(kind)).header.stream_id
+                        if stream_id:
+                            self._ops.registry.forget_route(stream_id)
                 return list(response.results)
             raise IndeterminateError(
                 f"container {container}'s owner answered {len(response.results)} results for "
