@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import struct
+import subprocess
 import threading
 import time
 import urllib.request
@@ -36,7 +37,7 @@ from bookkeeper.types import StorageClientSettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.compat.cluster import Server, running
-from tests.support.server import ServerProcess
+from tests.support.server import SERVER_COMMAND, ServerProcess
 
 pytestmark = pytest.mark.compat
 
@@ -729,3 +730,64 @@ def test_bookkeeper_client_through_the_anonymous_role(
     with pytest.raises(bk_errors.BKGrpcCallError) as refused:
         admin_client(closed_server).namespaces().create("public")
     assert refused.value.grpc_status_code == grpc.StatusCode.UNAUTHENTICATED
+
+
+# --------------------------------------------------------------------------------------------
+# a range split while the client writes
+
+
+def test_writes_go_on_through_a_range_split(server: Server) -> None:
+    """Writers keep putting and incrementing while `tablekeeper table split` splits a range of
+    their table: the client's requests to the sealed range are answered NOT_FOUND (retried), the
+    server routes the retries (which still name the old range) to the children, and afterwards
+    every acknowledged write is there."""
+    admin_client(server).namespaces().create("public")
+    admin_client(server).namespace("public").create("t")
+    table = kv.Client(settings(server)).table("t")
+    acked: dict[bytes, int] = {}
+    attempted: dict[bytes, int] = {}
+    counted = {"acked": 0, "attempted": 0}
+    done = threading.Event()
+    progress = threading.Condition()
+    ops = [0]
+
+    def writer(w: int) -> None:
+        n = 0
+        while not done.is_set():
+            key = f"w{w}-{n % 40}".encode()
+            attempted[key] = n
+            table.put(key, str(n).encode())
+            acked[key] = n
+            counted["attempted"] += 1
+            table.incr(f"c{w}".encode(), 1)
+            counted["acked"] += 1
+            with progress:
+                ops[0] += 1
+                progress.notify_all()
+            n += 1
+
+    def until(more: int) -> None:
+        with progress:
+            target = ops[0] + more
+            assert progress.wait_for(lambda: ops[0] >= target, timeout=120)
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(writer, w) for w in range(3)]
+        until(150)
+        split = subprocess.run(
+            [str(SERVER_COMMAND), "--service", server.service, "table", "split", "public/t"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert split.returncode == 0, split.stderr
+        until(150)
+        done.set()
+        for future in futures:
+            future.result(timeout=120)
+
+    assert "split range" in split.stdout
+    for key, n in acked.items():
+        assert n <= int(table.get(key).value) <= attempted[key], key
+    total = sum(table.get(f"c{w}".encode()).number_value for w in range(3))
+    assert counted["acked"] <= total <= counted["attempted"]
