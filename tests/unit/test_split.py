@@ -4,6 +4,7 @@ split resumed by the next owner after a crash between its steps."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,14 @@ from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.core.failpoints import FailpointError, Failpoints
+from tablekeeper_server.core.keys import store_key
 from tablekeeper_server.core.routing import routing_hash
 from tablekeeper_server.errors import IllegalOpError, RangeMovedError
 from tablekeeper_server.log.memory import MemoryLogBackend
+from tablekeeper_server.range.checkpoint import RangeCheckpointer
+from tablekeeper_server.range.records import decode_record
 from tablekeeper_server.range.replica import RangeName
+from tablekeeper_server.range.split import ChildrenBuilder, ChildSpec
 from tablekeeper_server.rpc.admin import SPLIT_REFUSED_NAMESPACES
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
@@ -212,3 +217,127 @@ def test_the_refused_namespaces_are_the_front_ends() -> None:
     from tablekeeper_server.oxia.namespaces import TABLE_NAMESPACE as OXIA_NAMESPACE
 
     assert set(SPLIT_REFUSED_NAMESPACES) == {ETCD_NAMESPACE, OXIA_NAMESPACE}
+
+
+async def _split_with_writes_before_the_seal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, *, held_at: str, truncate: bool
+) -> tuple[ContainerRegistry, int, dict[bytes, list[bytes]]]:
+    """Split range 1024 while, after the children copied its checkpoint (the split held at a
+    failpoint), the parent takes more writes of every kind; `truncate`: and two checkpoints,
+    so that its log no longer holds what followed the copied checkpoint."""
+    release = tmp_path / "release"
+    registry = make_registry(
+        tmp_path, MemoryLogBackend(), "a", Failpoints({held_at: f"wait:{release}"})
+    )
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    expected = {pkey: [b"v-" + pkey] for pkey in PKEYS}
+    ours = [p for p in PKEYS if routing_hash(p) < 0]
+    split = asyncio.create_task(registry.splitter.split(stream, PARENT))
+    while f"failpoint {held_at}: waiting" not in caplog.text:
+        await asyncio.sleep(0.01)
+    for pkey in ours[:5]:
+        await put(registry, stream, pkey, b"after-copy-" + pkey)
+        expected[pkey] = [b"after-copy-" + pkey]
+    gone = ours[5]
+    request = kv_rpc_pb2.DeleteRangeRequest(key=b"k")
+    request.header.r_key = gone
+    await (await registry.table_range(stream, gone)).execute(
+        wal_pb2.WalCommand(delete_range=request)
+    )
+    expected[gone] = []
+    # A session created and closed meanwhile (none lives at the seal).
+    range_ = await registry.table_range(stream, ours[6])
+    created = await range_.execute(
+        wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=60_000))
+    )
+    session_id = created.session_id  # type: ignore[union-attr]
+    await put(registry, stream, ours[6], b"ephemeral", lease=session_id)
+    await range_.execute(wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=session_id)))
+    expected[ours[6]] = []
+    if truncate:
+        await range_.checkpoint(force=True)
+        await put(registry, stream, ours[7], b"between")
+        await range_.checkpoint(force=True)
+        expected[ours[7]] = [b"between"]
+    release.touch()
+    await split
+    return registry, stream, expected
+
+
+@pytest.mark.parametrize(
+    ("held_at", "truncate", "way"),
+    [
+        ("split.after_copy", False, "then 9 commands of its log"),
+        ("split.after_copy", True, "copying before the seal failed"),
+        ("split.before_seal", True, "copying the sealed range instead"),
+    ],
+    ids=["tail", "truncated-before-catch-up", "truncated-before-seal"],
+)
+async def test_writes_between_the_copy_and_the_seal_reach_the_children(
+    tmp_path: Path, held_at: str, truncate: bool, way: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    registry, stream, expected = await _split_with_writes_before_the_seal(
+        tmp_path, caplog, held_at=held_at, truncate=truncate
+    )
+    # How the children were finished: the log's commands applied, or (its records truncated by
+    # the two checkpoints) a copy of the sealed parent.
+    assert way in caplog.text
+    assert len(await registry.active_ranges(stream)) == 3
+    for pkey, values in expected.items():
+        assert await get_all(registry, stream, pkey) == values, pkey
+    await registry.stop()
+
+
+async def test_what_the_log_holds_after_the_seal_is_not_applied_to_the_children(
+    tmp_path: Path,
+) -> None:
+    """A write queued before the seal applied is in the log after it, refused ("range moved",
+    so its client sends it again, to a child): the children must not apply it too."""
+    log = MemoryLogBackend()
+    registry = make_registry(tmp_path, log, "a")
+    await registry.start()
+    stream = await new_table(registry)
+    pkey = next(p for p in PKEYS if routing_hash(p) < 0)
+    increment = kv_rpc_pb2.IncrementRequest(key=b"n", amount=1)
+    increment.header.r_key = pkey
+    parent = await registry.table_range(stream, pkey)
+    await parent.execute(wal_pb2.WalCommand(increment=increment))
+    await parent.checkpoint(force=True)
+    env = registry.env
+    assert env.checkpoint_store is not None
+    specs = [ChildSpec("child-a", -(2**63)), ChildSpec("child-b", -(2**62))]
+    builder = ChildrenBuilder(
+        parent.name.log_name,
+        specs,
+        store_opener=env.store_factory,
+        checkpoint_store=env.checkpoint_store,
+        log_backend=log,
+        clock=env.clock,
+        work_dir=tmp_path,
+    )
+    builder.copy_checkpoint(sealed=False)
+    await parent.execute(wal_pb2.WalCommand(increment=increment))  # the tail: applied
+    sealed, refused = await asyncio.gather(
+        parent.seal((2000, 2001)),
+        parent.execute(wal_pb2.WalCommand(increment=increment)),
+        return_exceptions=True,
+    )
+    assert isinstance(refused, RangeMovedError)
+    assert parent.applied_sequence == sealed  # the refused increment is in the log, after it
+    builder.apply_tail(parent.applied_sequence)
+    builder.publish()
+    builder.close()
+    child = "child-a" if routing_hash(pkey) < -(2**62) else "child-b"
+    restored = RangeCheckpointer(
+        child, tmp_path / "restored", env.store_factory, env.checkpoint_store, log, env.clock
+    )
+    restored.restore()
+    store = env.store_factory(tmp_path / "restored", read_only=True)
+    try:
+        assert decode_record(store.get(store_key(pkey, b"n")) or b"").number == 2
+    finally:
+        store.close()
+    await registry.stop()

@@ -24,7 +24,7 @@ from tablekeeper_server.container.container import (
     ContainerEnv,
     StorageContainer,
 )
-from tablekeeper_server.container.splitter import Splitter
+from tablekeeper_server.container.splitter import RangeStep, Splitter
 from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import (
     NotServedHereError,
@@ -67,15 +67,15 @@ class RemoteCatalog(Protocol):
         self, stream_id: int, container_id: int
     ) -> list[stream_pb2.RangeProperties]: ...
 
-    async def seal_range(
+    async def range_step(
         self,
         container_id: int,
         stream_id: int,
         range_id: int,
+        step: RangeStep,
         children: tuple[int, ...],
-        drop: bool,
     ) -> int:
-        """`Splitter.seal_here` (or, with `drop`, `drop_here`) on the container's owner."""
+        """`Splitter.step_here` on the container's owner."""
         ...
 
 
@@ -253,7 +253,10 @@ class ContainerRegistry:
         )
         if range_.sealed is None:
             return range_
-        # Split: once the switch is done the table's ranges read again route to a child.
+        # Split: once the switch is done the table's ranges read again route to a child. (When
+        # this server runs the split, the request waits for the switch instead of being refused
+        # and sent again.)
+        await self.splitter.switched(stream_id, range_props.range_id)
         self.forget_route(stream_id)
         route = await self._route(stream_id)
         moved_to = route.ranges[route.router.route(pkey)]

@@ -1,25 +1,31 @@
 """Online range split: one table range becomes two, while the table serves.
 
-Run by the owner of the table's meta range (`tablekeeper table split`, forwarded there):
+Run by the owner of the table's meta range (`tablekeeper table split`, forwarded there). The
+steps on the parent range are done by its container's owner (`step_here`: here, or asked over
+the Admin service's SealRange):
 
   1. `MetaCatalog.begin_split` records the split (parent RANGE_FENCING, two children halving its
      hash interval, ids reserved; the second child on the container with the fewest of the
      table's ranges).
-  2. Seal the parent, on its container's owner (`seal_here`, here or over the Admin service):
-     a `seal` command in its log, after which it refuses every request with "range moved"
-     (retryable: nothing applied), then a checkpoint of its final state.   [split.after_seal]
-  3. Build the children from that checkpoint (`range.split.build_children`): one checkpoint
-     each, published under the child's name. Whoever owns a child's container opens it from
-     there, its log numbering on from the parent's.          [split.during_copy / _publish]
-  4. `MetaCatalog.finish_split`: one txn makes the children current and the parent RANGE_FENCED.
-     The requests refused meanwhile are routed to the children when retried. [split.before_switch]
-  5. Delete the parent's log, store and checkpoints (`drop_here`, on its owner), then forget it.
+  2. Copy while the parent serves: checkpoint it ("checkpoint"), copy that checkpoint into the
+     children (`range.split.ChildrenBuilder`) and publish them [split.after_copy]; then apply
+     the parent's log to its end (again while that was long) and publish.  [split.before_seal]
+  3. Seal the parent ("seal"): a command in its log, after which it refuses every request with
+     "range moved" (retryable: nothing applied). The pause starts here.    [split.after_seal]
+  4. Apply the parent's log from the copied checkpoint to the seal to the children, and publish
+     them again (only what changed is uploaded). If the log no longer holds all of that (a
+     checkpoint truncated it meanwhile), or step 2 failed, checkpoint the sealed parent ("seal+
+     checkpoint") and copy that instead.                  [split.during_copy / during_publish]
+  5. `MetaCatalog.finish_split`: one txn makes the children current and the parent RANGE_FENCED;
+     the requests refused meanwhile reach the children when retried.  [split.before_switch]
+  6. Delete the parent's log, store and checkpoints ("drop"), then forget it.
 
 Every step is idempotent and recorded before the next, so a crash anywhere leaves either the
-parent serving (before 2), or a sealed parent that the next owner of the meta range's container
-finishes splitting as soon as it takes the container over (`resume`), or a finished split whose
-parent is deleted then. The parent refuses requests from step 2 to step 4: that is the write
-pause, the time to checkpoint the parent and copy it into the children.
+parent serving (before 3; the recorded split is finished, as below, at the next start or when
+split is asked again), or a sealed parent that the next owner of the meta range's container
+finishes splitting as soon as it opens the container (`resume`: steps 3-6 by copying the
+sealed parent), or a finished split whose parent is deleted then. The pause (3 to 5) is the
+time to apply the commands of the copy and publish the children's new files.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.meta import MetaCatalog, SplitPlan
@@ -40,14 +46,21 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.range.replica import RangeName
-from tablekeeper_server.range.split import ChildSpec, build_children
+from tablekeeper_server.range.split import ChildrenBuilder, ChildSpec, TailGapError
 
 if TYPE_CHECKING:
     from tablekeeper_server.container.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
 
+RangeStep = Literal["checkpoint", "seal", "seal+checkpoint", "drop"]
+"""What a split asks of the owner of the range it splits (`Splitter.step_here`)."""
+RANGE_STEPS: tuple[RangeStep, ...] = ("checkpoint", "seal", "seal+checkpoint", "drop")
+
 RESUME_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+SWITCH_WAIT_S = 5.0
+"""How long a request for a range being split here waits for the switch before it is refused
+("range moved", retryable)."""
 """Pauses between attempts to finish a split resumed at container start (then the last, until
 it succeeds or the container moves away)."""
 
@@ -67,6 +80,8 @@ class Splitter:
     def __init__(self, registry: ContainerRegistry) -> None:
         self._registry = registry
         self._running: dict[tuple[int, int], asyncio.Task[SplitOutcome]] = {}
+        self._switches: dict[tuple[int, int], asyncio.Event] = {}
+        """Set once the split of (stream, range) running here has switched the table."""
         self._resuming: set[asyncio.Task[None]] = set()
 
     async def split(self, stream_id: int, range_id: int = 0) -> SplitOutcome:
@@ -88,7 +103,7 @@ class Splitter:
             range_id,
             ", ".join(f"{c.range_id} (container {c.storage_container_id})" for c in plan.children),
         )
-        return await self._complete(meta, plan)
+        return await self._complete(meta, plan, fresh=True)
 
     def _meta(self, container_id: int) -> MetaCatalog:
         container = self._registry.container(container_id)  # NotServedHereError: forwarded
@@ -96,60 +111,102 @@ class Splitter:
             raise RouteNotFoundError(f"container {container_id} is not open yet")
         return container.meta
 
-    async def _complete(self, meta: MetaCatalog, plan: SplitPlan) -> SplitOutcome:
-        """Steps 2-5 of a recorded split, once however many callers ask at the same time."""
+    async def _complete(self, meta: MetaCatalog, plan: SplitPlan, *, fresh: bool) -> SplitOutcome:
+        """Steps 2-5 of a recorded split, once however many callers ask at the same time.
+        `fresh`: a split just begun (its parent serving), which copies before the seal."""
         key = (plan.stream_id, plan.parent.range_id)
         task = self._running.get(key)
         if task is None:
-            task = asyncio.create_task(self._run(meta, plan))
+            task = asyncio.create_task(self._run(meta, plan, fresh))
             self._running[key] = task
-            task.add_done_callback(lambda _: self._running.pop(key, None))
+            self._switches[key] = asyncio.Event()
+
+            def done(_: asyncio.Task[SplitOutcome]) -> None:
+                self._running.pop(key, None)
+                self._switches.pop(key, None)
+
+            task.add_done_callback(done)
         return await asyncio.shield(task)
 
-    async def _run(self, meta: MetaCatalog, plan: SplitPlan) -> SplitOutcome:
+    async def _run(self, meta: MetaCatalog, plan: SplitPlan, fresh: bool) -> SplitOutcome:
         registry = self._registry
         env = registry.env
         assert env.checkpoint_store is not None
         children = tuple(c.range_id for c in plan.children)
         parent = plan.parent
-        started = time.monotonic()
-        sealed = await self._seal(
-            parent.storage_container_id, plan.stream_id, parent.range_id, children
-        )
-        await env.failpoints.hit_async("split.after_seal")
-        specs = [
-            ChildSpec(
-                RangeName(c.storage_container_id, plan.stream_id, c.range_id).log_name,
-                c.start_hash_key,
-            )
-            for c in plan.children
-        ]
-        parent_name = RangeName(parent.storage_container_id, plan.stream_id, parent.range_id)
-        build = await asyncio.to_thread(
-            build_children,
-            parent_name.log_name,
-            specs,
+        props = await registry.stream_props(plan.stream_id)
+        builder = ChildrenBuilder(
+            RangeName(parent.storage_container_id, plan.stream_id, parent.range_id).log_name,
+            [
+                ChildSpec(
+                    RangeName(c.storage_container_id, plan.stream_id, c.range_id).log_name,
+                    c.start_hash_key,
+                )
+                for c in plan.children
+            ],
             store_opener=env.store_factory,
             checkpoint_store=env.checkpoint_store,
             log_backend=env.log_backend,
             clock=env.clock,
             work_dir=env.db_dir,
+            ttl_seconds=props.stream_conf.ttl_seconds,
             failpoints=env.failpoints,
         )
-        await env.failpoints.hit_async("split.before_switch")
-        await meta.finish_split(plan)
-        registry.forget_route(plan.stream_id)
-        paused = time.monotonic() - started
+        try:
+            copied_live = False
+            if fresh:  # copy while the parent serves; only its log's tail waits for the seal
+                try:
+                    await self._step(parent, plan.stream_id, "checkpoint", children)
+                    await asyncio.to_thread(builder.copy_checkpoint, sealed=False)
+                    await asyncio.to_thread(builder.publish)  # the bulk, uploaded unpaused
+                    await env.failpoints.hit_async("split.after_copy")
+                    await asyncio.to_thread(builder.catch_up)
+                    await asyncio.to_thread(builder.publish)
+                    copied_live = True
+                except (RouteNotFoundError, UnavailableError, TailGapError) as exc:
+                    log.info("table %d: copying before the seal failed (%s)", plan.stream_id, exc)
+                    builder.close()
+                    builder = builder.again()
+            await env.failpoints.hit_async("split.before_seal")
+            started = time.monotonic()
+            step: RangeStep = "seal" if copied_live else "seal+checkpoint"
+            sealed = await self._step(parent, plan.stream_id, step, children)
+            marks = [("seal", time.monotonic())]
+            await env.failpoints.hit_async("split.after_seal")
+            tail = copied_live and await self._apply_tail(builder, sealed)
+            if not tail:
+                if copied_live:  # the tail is gone from the log: copy the sealed parent
+                    await self._step(parent, plan.stream_id, "seal+checkpoint", children)
+                    builder.close()
+                    builder = builder.again()
+                await asyncio.to_thread(builder.copy_checkpoint, sealed=True)
+            marks.append(("tail" if tail else "copy", time.monotonic()))
+            await asyncio.to_thread(builder.publish)
+            marks.append(("publish", time.monotonic()))
+            await env.failpoints.hit_async("split.before_switch")
+            await meta.finish_split(plan)
+            registry.forget_route(plan.stream_id)
+            if (switch := self._switches.get((plan.stream_id, parent.range_id))) is not None:
+                switch.set()
+            marks.append(("switch", time.monotonic()))
+            paused = time.monotonic() - started
+        finally:
+            builder.close()
+        steps = ", ".join(
+            f"{name} {at - before:.3f}s"
+            for (name, at), before in zip(marks, [started] + [m[1] for m in marks], strict=False)
+        )
         log.info(
-            "table %d: range %d split into %s at position %d: %d keys copied in %.3fs; requests "
-            "paused %.3fs",
+            "table %d: range %d split into %s at position %d: %d keys copied%s; requests "
+            "paused %.3fs (%s)",
             plan.stream_id,
             parent.range_id,
             ", ".join(map(str, children)),
-            build.applied_sequence,
-            build.keys_copied,
-            build.seconds,
+            sealed,
+            builder.keys_copied,
+            f", then {builder.tail_commands} commands of its log" if tail else "",
             paused,
+            steps,
         )
         try:
             await self._retire(meta, plan)
@@ -160,49 +217,81 @@ class Splitter:
                 parent.range_id,
                 exc,
             )
-        return SplitOutcome(plan, sealed, build.keys_copied, paused)
+        return SplitOutcome(plan, sealed, builder.keys_copied, paused)
 
-    async def _seal(
-        self, container_id: int, stream_id: int, range_id: int, children: tuple[int, ...]
-    ) -> int:
+    async def _apply_tail(self, builder: ChildrenBuilder, sealed: int) -> bool:
+        """Apply the parent's log from the copied checkpoint to the seal; False if the log no
+        longer holds all of it."""
         try:
-            return await self.seal_here(container_id, stream_id, range_id, children)
+            await asyncio.to_thread(builder.apply_tail, sealed)
+        except TailGapError as exc:
+            log.info("range %s: %s; copying the sealed range instead", builder.parent_log_name, exc)
+            return False
+        return True
+
+    async def _step(
+        self,
+        range_props: stream_pb2.RangeProperties,
+        stream_id: int,
+        step: RangeStep,
+        children: tuple[int, ...],
+    ) -> int:
+        """`step_here` on the owner of the range's container (here, or asked remotely)."""
+        container_id, range_id = range_props.storage_container_id, range_props.range_id
+        try:
+            return await self.step_here(container_id, stream_id, range_id, step, children)
         except NotServedHereError:
             remote = self._registry.remote
             if remote is None:
                 raise
-            return await remote.seal_range(container_id, stream_id, range_id, children, False)
+            return await remote.range_step(container_id, stream_id, range_id, step, children)
 
     async def _retire(self, meta: MetaCatalog, plan: SplitPlan) -> None:
-        parent = plan.parent
-        try:
-            await self.drop_here(parent.storage_container_id, plan.stream_id, parent.range_id)
-        except NotServedHereError:
-            remote = self._registry.remote
-            if remote is None:
-                raise
-            await remote.seal_range(
-                parent.storage_container_id, plan.stream_id, parent.range_id, (), True
-            )
+        await self._step(plan.parent, plan.stream_id, "drop", ())
         await meta.forget_retired(plan)
 
-    async def seal_here(
-        self, container_id: int, stream_id: int, range_id: int, children: tuple[int, ...]
+    async def step_here(
+        self,
+        container_id: int,
+        stream_id: int,
+        range_id: int,
+        step: RangeStep,
+        children: tuple[int, ...],
     ) -> int:
-        """Seal a range hosted here for a split into `children` and checkpoint it; return the
-        position it was sealed at. Raises `NotServedHereError` if its container is elsewhere."""
+        """One step of a split on a range hosted here (`RangeStep`); returns the range's
+        position after it (sealed at, or checkpointed at; 0 for "drop"). Raises
+        `NotServedHereError` if the range's container is elsewhere."""
         registry = self._registry
         container = registry.container(container_id)
+        if step == "drop":
+            await container.drop_range(stream_id, range_id, checkpoints=True)
+            return 0
         props = await registry.stream_props(stream_id)
         range_ = await container.data_range(stream_id, range_id, props.stream_conf.ttl_seconds)
+        if step == "checkpoint":
+            manifest = await range_.checkpoint(force=True)
+            if manifest is None:
+                raise UnavailableError(f"range {range_.name.log_name} cannot checkpoint now")
+            return manifest.applied_sequence
         sealed = await range_.seal(children)
-        await registry.checkpoint_range(range_, force=True)
+        if step == "seal+checkpoint":
+            await registry.checkpoint_range(range_, force=True)
         return sealed
 
-    async def drop_here(self, container_id: int, stream_id: int, range_id: int) -> None:
-        """Delete a range hosted here that a split retired: its log, store and checkpoints."""
-        container = self._registry.container(container_id)
-        await container.drop_range(stream_id, range_id, checkpoints=True)
+    async def switched(self, stream_id: int, range_id: int) -> None:
+        """Wait (at most `SWITCH_WAIT_S`) for the split of a range that this server is running
+        to switch the table to the children; return at once if it runs elsewhere."""
+        key = (stream_id, range_id)
+        task, event = self._running.get(key), self._switches.get(key)
+        if task is None or event is None:
+            return
+        waiting = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait(
+                [task, waiting], timeout=SWITCH_WAIT_S, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            waiting.cancel()
 
     def resume(self, container: StorageContainer) -> None:
         """Finish, in the background, the splits this container's meta range records as under
@@ -232,7 +321,7 @@ class Splitter:
                     return
                 try:
                     if unfinished:
-                        await self._complete(meta, plan)
+                        await self._complete(meta, plan, fresh=False)
                     else:
                         await self._retire(meta, plan)
                     break

@@ -67,7 +67,9 @@ Truncation (`truncate`): the truncation cursor is reset (admin `resetcursor`) to
 starts the last record at or below `before_sequence` that the backend knows of; entries before it
 are acknowledged and deleted with their ledgers. It never moves back and never passes the last
 record. Positions of record starts come from a sparse in-memory index fed by the writer's
-acknowledgements and by replays (every `INDEX_STRIDE` records), or from a replay.
+acknowledgements, by replays and by reads of a log whose writer is elsewhere (every
+`INDEX_STRIDE` records), or from a replay. Reads start at the indexed record start nearest
+before what they ask for.
 
 Pulsar or its admin API unreachable: `UnavailableError` (retryable; for `append` it means the
 group may or may not be persisted).
@@ -776,6 +778,9 @@ class PulsarLogBackend:
                 record = out[0]
                 if stop_after is not None and record.sequence > stop_after:
                     return
+                if writer is None:  # a later read here (a split catching up) starts nearer
+                    with state.lock:
+                        state.add_index(record.sequence, out[1])
                 if record.sequence >= from_sequence:
                     yield record
         finally:

@@ -110,10 +110,12 @@ class RangeCheckpointer:
 
     # ------------------------------------------------------------------ create
 
-    def checkpoint(self, store: KvStore, *, truncate_log: bool = True) -> Manifest:
+    def checkpoint(self, store: KvStore, *, publish_only: bool = False) -> Manifest:
         """Checkpoint `store` (the range's open store) and truncate the log. See module doc.
-        `truncate_log=False`: leave the log alone (a split publishing a child's first
-        checkpoint: the child's log does not exist yet)."""
+        `publish_only`: a split publishing a child it builds (`range.split`): upload and
+        publish, but leave the log alone (the child's does not exist yet), collect no garbage
+        (the child's owner does, at its first checkpoint), and trust the files the previous
+        manifest has (this same build uploaded them moments ago) instead of reading them back."""
         started = time.monotonic()
         self._remove_stale_scratch(".checkpoint")
         scratch = self.store_path.parent / f".checkpoint-{self.store_path.name}-{uuid.uuid4().hex}"
@@ -129,7 +131,7 @@ class RangeCheckpointer:
                     continue
                 size = path.stat().st_size
                 digest = known.get((path.name, size)) if path.suffix == ".sst" else None
-                if digest is not None and self._stored_intact(digest):
+                if digest is not None and (publish_only or self._stored_intact(digest)):
                     reused += 1
                 else:
                     digest = sha256_of(path)
@@ -144,9 +146,9 @@ class RangeCheckpointer:
             manifest = Manifest(self.range_name, applied, self._clock.now_ms(), tuple(entries))
             self._failpoints.hit("checkpoint.before_manifest")
             self._store.put_bytes(manifest.object_name, manifest.encode())
-            kept = self._collect_garbage()
-            self._failpoints.hit("checkpoint.before_truncate")
-            if truncate_log:
+            if not publish_only:
+                kept = self._collect_garbage()
+                self._failpoints.hit("checkpoint.before_truncate")
                 oldest_kept = min(m.applied_sequence for m in kept)
                 self._log.truncate(self.range_name, oldest_kept + 1)
         finally:

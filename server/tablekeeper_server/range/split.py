@@ -1,23 +1,24 @@
-"""Building the children of a split range from the parent's final checkpoint.
+"""Building the children of a split range from the parent's checkpoint and log.
 
-A split (`tablekeeper table split`, see `container.splitter`) seals the parent range (a `seal`
-command in its log: from then on it refuses every request) and checkpoints it, so the checkpoint
-store holds the parent's final state. `build_children` then turns that checkpoint into one
-checkpoint per child, published under the child's own range name:
+`ChildrenBuilder` (driven by `container.splitter`) copies the parent's newest checkpoint into
+one new store per child, in a scratch directory:
 
 - every table key goes to the child whose hash interval holds its pkey (BookKeeper's routing
   hash, as requests are routed), and so do its pkey's sequential-put counter and its change
   events (so a watch resumes on the child from any revision the parent's history still held);
-- every child gets the parent's applied position: the child's log starts numbering after it
-  (its range opens by restoring the checkpoint, finds its new log shorter, and reopens the log
-  from that position), so revisions keep growing across the split, per key and per watcher;
+- every child gets the parent's position: the child's log starts numbering after it (its range
+  opens by restoring the checkpoint, finds its new log shorter, and reopens the log from that
+  position), so revisions keep growing across the split, per key and per watcher;
 - the event history's trim point carries over: a watch from before it is "compacted" on the
   child as it was on the parent.
 
-Nothing here touches a live range: the parent is read from its checkpoint, and a child is
-routable only once the table's meta range switched to it, after all children were published.
-Building again (a split resumed after a crash) rebuilds the same children from the same sealed
-parent and publishes them again, in place of what the earlier attempt published.
+When that checkpoint was taken before the parent was sealed, `apply_tail` then applies the
+parent's commands from the checkpoint to the seal, each to the child holding its pkey, with the
+same state machine the ranges use (so keys, versions, revisions and events come out as on the
+parent). `publish` checkpoints each child into the checkpoint store under the child's own range
+name. Nothing here touches a live range, and a child is routable only once the table's meta
+range switched to it, after all children were published; building again (a split resumed after
+a crash) rebuilds the same children and publishes them in place of the earlier attempt's.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import struct
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
@@ -43,11 +46,13 @@ from tablekeeper_server.range.events import (
     HISTORY_END,
     HISTORY_META_KEY,
     HISTORY_PREFIX,
+    EventHistory,
     decode_event,
 )
 from tablekeeper_server.range.state_machine import (
     APPLIED_KEY,
     SEAL_KEY,
+    RangeStateMachine,
     sequence_counter_key,
 )
 from tablekeeper_server.storage.api import KvStore, StoreOpener, WriteBatch
@@ -57,6 +62,9 @@ log = logging.getLogger(__name__)
 _COUNTER_PREFIX = sequence_counter_key(b"")[:-1]  # the system prefix of every pkey's counter
 _HISTORY_META = struct.Struct(">qqq")  # count, trimmed_through, bytes (range.events)
 _BATCH_KEYS = 4096
+CATCH_UP_ROUNDS = 3
+CATCH_UP_ENOUGH = 256
+"""Catching up before the seal stops once a round applied at most this many commands."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +107,180 @@ class _Child:
             self.pending = 0
 
 
+class TailGapError(CorruptionError):
+    """The parent's log no longer holds the records between the copied checkpoint and the
+    seal (a checkpoint truncated them): the children are built from the sealed parent instead."""
+
+
+class ChildrenBuilder:
+    """The children of one split, built in a scratch directory under `work_dir`, from the
+    parent's newest checkpoint (`copy_checkpoint`) and then, if it was taken before the seal,
+    the parent's log from there to the seal (`apply_tail`); `publish` puts each child's
+    checkpoint in the checkpoint store. Blocking: call it from a worker thread; `close` it."""
+
+    def __init__(
+        self,
+        parent_log_name: str,
+        specs: Sequence[ChildSpec],
+        *,
+        store_opener: StoreOpener,
+        checkpoint_store: CheckpointStore,
+        log_backend: LogBackend,
+        clock: Clock,
+        work_dir: Path,
+        ttl_seconds: int = 0,
+        failpoints: Failpoints = NO_FAILPOINTS,
+    ) -> None:
+        self.parent_log_name = parent_log_name
+        self._specs = specs
+        self._work_dir = work_dir
+        self._open = store_opener
+        self._checkpoints = checkpoint_store
+        self._log = log_backend
+        self._clock = clock
+        self._ttl_seconds = ttl_seconds
+        self._failpoints = failpoints
+        self._scratch = work_dir / f".split-{parent_log_name}-{uuid.uuid4().hex}"
+        self._router = RangeRouter([s.start_hash for s in specs], list(range(len(specs))))
+        self._children = [_Child(s, store_opener(self._scratch / s.log_name)) for s in specs]
+        self._published = False
+        self.applied_sequence = 0
+        """Where the children stand in the parent's log."""
+        self.keys_copied = 0
+        self.tail_commands = 0
+
+    def copy_checkpoint(self, *, sealed: bool) -> int:
+        """Copy the parent's newest checkpoint into the children (`sealed`: it must be the
+        sealed parent's); returns its position."""
+        parent_path = self._scratch / "parent"
+        parent_checkpoints = RangeCheckpointer(
+            self.parent_log_name, parent_path, self._open, self._checkpoints, self._log, self._clock
+        )
+        if parent_checkpoints.restore() is None:
+            raise CorruptionError(f"range {self.parent_log_name} has no checkpoint to split from")
+        parent = self._open(parent_path, read_only=True)
+        try:
+            self.applied_sequence, self.keys_copied = _copy(
+                parent, self._children, self._router, self._failpoints, require_sealed=sealed
+            )
+        finally:
+            parent.close()
+        shutil.rmtree(parent_path, ignore_errors=True)
+        return self.applied_sequence
+
+    def apply_tail(self, through: int | None) -> int:
+        """Apply the parent's commands after the children's position up to `through` (its
+        seal; None: up to the log's end now, while the parent still serves) to the children,
+        each command to the child holding its pkey (a session's to every child: none lives at
+        the seal, so what such a command does nets out); returns how many. Every child's
+        position becomes `through` (or the last command applied). Raises `TailGapError` if the
+        log misses some of them."""
+        machines = [
+            RangeStateMachine(c.store, ttl_seconds=self._ttl_seconds, history=EventHistory(c.store))
+            for c in self._children
+        ]
+        pending: list[list[tuple[int, wal_pb2.WalCommand]]] = [[] for _ in machines]
+        expected = self.applied_sequence + 1
+        applied = 0
+        for record in self._log.read(self.parent_log_name, expected):
+            if through is not None and record.sequence > through:
+                break
+            if record.sequence != expected:
+                raise TailGapError(
+                    f"log {self.parent_log_name} holds {record.sequence} where {expected} was due"
+                )
+            expected += 1
+            command = wal_pb2.WalCommand.FromString(record.payload)
+            op = command.WhichOneof("op")
+            if op in _KEYED_OPS:
+                pkey = getattr(command, str(op)).header.r_key
+                targets = [self._router.route(pkey)]
+            elif op == "session":
+                targets = list(range(len(machines)))
+            elif op == "seal":
+                # The end: what the log holds after it was queued before the seal applied,
+                # and refused ("range moved") without changing anything.
+                through = record.sequence if through is None else through
+                expected = through + 1
+                break
+            else:
+                raise TailGapError(f"a {op} command cannot be divided by pkey")
+            for index in targets:
+                pending[index].append((record.sequence, command))
+                if len(pending[index]) >= _BATCH_KEYS:
+                    machines[index].apply_batch(pending[index])
+                    pending[index] = []
+            applied += 1
+        if through is not None and expected <= through:
+            raise TailGapError(
+                f"log {self.parent_log_name} ends at {expected - 1}, before the seal at {through}"
+            )
+        for machine, batch in zip(machines, pending, strict=True):
+            if batch:
+                machine.apply_batch(batch)
+        position = expected - 1 if through is None else through
+        for child in self._children:
+            child.put(APPLIED_KEY, struct.pack(">q", position))
+            child.flush()
+        self.applied_sequence = position
+        self.tail_commands += applied
+        return applied
+
+    def catch_up(self, *, rounds: int = CATCH_UP_ROUNDS, enough: int = CATCH_UP_ENOUGH) -> None:
+        """Before the seal: apply the parent's log to its end, again while a round applied more
+        than `enough` commands (at most `rounds` times), so the seal leaves a short tail."""
+        for _ in range(rounds):
+            if self.apply_tail(None) <= enough:
+                return
+
+    def publish(self) -> None:
+        """Checkpoint each child into the checkpoint store. The first time, whatever an
+        earlier attempt published is deleted first: that was another build, whose files have
+        the same names but not the same contents (incremental checkpoints match files by name);
+        a second publish of this build uploads only what changed."""
+
+        def one(child: _Child) -> None:
+            checkpointer = RangeCheckpointer(
+                child.spec.log_name,
+                self._scratch / child.spec.log_name,
+                self._open,
+                self._checkpoints,
+                self._log,
+                self._clock,
+            )
+            if not self._published:
+                checkpointer.delete_all()
+            checkpointer.checkpoint(child.store, publish_only=True)
+            self._failpoints.hit("split.during_publish")
+
+        with ThreadPoolExecutor(len(self._children), thread_name_prefix="split-publish") as pool:
+            for done in [pool.submit(one, child) for child in self._children]:
+                done.result()
+        self._published = True
+
+    def again(self) -> ChildrenBuilder:
+        """A new, empty builder of the same children (this one is done with)."""
+        return ChildrenBuilder(
+            self.parent_log_name,
+            self._specs,
+            store_opener=self._open,
+            checkpoint_store=self._checkpoints,
+            log_backend=self._log,
+            clock=self._clock,
+            work_dir=self._work_dir,
+            ttl_seconds=self._ttl_seconds,
+            failpoints=self._failpoints,
+        )
+
+    def close(self) -> None:
+        for child in self._children:
+            child.store.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
 def build_children(
     parent_log_name: str,
-    children: Sequence[ChildSpec],
+    specs: Sequence[ChildSpec],
     *,
     store_opener: StoreOpener,
     checkpoint_store: CheckpointStore,
@@ -110,89 +289,59 @@ def build_children(
     work_dir: Path,
     failpoints: Failpoints = NO_FAILPOINTS,
 ) -> SplitBuild:
-    """Publish one checkpoint per child from the parent's newest checkpoint (see module doc).
-    Blocking: run it in a worker thread. `work_dir` holds scratch stores (removed after)."""
+    """Publish one checkpoint per child from the sealed parent's newest checkpoint."""
     started = time.monotonic()
-    scratch = work_dir / f".split-{parent_log_name}-{uuid.uuid4().hex}"
+    builder = ChildrenBuilder(
+        parent_log_name,
+        specs,
+        store_opener=store_opener,
+        checkpoint_store=checkpoint_store,
+        log_backend=log_backend,
+        clock=clock,
+        work_dir=work_dir,
+        failpoints=failpoints,
+    )
     try:
-        parent_path = scratch / "parent"
-        parent_checkpoints = RangeCheckpointer(
-            parent_log_name, parent_path, store_opener, checkpoint_store, log_backend, clock
-        )
-        if parent_checkpoints.restore() is None:
-            raise CorruptionError(f"range {parent_log_name} has no checkpoint to split from")
-        parent = store_opener(parent_path, read_only=True)
-        try:
-            applied, copied = _copy(parent, children, scratch, store_opener, failpoints)
-        finally:
-            parent.close()
-        for spec in children:
-            _publish(spec, scratch, store_opener, checkpoint_store, log_backend, clock)
-            failpoints.hit("split.during_publish")
+        applied = builder.copy_checkpoint(sealed=True)
+        builder.publish()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return SplitBuild(applied, copied, time.monotonic() - started)
+        builder.close()
+    return SplitBuild(applied, builder.keys_copied, time.monotonic() - started)
+
+
+_KEYED_OPS = frozenset({"put", "increment", "delete_range", "txn"})
 
 
 def _copy(
     parent: KvStore,
-    specs: Sequence[ChildSpec],
-    scratch: Path,
-    store_opener: StoreOpener,
+    children: Sequence[_Child],
+    router: RangeRouter,
     failpoints: Failpoints,
+    *,
+    require_sealed: bool,
 ) -> tuple[int, int]:
-    """Copy the parent's keys into new child stores under `scratch`; (applied, keys copied)."""
-    router = RangeRouter([s.start_hash for s in specs], list(range(len(specs))))
-    children = [_Child(s, store_opener(scratch / s.log_name)) for s in specs]
-    try:
-        raw_applied = parent.get(APPLIED_KEY)
-        raw_meta = parent.get(HISTORY_META_KEY)
-        if raw_applied is None or parent.get(SEAL_KEY) is None:
-            raise CorruptionError("the parent's checkpoint is not sealed: it cannot be split")
-        trimmed = 0 if raw_meta is None else _HISTORY_META.unpack(raw_meta)[1]
-        for key, value in parent.scan(b"", SYSTEM_PREFIX):
-            child = children[router.route(split_store_key(key)[0])]
-            child.put(key, value)
-            child.keys += 1
-        for key, value in parent.scan(_COUNTER_PREFIX, _COUNTER_PREFIX + b"\xff"):
-            pkey, _ = split_store_key(key[len(_COUNTER_PREFIX) :])
-            children[router.route(pkey)].put(key, value)
-        for key, value in parent.scan(HISTORY_PREFIX, HISTORY_END):
-            event = decode_event(key, value)
-            child = children[router.route(split_store_key(event.key)[0])]
-            child.put(key, value)
-            child.events += 1
-            child.event_bytes += len(value)
-        failpoints.hit("split.during_copy")
-        for child in children:
-            child.put(APPLIED_KEY, raw_applied)
-            child.put(
-                HISTORY_META_KEY, _HISTORY_META.pack(child.events, trimmed, child.event_bytes)
-            )
-            child.flush()
-        return struct.unpack(">q", raw_applied)[0], sum(c.keys for c in children)
-    finally:
-        for child in children:
-            child.store.close()
-
-
-def _publish(
-    spec: ChildSpec,
-    scratch: Path,
-    store_opener: StoreOpener,
-    checkpoint_store: CheckpointStore,
-    log_backend: LogBackend,
-    clock: Clock,
-) -> None:
-    path = scratch / spec.log_name
-    store = store_opener(path)
-    try:
-        checkpointer = RangeCheckpointer(
-            spec.log_name, path, store_opener, checkpoint_store, log_backend, clock
-        )
-        # What an earlier attempt published is of another build, whose files have the same
-        # names but not the same contents (incremental checkpoints match files by name).
-        checkpointer.delete_all()
-        checkpointer.checkpoint(store, truncate_log=False)
-    finally:
-        store.close()
+    """Copy the parent's keys into the children's stores; (parent's position, keys copied)."""
+    raw_applied = parent.get(APPLIED_KEY)
+    raw_meta = parent.get(HISTORY_META_KEY)
+    if raw_applied is None or (require_sealed and parent.get(SEAL_KEY) is None):
+        raise CorruptionError("the parent's checkpoint is not sealed: it cannot be split")
+    trimmed = 0 if raw_meta is None else _HISTORY_META.unpack(raw_meta)[1]
+    for key, value in parent.scan(b"", SYSTEM_PREFIX):
+        child = children[router.route(split_store_key(key)[0])]
+        child.put(key, value)
+        child.keys += 1
+    for key, value in parent.scan(_COUNTER_PREFIX, _COUNTER_PREFIX + b"\xff"):
+        pkey, _ = split_store_key(key[len(_COUNTER_PREFIX) :])
+        children[router.route(pkey)].put(key, value)
+    for key, value in parent.scan(HISTORY_PREFIX, HISTORY_END):
+        event = decode_event(key, value)
+        child = children[router.route(split_store_key(event.key)[0])]
+        child.put(key, value)
+        child.events += 1
+        child.event_bytes += len(value)
+    failpoints.hit("split.during_copy")
+    for child in children:
+        child.put(APPLIED_KEY, raw_applied)
+        child.put(HISTORY_META_KEY, _HISTORY_META.pack(child.events, trimmed, child.event_bytes))
+        child.flush()
+    return struct.unpack(">q", raw_applied)[0], sum(c.keys for c in children)

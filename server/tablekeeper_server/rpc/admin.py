@@ -13,6 +13,7 @@ import grpc
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2
 from tablekeeper_server.cluster.status import ClusterView, ViewSource
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.container.splitter import RANGE_STEPS
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import (
     BadRequestError,
@@ -302,17 +303,16 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.SealRangeRequest, context: Any
     ) -> admin_pb2.SealRangeResponse:
         async def handle() -> admin_pb2.SealRangeResponse:
-            splitter = self._registry.splitter
-            if request.drop:
-                await splitter.drop_here(request.container_id, request.stream_id, request.range_id)
-                return admin_pb2.SealRangeResponse()
-            sealed = await splitter.seal_here(
+            if request.step not in RANGE_STEPS:
+                raise BadRequestError(f"unknown split step {request.step!r}")
+            sequence = await self._registry.splitter.step_here(
                 request.container_id,
                 request.stream_id,
                 request.range_id,
+                request.step,
                 tuple(request.children),
             )
-            return admin_pb2.SealRangeResponse(sealed_sequence=sealed)
+            return admin_pb2.SealRangeResponse(sequence=sequence)
 
         return await serve_admin("SealRange", context, handle)
 

@@ -291,13 +291,13 @@ class RemoteCatalogClient:
         )
         return [related.props for related in response.ranges]
 
-    async def seal_range(
+    async def range_step(
         self,
         container_id: int,
         stream_id: int,
         range_id: int,
+        step: str,
         children: tuple[int, ...],
-        drop: bool,
     ) -> int:
         response = await self._forwarder.forward(
             container_id,
@@ -307,13 +307,13 @@ class RemoteCatalogClient:
                 stream_id=stream_id,
                 range_id=range_id,
                 children=children,
-                drop=drop,
+                step=step,
             ),
             admin_pb2.SealRangeResponse,
             lambda _: 0,
-            idempotent=True,  # sealing again for the same children, or dropping again: no-ops
+            idempotent=True,  # each step again is a no-op, or the same once more
         )
-        return int(response.sealed_sequence)
+        return int(response.sequence)
 
 
 async def local_or_forward(

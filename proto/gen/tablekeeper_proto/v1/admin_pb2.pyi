@@ -708,8 +708,8 @@ Global___SplitRangeResponse: _TypeAlias = SplitRangeResponse  # noqa: Y015
 
 @_typing.final
 class SealRangeRequest(_message.Message):
-    """Server to server: seal a range (a split's first step) and checkpoint it, or drop a range a
-    finished split retired. Sent to the owner of the range's container.
+    """Server to server, sent to the owner of the range's container: one step of a split on the
+    range it splits (see container/splitter.py).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -718,12 +718,15 @@ class SealRangeRequest(_message.Message):
     STREAM_ID_FIELD_NUMBER: _builtins.int
     RANGE_ID_FIELD_NUMBER: _builtins.int
     CHILDREN_FIELD_NUMBER: _builtins.int
-    DROP_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
     container_id: _builtins.int
     stream_id: _builtins.int
     range_id: _builtins.int
-    drop: _builtins.bool
-    """Drop the (already retired) range: close it and delete its log, checkpoints and store."""
+    step: _builtins.str
+    """"checkpoint" (before the seal: the children copy it), "seal" (the children then apply the
+    log from that checkpoint to the seal), "seal+checkpoint" (the children copy the sealed
+    range's checkpoint), "drop" (the split is done: delete the range's log, store, checkpoints).
+    """
     @_builtins.property
     def children(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -733,11 +736,11 @@ class SealRangeRequest(_message.Message):
         stream_id: _builtins.int = ...,
         range_id: _builtins.int = ...,
         children: _abc.Iterable[_builtins.int] | None = ...,
-        drop: _builtins.bool = ...,
+        step: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "container_id", b"container_id", "drop", b"drop", "range_id", b"range_id", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "container_id", b"container_id", "range_id", b"range_id", "step", b"step", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -747,16 +750,17 @@ Global___SealRangeRequest: _TypeAlias = SealRangeRequest  # noqa: Y015
 class SealRangeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    SEALED_SEQUENCE_FIELD_NUMBER: _builtins.int
-    sealed_sequence: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The range's position after the step: where it was sealed, or the checkpoint's."""
     def __init__(
         self,
         *,
-        sealed_sequence: _builtins.int = ...,
+        sequence: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sealed_sequence", b"sealed_sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
