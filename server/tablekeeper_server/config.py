@@ -55,6 +55,12 @@ class ServerConfig:
     """Where range checkpoints go; defaults to `<data_dir>/checkpoints`. Put it (and the WAL)
     outside the data directory to be able to rebuild a server on an empty data directory."""
     checkpoint_interval_s: float = 300.0
+    split_keys: int = 0
+    """Split a table range automatically once it holds about this many keys; 0 = never."""
+    split_writes: int = 0
+    """Split a table range automatically once it applies this many writes/s; 0 = never."""
+    split_check_interval_s: float = 30.0
+    """How often the automatic split policy looks at the ranges (when one of the above is on)."""
     """0 disables periodic checkpoints (on-demand ones still work)."""
     checkpoints_kept: int = 2
     bind_host: str = "127.0.0.1"
@@ -190,6 +196,10 @@ class ServerConfig:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
         if self.shutdown_grace_s < 0:
             raise ValueError("--shutdown-grace must be >= 0")
+        if self.split_keys < 0 or self.split_writes < 0:
+            raise ValueError("--split-keys and --split-writes must be >= 0 (0 = never)")
+        if self.split_check_interval_s <= 0:
+            raise ValueError("--split-check-interval must be > 0")
         if self.rocksdb_memory_bytes < 8 * 1024 * 1024:
             raise ValueError("--rocksdb-memory must be at least 8MiB")
         if self.wal_segment_bytes_max < 4096:
@@ -272,6 +282,26 @@ STORAGE_SETTINGS = (
         "demand only",
     ),
     _s("checkpoints-kept", INT, "checkpoints_kept", "checkpoints kept per range"),
+    _s(
+        "split-keys",
+        INT,
+        "split_keys",
+        "split a table range automatically (online, like `table split`) once it holds about "
+        "this many keys (RocksDB's estimate, watch history included), 0 = never",
+    ),
+    _s(
+        "split-writes",
+        INT,
+        "split_writes",
+        "split a table range automatically once it applies more writes per second than this "
+        "(measured over --split-check-interval), 0 = never",
+    ),
+    _s(
+        "split-check-interval",
+        DURATION,
+        "split_check_interval_s",
+        "how often the automatic split policy looks at the open table ranges",
+    ),
     _s(
         "shutdown-grace",
         DURATION,

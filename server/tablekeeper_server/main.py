@@ -33,6 +33,7 @@ from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import ServerConfig, worker_command
 from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.container.split_policy import SplitPolicy, SplitThresholds
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
@@ -404,6 +405,21 @@ async def serve(config: ServerConfig) -> None:
         if config.checkpoint_interval_s
         else None
     )
+    thresholds = SplitThresholds(
+        config.split_keys, config.split_writes, config.split_check_interval_s
+    )
+    splits = (
+        asyncio.create_task(
+            SplitPolicy(
+                registry.all_ranges,
+                admin.split_by_id,
+                thresholds,
+                clock,
+            ).run()
+        )
+        if thresholds.enabled
+        else None
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -412,8 +428,9 @@ async def serve(config: ServerConfig) -> None:
         # New connections get the re-read certificate; open ones go on.
         loop.add_signal_handler(signal.SIGHUP, tls.reload)
     await stop.wait()
-    if checkpoints is not None:
-        checkpoints.cancel()
+    for periodic in (checkpoints, splits):
+        if periodic is not None:
+            periodic.cancel()
     if member is not None:
         # Hand the containers over first, while this server still forwards requests to
         # their next owners.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,3 +220,28 @@ def test_a_server_killed_mid_split_finishes_it_after_restart(
         assert len(client.layout("ns", "t").ranges) == 3
         table.put(pkeys[0], "k", "after")
         assert table.get(pkeys[0], "k").value == b"after"  # type: ignore[union-attr]
+
+
+def test_the_split_policy_splits_a_range_that_outgrows_its_threshold(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    server = ServerProcess(
+        tmp_path / "data", extra_args=["--split-keys", "400", "--split-check-interval", "0.2"]
+    )
+    server_factory.append(server)
+    server.start()
+    with Client(server.service) as client:
+        client.create_namespace("ns")
+        client.create_table("ns", "t", ranges=2)
+        table = client.table("ns", "t")
+        pkeys = in_parent("p", 300)  # with their events, over 400 keys in range 1024
+        for pkey in pkeys:
+            table.put(pkey, "k", pkey)
+        deadline = time.monotonic() + 60
+        while len(client.layout("ns", "t").ranges) < 3:  # the policy looks every 0.2 s
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.1)
+        assert "split policy: splitting range" in server.log_tail(200)
+        for pkey in pkeys:
+            got = table.get(pkey, "k")
+            assert got is not None and got.value == pkey.encode()

@@ -14,6 +14,7 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.container.container import ContainerEnv
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.container.split_policy import SplitPolicy, SplitThresholds
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.core.failpoints import FailpointError, Failpoints
 from tablekeeper_server.core.keys import store_key
@@ -340,4 +341,77 @@ async def test_what_the_log_holds_after_the_seal_is_not_applied_to_the_children(
         assert decode_record(store.get(store_key(pkey, b"n")) or b"").number == 2
     finally:
         store.close()
+    await registry.stop()
+
+
+# ------------------------------------------------------------------ the automatic split policy
+
+
+def policy(registry: ContainerRegistry, **thresholds: float) -> SplitPolicy:
+    clock = registry.env.clock
+    return SplitPolicy(
+        registry.all_ranges,
+        registry.splitter.split,
+        SplitThresholds(**thresholds),  # type: ignore[arg-type]
+        clock,
+    )
+
+
+async def test_the_policy_splits_a_range_over_its_key_threshold(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)  # ~30 keys in each of the two ranges
+    ranges = {r.name.range_id: r for r in registry.all_ranges() if r.name.stream_id == stream}
+    keys = {rid: r.estimate_num_keys() for rid, r in ranges.items()}
+    threshold = min(keys.values()) - 1  # both are over it: one split per check
+    splitter = policy(registry, max_keys=threshold)
+    await splitter.check()
+    assert splitter.splits == 1
+    assert len(await registry.active_ranges(stream)) == 3
+    quiet = policy(registry, max_keys=10 * max(keys.values()))
+    await quiet.check()
+    assert quiet.splits == 0
+    await registry.stop()
+
+
+async def test_the_policy_splits_a_range_over_its_write_rate(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    clock = registry.env.clock
+    assert isinstance(clock, ManualClock)
+    splitter = policy(registry, max_writes_per_s=10)
+    await splitter.check()  # the first look only measures
+    hot = next(p for p in PKEYS if routing_hash(p) >= 0)  # range 1025
+    for i in range(30):
+        await put(registry, stream, hot, b"%d" % i)
+    clock.advance(2.0)  # 30 writes in 2 s: 15/s on range 1025, none on 1024
+    await splitter.check()
+    assert splitter.splits == 1
+    ranges = await registry.active_ranges(stream)
+    assert PARENT in [r.range_id for r in ranges] and PARENT + 1 not in [r.range_id for r in ranges]
+    await registry.stop()
+
+
+async def test_the_policy_leaves_a_refused_range_alone(tmp_path: Path) -> None:
+    registry = make_registry(tmp_path, MemoryLogBackend(), "a")
+    await registry.start()
+    stream = await new_table(registry)
+    range_ = await registry.table_range(stream, PKEYS[0])
+    await range_.execute(wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=60_000)))
+    await put(registry, stream, PKEYS[0], b"v")
+    asked: list[int] = []
+
+    async def split(stream_id: int, range_id: int) -> object:
+        asked.append(range_id)
+        return await registry.splitter.split(stream_id, range_id)
+
+    splitter = SplitPolicy(lambda: [range_], split, SplitThresholds(max_keys=1), registry.env.clock)
+    for _ in range(3):
+        await splitter.check()
+    # Refused (it holds a session) once, and not asked again.
+    assert asked == [range_.name.range_id] and splitter.splits == 0
+    assert range_.sealed is None
     await registry.stop()

@@ -42,6 +42,7 @@ from tablekeeper_server.container.container import StorageContainer
 from tablekeeper_server.errors import (
     IllegalOpError,
     NotServedHereError,
+    ResourceLimitError,
     RouteNotFoundError,
     UnavailableError,
 )
@@ -94,6 +95,11 @@ class Splitter:
         props = await registry.stream_props(stream_id)
         meta = self._meta(props.storage_container_id)
         ranges = await meta.active_ranges(stream_id, registry.stream_props)
+        if len(ranges) >= registry.env.limits.table_ranges_max:
+            raise ResourceLimitError(
+                f"table {stream_id} has {len(ranges)} ranges: a split would pass "
+                f"--max-table-ranges {registry.env.limits.table_ranges_max}"
+            )
         if range_id == 0:
             range_id = widest_range(ranges)
         plan = await meta.begin_split(stream_id, range_id)

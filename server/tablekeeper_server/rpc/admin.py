@@ -263,21 +263,38 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.SplitRangeRequest, context: Any
     ) -> admin_pb2.SplitRangeResponse:
         """Split a range on the owner of the table's meta range (forwarded there)."""
+        return await serve_admin("SplitRange", context, lambda: self.split_range(request, context))
+
+    async def split_by_id(self, stream_id: int, range_id: int) -> admin_pb2.SplitRangeResponse:
+        """Split range `range_id` of table `stream_id` (the automatic split policy's call)."""
+        request = admin_pb2.SplitRangeRequest(stream_id=stream_id, range_id=range_id)
+        return await self.split_range(request)
+
+    async def split_range(
+        self, request: admin_pb2.SplitRangeRequest, context: Any = None
+    ) -> admin_pb2.SplitRangeResponse:
+        """`SplitRange` (also what the automatic split policy calls, without a context)."""
 
         async def local() -> admin_pb2.SplitRangeResponse:
-            if request.namespace in SPLIT_REFUSED_NAMESPACES:
-                raise IllegalOpError(
-                    f"tables of namespace {request.namespace!r} belong to the etcd or Oxia "
-                    "front-end, whose ranges cannot be split"
+            namespace = request.namespace
+            if request.stream_id:
+                stream_id = request.stream_id
+                namespace, _ = await self.access("", "", stream_id)
+            else:
+                props = await find_table(
+                    self._registry, self._forwarder(), request.namespace, request.table
                 )
-            props = await find_table(
-                self._registry, self._forwarder(), request.namespace, request.table
-            )
-            if props is None:
-                raise StreamNotFoundError(f"no table {request.namespace}/{request.table}")
-            outcome = await self._registry.splitter.split(props.stream_id, request.range_id)
+                if props is None:
+                    raise StreamNotFoundError(f"no table {request.namespace}/{request.table}")
+                stream_id = props.stream_id
+            if namespace in SPLIT_REFUSED_NAMESPACES:
+                raise IllegalOpError(
+                    f"tables of namespace {namespace!r} belong to the etcd or Oxia front-end, "
+                    "whose ranges cannot be split"
+                )
+            outcome = await self._registry.splitter.split(stream_id, request.range_id)
             return admin_pb2.SplitRangeResponse(
-                stream_id=props.stream_id,
+                stream_id=stream_id,
                 parent_range_id=outcome.plan.parent.range_id,
                 children=outcome.plan.children,
                 sealed_sequence=outcome.sealed_sequence,
@@ -285,19 +302,16 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 paused_seconds=outcome.paused_seconds,
             )
 
-        async def handle() -> admin_pb2.SplitRangeResponse:
-            return await local_or_forward(
-                self._forwarder(),
-                context,
-                local,
-                _ADMIN_SERVICE + "SplitRange",
-                request,
-                admin_pb2.SplitRangeResponse,
-                lambda _: 0,
-                idempotent=False,
-            )
-
-        return await serve_admin("SplitRange", context, handle)
+        return await local_or_forward(
+            self._forwarder(),
+            context,
+            local,
+            _ADMIN_SERVICE + "SplitRange",
+            request,
+            admin_pb2.SplitRangeResponse,
+            lambda _: 0,
+            idempotent=False,
+        )
 
     async def SealRange(  # noqa: N802
         self, request: admin_pb2.SealRangeRequest, context: Any

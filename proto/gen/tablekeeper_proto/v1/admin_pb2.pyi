@@ -646,20 +646,24 @@ class SplitRangeRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     TABLE_FIELD_NUMBER: _builtins.int
     RANGE_ID_FIELD_NUMBER: _builtins.int
+    STREAM_ID_FIELD_NUMBER: _builtins.int
     namespace: _builtins.str
     table: _builtins.str
     range_id: _builtins.int
-    """The range to split; 0 = the table's range holding the most keys."""
+    """The range to split; 0 = the table's widest range (the first of them)."""
+    stream_id: _builtins.int
+    """The table by id instead of namespace and table (the automatic split policy's way)."""
     def __init__(
         self,
         *,
         namespace: _builtins.str = ...,
         table: _builtins.str = ...,
         range_id: _builtins.int = ...,
+        stream_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "range_id", b"range_id", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["namespace", b"namespace", "range_id", b"range_id", "stream_id", b"stream_id", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
