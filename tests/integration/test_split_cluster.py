@@ -16,7 +16,7 @@ import pytest
 
 from tablekeeper import AsyncClient, Client
 from tablekeeper_server.core.failpoints import ENV_VAR
-from tests.integration.test_split import PARENT, Load
+from tests.integration.test_split import PARENT, Load, in_parent
 from tests.support.cluster import TestCluster
 from tests.support.server import SERVER_COMMAND, ServerProcess
 
@@ -34,7 +34,29 @@ async def test_splits_under_load_place_children_on_other_servers(
         await client.create_table("ns", "t", ranges=2)
         table = await client.table("ns", "t")
         load = Load(table)
+        # A watch on a key of the range that splits, whose children may live on other servers.
+        hot = in_parent("hot-", 1)[0]
+        seen: list[int] = []
+        watching = asyncio.Event()
+
+        async def watch() -> None:
+            async with table.watch(hot, "k") as events:
+                watching.set()
+                async for event in events:
+                    assert event.kv is not None
+                    seen.append(int(event.kv.value))
+
+        acked_hot: list[int] = []
+
+        async def hot_writer() -> None:
+            while not load.stopping:
+                await table.put(hot, "k", str(len(acked_hot)))
+                acked_hot.append(len(acked_hot))
+
+        watcher = asyncio.create_task(watch())
+        await watching.wait()
         writers = [asyncio.create_task(load.writer(w)) for w in range(4)]
+        writers.append(asyncio.create_task(hot_writer()))
         await load.until(200)
         first = await client.split_range("ns", "t", PARENT)
         await load.until(200)
@@ -55,6 +77,16 @@ async def test_splits_under_load_place_children_on_other_servers(
         ]
         assert len({r.container_id for r in layout.ranges}) >= 3  # spread over containers
         await load.verify()
+        # The watch saw each acknowledged change of `hot` once, in order, across both splits.
+        last = acked_hot[-1]
+
+        async def drained() -> None:
+            while not seen or seen[-1] < last:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(drained(), 60)
+        watcher.cancel()
+        assert seen == list(range(last + 1))
 
 
 def wait_for_line(server: ServerProcess, line: str) -> None:
