@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tablekeeper import AsyncClient, AsyncTable, Client
+from tablekeeper.bulk import scan_range
 from tablekeeper_server.core.failpoints import CRASH_EXIT_CODE, ENV_VAR
 from tablekeeper_server.core.routing import routing_hash
 from tests.support.server import SERVER_COMMAND, ServerProcess
@@ -245,3 +246,27 @@ def test_the_split_policy_splits_a_range_that_outgrows_its_threshold(
         for pkey in pkeys:
             got = table.get(pkey, "k")
             assert got is not None and got.value == pkey.encode()
+
+
+async def test_a_scan_of_a_range_reads_on_through_its_split(server: ServerProcess) -> None:
+    """A whole-range scan (what a Spark export runs per range) that began before the split
+    goes on by the old range's id: its pages come from the children, each key once."""
+    async with AsyncClient(server.service) as client:
+        await client.create_namespace("ns")
+        await client.create_table("ns", "t", ranges=2)
+        table = await client.table("ns", "t")
+        pkeys = in_parent("p", 200)
+        for pkey in pkeys:
+            await table.put(pkey, "k", pkey)
+        layout = await client.layout("ns", "t")
+        pages = scan_range(client, layout.table_id, PARENT, page_size=30)
+        seen = [kv.pkey for kv in await anext(pages)]
+        await client.split_range("ns", "t", PARENT)
+        async for page in pages:
+            seen.extend(kv.pkey for kv in page)
+        assert sorted(seen) == sorted(p.encode() for p in pkeys)
+        # And the retired range's id keeps reading all of it, from both children.
+        again = [
+            kv.pkey async for page in scan_range(client, layout.table_id, PARENT) for kv in page
+        ]
+        assert sorted(again) == sorted(p.encode() for p in pkeys)

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from tablekeeper import AsyncClient, Client
+from tablekeeper.bulk import scan_range
 from tablekeeper_server.core.failpoints import ENV_VAR
+from tablekeeper_server.core.routing import routing_hash
 from tests.integration.test_split import PARENT, Load, in_parent
 from tests.support.cluster import TestCluster
 from tests.support.server import SERVER_COMMAND, ServerProcess
@@ -77,6 +79,20 @@ async def test_splits_under_load_place_children_on_other_servers(
         ]
         assert len({r.container_id for r in layout.ranges}) >= 3  # spread over containers
         await load.verify()
+        # Whole-range scans, of every current range and of the retired one (from its
+        # descendants, on whichever servers they are), see every key once.
+        written = {p.encode() for p in [*load.acked_puts, *load.acked_incr, hot]}
+        scanned = [
+            kv.pkey
+            for r in layout.ranges
+            async for page in scan_range(client, layout.table_id, r.range_id)
+            for kv in page
+        ]
+        assert sorted(scanned) == sorted(written)
+        retired = [
+            kv.pkey async for page in scan_range(client, layout.table_id, PARENT) for kv in page
+        ]
+        assert sorted(retired) == sorted(p for p in written if routing_hash(p) < 0)
         # The watch saw each acknowledged change of `hot` once, in order, across both splits.
         last = acked_hot[-1]
 

@@ -58,6 +58,8 @@ class SplitPlan:
     stream_id: int
     parent: stream_pb2.RangeProperties
     children: tuple[stream_pb2.RangeProperties, ...]
+    fenced_at_ms: int = 0
+    """When the split switched the table to the children (0: not yet)."""
 
 
 def _hosted_key(stream_id: int, range_id: int) -> bytes:
@@ -130,6 +132,25 @@ class MetaCatalog:
             await self._kv.commit(absent=[_stream_key(stream_id)], puts=puts)
             return range_props
 
+    def lineage(self, stream_id: int) -> dict[int, tuple[int, ...]]:
+        """For each current range of the table that a split made: the ranges it descends
+        from (its parent first, then the parent's parent, ...). Retired ranges keep their
+        metadata (RANGE_FENCED) for this."""
+        raw = self._kv.get(_stream_key(stream_id))
+        if raw is None:
+            return {}
+        out: dict[int, tuple[int, ...]] = {}
+        for range_id in stream_pb2.StreamMetadata.FromString(raw).current_ranges:
+            ancestors: list[int] = []
+            metadata = self._range_metadata(stream_id, range_id)
+            while metadata is not None and metadata.parents:
+                parent = metadata.parents[0]
+                ancestors.append(parent)
+                metadata = self._range_metadata(stream_id, parent)
+            if ancestors:
+                out[range_id] = tuple(ancestors)
+        return out
+
     def _read(self, stream_id: int) -> list[stream_pb2.RangeProperties] | None:
         raw = self._kv.get(_stream_key(stream_id))
         if raw is None:
@@ -156,7 +177,8 @@ class MetaCatalog:
             if child is None:
                 raise KeyNotFoundError(f"range {child_id} of table {stream_id} has no metadata")
             children.append(child.props)
-        return SplitPlan(stream_id, parent.props, tuple(children))
+        fenced_at = parent.fence_time if parent.state == stream_pb2.RANGE_FENCED else 0
+        return SplitPlan(stream_id, parent.props, tuple(children), fenced_at)
 
     async def begin_split(self, stream_id: int, range_id: int) -> SplitPlan:
         """Record a split of range `range_id` into two halves of its hash interval (or return

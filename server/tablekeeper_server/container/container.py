@@ -43,6 +43,11 @@ ROOT_STREAM_ID = 0
 ROOT_RANGE_ID = 0
 
 
+REMOTE_ROUTE_TTL_S = 10.0
+"""How long a route read from another server is trusted: a table deleted there stops being
+served here, and a split there is seen here, within this time (deletes and splits on this
+server drop the route at once, and a request that meets a split range re-reads it)."""
+
 RangeKey = tuple[int, int, int]
 """(container id, stream id, range id)"""
 

@@ -20,6 +20,7 @@ from typing import Protocol
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.container.container import (
+    REMOTE_ROUTE_TTL_S,
     ROOT_CONTAINER_ID,
     ContainerEnv,
     StorageContainer,
@@ -27,6 +28,7 @@ from tablekeeper_server.container.container import (
 from tablekeeper_server.container.splitter import RangeStep, Splitter
 from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import (
+    BadRequestError,
     NotServedHereError,
     RangeMovedError,
     RouteNotFoundError,
@@ -37,11 +39,6 @@ from tablekeeper_server.range.watch import HistoryBudget
 
 log = logging.getLogger(__name__)
 
-REMOTE_ROUTE_TTL_S = 10.0
-"""How long a route read from another server is trusted: a table deleted there stops being
-served here, and a split there is seen here, within this time (deletes and splits on this
-server drop the route at once, and a request that meets a split range re-reads it)."""
-
 
 class _TableRoute:
     def __init__(
@@ -49,9 +46,13 @@ class _TableRoute:
         props: stream_pb2.StreamProperties,
         ranges: list[stream_pb2.RangeProperties],
         resolved_at: float,
+        lineage: dict[int, tuple[int, ...]] | None = None,
     ) -> None:
         self.props = props
         self.ranges = {r.range_id: r for r in ranges}
+        self.ordered = sorted(ranges, key=lambda r: r.start_hash_key)
+        self.lineage = lineage or {}
+        """Current range id -> the retired ranges it descends from (`MetaCatalog.lineage`)."""
         self.router = RangeRouter([r.start_hash_key for r in ranges], [r.range_id for r in ranges])
         self.resolved_at = resolved_at
         """When (the clock's `monotonic_s`) the route was read."""
@@ -66,6 +67,12 @@ class RemoteCatalog(Protocol):
     async def active_ranges(
         self, stream_id: int, container_id: int
     ) -> list[stream_pb2.RangeProperties]: ...
+
+    async def ranges_and_lineage(
+        self, stream_id: int, container_id: int
+    ) -> tuple[list[stream_pb2.RangeProperties], dict[int, tuple[int, ...]]]:
+        """`active_ranges` and `MetaCatalog.lineage`, from the meta range's owner in one call."""
+        ...
 
     async def range_step(
         self,
@@ -220,11 +227,14 @@ class ContainerRegistry:
         props = await self.stream_props(stream_id)
         try:
             ranges = await self.active_ranges(stream_id)
+            lineage = await self.table_lineage(stream_id)
         except NotServedHereError as elsewhere:
             if self.remote is None:
                 raise
-            ranges = await self.remote.active_ranges(stream_id, elsewhere.container_id)
-        route = _TableRoute(props, ranges, self.env.clock.monotonic_s())
+            ranges, lineage = await self.remote.ranges_and_lineage(
+                stream_id, elsewhere.container_id
+            )
+        route = _TableRoute(props, ranges, self.env.clock.monotonic_s(), lineage)
         self._routes[stream_id] = route
         return route
 
@@ -269,6 +279,30 @@ class ContainerRegistry:
         return await container.data_range(
             stream_id, moved_to.range_id, route.props.stream_conf.ttl_seconds
         )
+
+    async def table_lineage(self, stream_id: int) -> dict[int, tuple[int, ...]]:
+        """`MetaCatalog.lineage` of a table whose meta range is hosted here
+        (`NotServedHereError` names its container otherwise)."""
+        props = await self.stream_props(stream_id)
+        meta = self.container(props.storage_container_id).meta
+        return {} if meta is None else meta.lineage(stream_id)
+
+    async def scan_targets(self, stream_id: int, range_id: int) -> list[stream_pb2.RangeProperties]:
+        """What to read for range `range_id` of the table: the range itself while it is
+        current; once a split retired it, the current ranges that hold its keys (its
+        descendants, in hash order). Raises `BadRequestError` for an id the table never had."""
+        route = await self._route(stream_id)
+        if range_id not in route.ranges and not any(
+            range_id in ancestors for ancestors in route.lineage.values()
+        ):
+            self.forget_route(stream_id)  # perhaps split since it was read
+            route = await self._route(stream_id)
+        if range_id in route.ranges:
+            return [route.ranges[range_id]]
+        found = [r for r in route.ordered if range_id in route.lineage.get(r.range_id, ())]
+        if not found:
+            raise BadRequestError(f"table {stream_id} has no range {range_id}")
+        return found
 
     async def container_of(self, stream_id: int, pkey: bytes) -> int:
         """The storage container of the range that holds `pkey` of table `stream_id` (here or

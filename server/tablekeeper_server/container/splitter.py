@@ -33,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.meta import MetaCatalog, SplitPlan
-from tablekeeper_server.container.container import StorageContainer
+from tablekeeper_server.container.container import REMOTE_ROUTE_TTL_S, StorageContainer
 from tablekeeper_server.errors import (
     IllegalOpError,
     NotServedHereError,
@@ -59,6 +60,7 @@ RangeStep = Literal["checkpoint", "seal", "seal+checkpoint", "drop"]
 RANGE_STEPS: tuple[RangeStep, ...] = ("checkpoint", "seal", "seal+checkpoint", "drop")
 
 RESUME_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+RETIRE_AFTER_S = 3 * REMOTE_ROUTE_TTL_S
 SWITCH_WAIT_S = 5.0
 """How long a request for a range being split here waits for the switch before it is refused
 ("range moved", retryable)."""
@@ -84,6 +86,8 @@ class Splitter:
         self._switches: dict[tuple[int, int], asyncio.Event] = {}
         """Set once the split of (stream, range) running here has switched the table."""
         self._resuming: set[asyncio.Task[None]] = set()
+        self.retire_after_s = RETIRE_AFTER_S
+        """How long after the switch a split's parent is deleted (see `_finish`)."""
 
     async def split(self, stream_id: int, range_id: int = 0) -> SplitOutcome:
         """Split range `range_id` of table `stream_id` (0: its widest range, the first of
@@ -214,15 +218,9 @@ class Splitter:
             paused,
             steps,
         )
-        try:
-            await self._retire(meta, plan)
-        except Exception as exc:  # the data of a retired range only costs space: retried later
-            log.warning(
-                "table %d: could not delete retired range %d yet: %s",
-                plan.stream_id,
-                parent.range_id,
-                exc,
-            )
+        container = registry.containers.get(meta.range.name.container_id)
+        if container is not None:
+            self._background(self._finish(container, [(plan, False)], self.retire_after_s))
         return SplitOutcome(plan, sealed, builder.keys_copied, paused)
 
     async def _apply_tail(self, builder: ChildrenBuilder, sealed: int) -> bool:
@@ -305,20 +303,33 @@ class Splitter:
         if container.meta is None:
             return
         pending, retired = container.meta.splits()
-        if not pending and not retired:
-            return
-        task = asyncio.create_task(self._resume(container, pending, retired))
-        self._resuming.add(task)
-        task.add_done_callback(self._resuming.discard)
-
-    async def _resume(
-        self, container: StorageContainer, pending: list[SplitPlan], retired: list[SplitPlan]
-    ) -> None:
         for plan in pending:
             log.info(
                 "table %d: resuming the split of range %d", plan.stream_id, plan.parent.range_id
             )
-        work = [(plan, True) for plan in pending] + [(plan, False) for plan in retired]
+        if pending:
+            self._background(self._finish(container, [(plan, True) for plan in pending], 0.0))
+        now_ms = self._registry.env.clock.now_ms()
+        for plan in retired:
+            grace = self.retire_after_s - (now_ms - plan.fenced_at_ms) / 1000
+            self._background(self._finish(container, [(plan, False)], max(0.0, grace)))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._resuming.add(task)
+        task.add_done_callback(self._resuming.discard)
+
+    async def _finish(
+        self, container: StorageContainer, work: list[tuple[SplitPlan, bool]], delay_s: float
+    ) -> None:
+        """Finish splits (`True`) or delete retired parents (`False`) of `container`'s tables,
+        after `delay_s`, retrying while their ranges are unreachable and the container is ours.
+        A parent is deleted `retire_after_s` after the switch: until then a request routed by
+        ranges read before the switch (another server trusts them for up to
+        `REMOTE_ROUTE_TTL_S`) meets the sealed parent and is sent on to a child, instead of
+        opening the deleted range anew, empty."""
+        if delay_s:
+            await asyncio.sleep(delay_s)
         for plan, unfinished in work:
             attempt = 0
             while self._registry.containers.get(container.id) is container:
@@ -351,7 +362,7 @@ class Splitter:
                     break
 
     async def resumed(self) -> None:
-        """Wait until the splits resumed so far are finished (or given up on)."""
+        """Wait until the splits resumed (and the parents to delete) so far are done with."""
         while self._resuming:
             await asyncio.gather(*self._resuming, return_exceptions=True)
 

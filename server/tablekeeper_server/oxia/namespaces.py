@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import stream_pb2
-from tablekeeper_server.container.container import ROOT_CONTAINER_ID
-from tablekeeper_server.container.registry import REMOTE_ROUTE_TTL_S, ContainerRegistry
+from tablekeeper_server.container.container import REMOTE_ROUTE_TTL_S, ROOT_CONTAINER_ID
+from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.names import invalid_name_reason
 from tablekeeper_server.errors import NotServedHereError, StreamNotFoundError
 from tablekeeper_server.oxia.errors import OxiaError

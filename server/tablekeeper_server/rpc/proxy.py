@@ -291,6 +291,24 @@ class RemoteCatalogClient:
         )
         return [related.props for related in response.ranges]
 
+    async def ranges_and_lineage(
+        self, stream_id: int, container_id: int
+    ) -> tuple[list[Any], dict[int, tuple[int, ...]]]:
+        response = await self._forwarder.forward(
+            container_id,
+            META_SERVICE + "GetActiveRanges",
+            storage_pb2.GetActiveRangesRequest(stream_id=stream_id),
+            storage_pb2.GetActiveRangesResponse,
+            lambda r: int(r.code),
+            idempotent=True,
+        )
+        lineage = {
+            related.props.range_id: tuple(related.related_ranges)
+            for related in response.ranges
+            if related.related_ranges
+        }
+        return [related.props for related in response.ranges], lineage
+
     async def range_step(
         self,
         container_id: int,

@@ -30,6 +30,7 @@ from tablekeeper_server.errors import (
     Code,
     IllegalOpError,
     IndeterminateError,
+    NotServedHereError,
     ResourceLimitError,
     RouteNotFoundError,
     TableKeeperError,
@@ -213,9 +214,15 @@ class MetaRangeServicer(storage_pb2_grpc.MetaRangeServiceServicer):
     ) -> storage_pb2.GetActiveRangesResponse:
         async def handle() -> storage_pb2.GetActiveRangesResponse:
             ranges = await self._registry.active_ranges(request.stream_id)
+            lineage = await self._registry.table_lineage(request.stream_id)
             response = storage_pb2.GetActiveRangesResponse(code=Code.SUCCESS)
             for props in ranges:
-                response.ranges.add(props=props, type=storage_pb2.PARENTS)
+                # A split's child names the ranges it descends from, parent first.
+                response.ranges.add(
+                    props=props,
+                    type=storage_pb2.PARENTS,
+                    related_ranges=lineage.get(props.range_id, ()),
+                )
             return response
 
         async def routed() -> storage_pb2.GetActiveRangesResponse:
@@ -392,8 +399,20 @@ class TableOps:
         self, req: tablekeeper_pb2.ScanRangeRequest, context: Context = None
     ) -> tablekeeper_pb2.ScanRangeResponse:
         async def local() -> tablekeeper_pb2.ScanRangeResponse:
-            range_ = await scan.table_range_by_id(self.registry, req.stream_id, req.range_id)
-            return scan.scan_page(range_, req)
+            targets = await self.registry.scan_targets(req.stream_id, req.range_id)
+            if len(targets) == 1 and targets[0].range_id == req.range_id:
+                range_ = await scan.open_range(self.registry, req.stream_id, targets[0])
+                if range_.sealed is None:
+                    return scan.scan_page(range_, req)
+                # Split: read the children once the table switched to them (a sealed range
+                # still being split serves its final keys).
+                self.registry.forget_route(req.stream_id)
+                targets = await self.registry.scan_targets(req.stream_id, req.range_id)
+                if len(targets) == 1 and targets[0].range_id == req.range_id:
+                    return scan.scan_page(range_, req)
+            # A range a split retired: one page of each descendant (here or on its owner).
+            pages = [await self._scan_descendant(req, target, context) for target in targets]
+            return scan.merge_pages(pages, req)
 
         return await local_or_forward(
             self.forwarder,
@@ -405,6 +424,31 @@ class TableOps:
             _header_code,
             idempotent=True,
         )
+
+    async def _scan_descendant(
+        self,
+        req: tablekeeper_pb2.ScanRangeRequest,
+        target: stream_pb2.RangeProperties,
+        context: Context,
+    ) -> tablekeeper_pb2.ScanRangeResponse:
+        request = tablekeeper_pb2.ScanRangeRequest()
+        request.CopyFrom(req)
+        request.range_id = target.range_id
+        try:
+            range_ = await scan.open_range(self.registry, req.stream_id, target)
+        except NotServedHereError:
+            if self.forwarder is None:
+                raise
+            return await self.forwarder.forward(
+                target.storage_container_id,
+                TABLEKEEPER_SERVICE + "ScanRange",
+                request,
+                tablekeeper_pb2.ScanRangeResponse,
+                _header_code,
+                idempotent=True,
+                context=context,
+            )
+        return scan.scan_page(range_, request)
 
 
 class TableServicer(kv_rpc_pb2_grpc.TableServiceServicer):

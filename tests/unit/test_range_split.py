@@ -45,7 +45,9 @@ def make_registry(
         checkpoint_store=DirectoryCheckpointStore(root / "checkpoints"),
         failpoints=failpoints or Failpoints(),
     )
-    return ContainerRegistry(env, [0, 1])
+    registry = ContainerRegistry(env, [0, 1])
+    registry.splitter.retire_after_s = 0.0  # delete a split's parent at once
+    return registry
 
 
 async def new_table(registry: ContainerRegistry) -> int:
@@ -115,7 +117,9 @@ async def test_a_split_hands_each_key_to_the_child_holding_its_hash(tmp_path: Pa
     assert moved.applied_sequence > max(before, outcome.sealed_sequence)
     again = await put(registry, stream, b"seq", b"s", sequential=True)
     assert int(again.key[-20:]) == int(sequential.key[-20:]) + 1
-    # The parent is gone: its log, checkpoints and store.
+    # The parent is gone (right after the switch here; 30 s later by default): its log,
+    # checkpoints and store.
+    await registry.splitter.resumed()
     parent_name = RangeName(parent.storage_container_id, stream, PARENT).log_name
     assert log.size_bytes(parent_name) == 0 and not list(log.read(parent_name, 0))
     assert not list((tmp_path / "checkpoints").glob(f"{parent_name}/manifests/*"))
