@@ -186,7 +186,13 @@ def test_the_cli_splits_a_range_and_a_child_again(server: ServerProcess) -> None
 
 
 @pytest.mark.parametrize(
-    "failpoint", ["split.after_seal", "split.during_copy", "split.before_switch"]
+    "failpoint",
+    [
+        "split.during_copy",  # copying the parent's checkpoint, the parent serving
+        "split.after_copy",  # before catching up on its log
+        "split.after_seal",
+        "split.before_switch",
+    ],
 )
 def test_a_server_killed_mid_split_finishes_it_after_restart(
     tmp_path: Path, server_factory: list[ServerProcess], failpoint: str
