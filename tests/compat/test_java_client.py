@@ -31,7 +31,7 @@ import pytest
 
 from tests.compat.cluster import ClusterServer, Server
 from tests.compat.conftest import CLUSTER_KEY
-from tests.support.server import ServerProcess
+from tests.support.server import SERVER_COMMAND, ServerProcess
 
 pytestmark = pytest.mark.compat
 
@@ -307,3 +307,51 @@ def test_java_client_goes_on_after_its_server_restarts(
     observed = {record["check"]: (record["value"], record["error"]) for record in records}
     assert observed.get("restart.put") == (None, None), (observed, err[-4000:])
     assert observed.get("restart.get") == ("after", None), (observed, err[-4000:])
+
+
+@pytest.mark.parametrize("kind", ["routed", "simple"])
+def test_java_client_goes_on_through_range_splits(
+    server: Server, java_driver: list[str], kind: str
+) -> None:
+    """The client read the table's ranges (routed: and caches each one's container); then two
+    of them split (`tablekeeper table split`) while it waits; the same client object reads
+    every key back, increments every counter once more and reads it: the server routes its
+    requests, which still name the retired ranges, to the children holding their keys."""
+    namespace = f"java_split_{kind}"
+    driver = subprocess.Popen(
+        [*java_driver, server.service, kind, namespace, "split"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None and driver.stdin is not None
+        paused = driver.stdout.readline()  # EOF ("") if the driver failed before pausing
+        assert '"check":"paused"' in paused, paused
+        for _ in range(2):
+            split = subprocess.run(
+                [
+                    str(SERVER_COMMAND),
+                    "--service",
+                    server.service,
+                    "table",
+                    "split",
+                    f"{namespace}/kv",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert split.returncode == 0, split.stderr
+        driver.stdin.write("go\n")
+        driver.stdin.flush()
+        out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    observed = {record["check"]: (record["value"], record["error"]) for record in records}
+    assert observed.get("split.get") == (200, None), (observed, err[-4000:])
+    assert observed.get("split.counters") == (200, None), (observed, err[-4000:])

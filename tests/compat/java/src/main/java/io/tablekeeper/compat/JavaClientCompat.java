@@ -53,6 +53,7 @@ import org.apache.bookkeeper.stream.protocol.ProtocolConstants;
 public final class JavaClientCompat {
 
     private static final long TIMEOUT_S = 60;
+    private static final int SPLIT_KEYS = 200;
 
     private final StorageAdminClient admin;
     private final StorageClient client;
@@ -66,7 +67,8 @@ public final class JavaClientCompat {
 
     public static void main(String[] args) throws Exception {
         if (args.length != 4) {
-            System.err.println("usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS|restart");
+            System.err.println(
+                "usage: JavaClientCompat SERVICE_URI routed|simple NAMESPACE CONCURRENT_OPS|restart|split");
             System.exit(2);
         }
         String serviceUri = args[0];
@@ -77,7 +79,8 @@ public final class JavaClientCompat {
         };
         String namespace = args[2];
         boolean restart = "restart".equals(args[3]);
-        int concurrentOps = restart ? 0 : Integer.parseInt(args[3]);
+        boolean split = "split".equals(args[3]);
+        int concurrentOps = restart || split ? 0 : Integer.parseInt(args[3]);
         StorageClientSettings settings = StorageClientSettings.newBuilder()
             .serviceUri(serviceUri)
             .enableServerSideRouting(simple)
@@ -88,8 +91,12 @@ public final class JavaClientCompat {
              StorageClient client = StorageClientBuilder.newBuilder()
                  .withSettings(settings).withNamespace(namespace).build()) {
             JavaClientCompat compat = new JavaClientCompat(admin, client, namespace);
-            if (restart) {
-                compat.restartChecks();
+            if (restart || split) {
+                if (restart) {
+                    compat.restartChecks();
+                } else {
+                    compat.splitChecks();
+                }
                 emit("done", true, null);
                 System.out.flush();
                 Runtime.getRuntime().halt(0);
@@ -143,6 +150,52 @@ public final class JavaClientCompat {
         new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
         observe("restart.put", () -> await(table.put(buf("k"), buf("after"))), v -> "ok");
         observe("restart.get", () -> await(table.get(buf("k"))), JavaClientCompat::str);
+    }
+
+    /**
+     * The client keeps working while the table's ranges split: create a table, put and increment
+     * SPLIT_KEYS keys (the client now has the table's ranges), print "paused" and wait for a line
+     * on stdin (the test splits ranges meanwhile), then with the same client read every key back,
+     * increment every counter again and read the counters.
+     */
+    private void splitChecks() throws Exception {
+        NamespaceConfiguration nsConf = NamespaceConfiguration.newBuilder()
+            .setDefaultStreamConf(ProtocolConstants.DEFAULT_STREAM_CONF)
+            .build();
+        StreamConfiguration tableConf = StreamConfiguration.newBuilder(ProtocolConstants.DEFAULT_STREAM_CONF)
+            .setInitialNumRanges(2)
+            .setMinNumRanges(2)
+            .setStorageType(StorageType.TABLE)
+            .build();
+        await(admin.createNamespace(namespace, nsConf));
+        await(admin.createStream(namespace, "kv", tableConf));
+        Table<ByteBuf, ByteBuf> table = await(client.openTable(namespace, "kv"));
+        for (int i = 0; i < SPLIT_KEYS; i++) {
+            await(table.put(buf("k-" + i), buf("v-" + i)));
+            await(table.increment(buf("c-" + i), 1));
+        }
+        emit("paused", true, null);
+        System.out.flush();
+        new java.io.BufferedReader(new java.io.InputStreamReader(System.in, StandardCharsets.UTF_8)).readLine();
+        observe("split.get", () -> {
+            int right = 0;
+            for (int i = 0; i < SPLIT_KEYS; i++) {
+                if (("v-" + i).equals(str(await(table.get(buf("k-" + i)))))) {
+                    right++;
+                }
+            }
+            return right;
+        }, n -> n);
+        observe("split.counters", () -> {
+            int right = 0;
+            for (int i = 0; i < SPLIT_KEYS; i++) {
+                await(table.increment(buf("c-" + i), 1));
+                if (await(table.getNumber(buf("c-" + i))) == 2L) {
+                    right++;
+                }
+            }
+            return right;
+        }, n -> n);
     }
 
     // ------------------------------------------------------------------ admin
