@@ -201,6 +201,20 @@ class Infra:
             f"Pulsar on {self.pulsar.service_url} / {self.pulsar.admin_url} (pid {self.pulsar.pid})"
         )
 
+    def use_or_start(
+        self, zk: str | None, pulsar_url: str | None, pulsar_admin_url: str | None
+    ) -> None:
+        """Use the running ZooKeeper and Pulsar given (`--zk`, `--pulsar-url/--pulsar-admin-url`),
+        start the others."""
+        if zk:
+            self.zk_hosts = zk
+        else:
+            self.start_zookeeper(120)
+        if pulsar_url:
+            self.pulsar = PulsarService(pulsar_url, pulsar_admin_url, None)
+        else:
+            self.start_pulsar(300)
+
     def new_cluster(self, name: str, args: argparse.Namespace) -> TestCluster:
         """A cluster `name` (`--containers`, `--zk-session-timeout`, no periodic checkpoints)
         on this ZooKeeper and in Pulsar namespace public/<name>, initialised, no server yet."""
@@ -1353,14 +1367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {}
     with sigterm_as_interrupt():
         try:
-            if args.zk:
-                infra.zk_hosts = args.zk
-            else:
-                infra.start_zookeeper(120)
-            if args.pulsar_url:
-                infra.pulsar = PulsarService(args.pulsar_url, args.pulsar_admin_url, None)
-            else:
-                infra.start_pulsar(300)
+            infra.use_or_start(args.zk, args.pulsar_url, args.pulsar_admin_url)
             eprint(f"work directory {workdir}; {sdk_routing_description(args.routing)}")
             results = asyncio.run(run_parts(args, infra))
         except BenchError as e:

@@ -54,7 +54,6 @@ from benchmarks._common import (  # noqa: E402
 from benchmarks.cluster import (  # noqa: E402
     BenchError,
     Infra,
-    PulsarService,
     eprint,
     harness_errors,
     wait_balanced,
@@ -329,14 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {}
     with sigterm_as_interrupt():
         try:
-            if args.zk:
-                infra.zk_hosts = args.zk
-            else:
-                infra.start_zookeeper(120)
-            if args.pulsar_url:
-                infra.pulsar = PulsarService(args.pulsar_url, args.pulsar_admin_url, None)
-            else:
-                infra.start_pulsar(300)
+            infra.use_or_start(args.zk, args.pulsar_url, args.pulsar_admin_url)
             result = asyncio.run(run(args, infra))
         except BenchError as e:
             eprint(f"error: {e}")

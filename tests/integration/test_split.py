@@ -56,6 +56,12 @@ class Load:
     acked_ops: int = 0
     stopping: bool = False
     progress: asyncio.Event = field(default_factory=asyncio.Event)
+    hot: str = field(default_factory=lambda: in_parent("hot-", 1)[0])
+    """A key of the parent that a watch follows."""
+    seen: list[int] = field(default_factory=list)
+    acked_hot: list[int] = field(default_factory=list)
+    _watching: asyncio.Event = field(default_factory=asyncio.Event)
+    _watcher: asyncio.Task[None] | None = None
 
     async def writer(self, w: int) -> None:
         pkeys = [*in_parent(f"w{w}-", 6), f"w{w}-other"]
@@ -72,6 +78,39 @@ class Load:
             self.acked_ops += 2
             self.progress.set()
             n += 1
+
+    async def start(self, writers: int) -> list[asyncio.Task[None]]:
+        """Start a watch on a hot key of the parent, then `writers` writers and one that puts
+        increasing values to the hot key; returns the writers' tasks (they end at `stopping`)."""
+        self._watcher = asyncio.create_task(self._watch())
+        await self._watching.wait()
+        tasks = [asyncio.create_task(self.writer(w)) for w in range(writers)]
+        return [*tasks, asyncio.create_task(self._hot_writer())]
+
+    async def _watch(self) -> None:
+        async with self.table.watch(self.hot, "k") as events:
+            self._watching.set()
+            async for event in events:
+                assert event.kv is not None
+                self.seen.append(int(event.kv.value))
+
+    async def _hot_writer(self) -> None:
+        while not self.stopping:
+            await self.table.put(self.hot, "k", str(len(self.acked_hot)))
+            self.acked_hot.append(len(self.acked_hot))
+
+    async def verify_watch(self) -> None:
+        """The watch saw each acknowledged change of the hot key once, in order."""
+        last = self.acked_hot[-1]
+
+        async def drained() -> None:
+            while not self.seen or self.seen[-1] < last:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(drained(), 60)
+        assert self._watcher is not None
+        self._watcher.cancel()
+        assert self.seen == list(range(last + 1))
 
     async def until(self, ops: int) -> None:
         """Wait until the writers have `ops` more acknowledged ops than now."""
@@ -99,29 +138,7 @@ async def test_a_split_under_load_loses_nothing_and_a_watch_sees_every_change_on
         await client.create_table("ns", "t", ranges=2)
         table = await client.table("ns", "t")
         load = Load(table)
-        hot = in_parent("hot-", 1)[0]
-        seen: list[int] = []
-        acked_hot: list[int] = []
-        watching = asyncio.Event()
-
-        async def watch() -> None:
-            async with table.watch(hot, "k") as events:
-                watching.set()
-                async for event in events:
-                    assert event.kv is not None
-                    seen.append(int(event.kv.value))
-
-        async def hot_writer() -> None:
-            n = 0
-            while not load.stopping:
-                await table.put(hot, "k", str(n))
-                acked_hot.append(n)
-                n += 1
-
-        watcher = asyncio.create_task(watch())
-        await watching.wait()
-        writers = [asyncio.create_task(load.writer(w)) for w in range(WRITERS)]
-        writers.append(asyncio.create_task(hot_writer()))
+        writers = await load.start(WRITERS)
         await load.until(300)
         split = await client.split_range("ns", "t", PARENT)
         await load.until(300)
@@ -134,16 +151,7 @@ async def test_a_split_under_load_loses_nothing_and_a_watch_sees_every_change_on
         layout = await client.layout("ns", "t")
         assert [r.range_id for r in layout.ranges] == [1026, 1027, 1025]
         await load.verify()
-        # The watch saw each acknowledged change of `hot` once, in order, across the switch.
-        last = acked_hot[-1]
-
-        async def drained() -> None:
-            while not seen or seen[-1] < last:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(drained(), 30)
-        watcher.cancel()
-        assert seen == list(range(last + 1))
+        await load.verify_watch()  # across the switch
 
 
 def cli(server: ServerProcess, *args: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from tablekeeper import AsyncClient, Client
 from tablekeeper.bulk import scan_range
 from tablekeeper_server.core.failpoints import ENV_VAR
 from tablekeeper_server.core.routing import routing_hash
-from tests.integration.test_split import PARENT, Load, in_parent
+from tests.integration.test_split import PARENT, Load
 from tests.support.cluster import TestCluster
 from tests.support.server import SERVER_COMMAND, ServerProcess
 
@@ -36,29 +36,7 @@ async def test_splits_under_load_place_children_on_other_servers(
         await client.create_table("ns", "t", ranges=2)
         table = await client.table("ns", "t")
         load = Load(table)
-        # A watch on a key of the range that splits, whose children may live on other servers.
-        hot = in_parent("hot-", 1)[0]
-        seen: list[int] = []
-        watching = asyncio.Event()
-
-        async def watch() -> None:
-            async with table.watch(hot, "k") as events:
-                watching.set()
-                async for event in events:
-                    assert event.kv is not None
-                    seen.append(int(event.kv.value))
-
-        acked_hot: list[int] = []
-
-        async def hot_writer() -> None:
-            while not load.stopping:
-                await table.put(hot, "k", str(len(acked_hot)))
-                acked_hot.append(len(acked_hot))
-
-        watcher = asyncio.create_task(watch())
-        await watching.wait()
-        writers = [asyncio.create_task(load.writer(w)) for w in range(4)]
-        writers.append(asyncio.create_task(hot_writer()))
+        writers = await load.start(4)
         await load.until(200)
         first = await client.split_range("ns", "t", PARENT)
         await load.until(200)
@@ -81,7 +59,7 @@ async def test_splits_under_load_place_children_on_other_servers(
         await load.verify()
         # Whole-range scans, of every current range and of the retired one (from its
         # descendants, on whichever servers they are), see every key once.
-        written = {p.encode() for p in [*load.acked_puts, *load.acked_incr, hot]}
+        written = {p.encode() for p in [*load.acked_puts, *load.acked_incr, load.hot]}
         scanned = [
             kv.pkey
             for r in layout.ranges
@@ -93,16 +71,7 @@ async def test_splits_under_load_place_children_on_other_servers(
             kv.pkey async for page in scan_range(client, layout.table_id, PARENT) for kv in page
         ]
         assert sorted(retired) == sorted(p for p in written if routing_hash(p) < 0)
-        # The watch saw each acknowledged change of `hot` once, in order, across both splits.
-        last = acked_hot[-1]
-
-        async def drained() -> None:
-            while not seen or seen[-1] < last:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(drained(), 60)
-        watcher.cancel()
-        assert seen == list(range(last + 1))
+        await load.verify_watch()  # across both splits
 
 
 def wait_for_line(server: ServerProcess, line: str) -> None:
