@@ -250,9 +250,13 @@ class ContainerRegistry:
             self.forget_route(stream_id)
             route = await self._route(stream_id)
         range_props = route.ranges[route.router.route(pkey)]
-        if range_id > 0 and range_id != range_props.range_id and range_id in route.ranges:
-            # (A range that is no longer current was split: its keys are in its descendants,
-            # and a client still routing by it is served by the one holding the key.)
+        if (
+            range_id > 0
+            and range_id != range_props.range_id
+            and range_id not in route.lineage.get(range_props.range_id, ())
+        ):
+            # (A range a split retired is an ancestor of the one holding the key now: a client
+            # still routing by it is served there.)
             raise RouteNotFoundError(
                 f"range {range_id} of table {stream_id} does not hold this key "
                 f"(it belongs to range {range_props.range_id})"
