@@ -419,3 +419,37 @@ async def test_the_policy_leaves_a_refused_range_alone(tmp_path: Path) -> None:
     assert asked == [range_.name.range_id] and splitter.splits == 0
     assert range_.sealed is None
     await registry.stop()
+
+
+async def test_deleting_a_table_mid_split_or_in_the_grace_leaves_no_data(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A table deleted while a split's parent waits out its grace, and another split is held
+    just before its switch (children published), takes all of them with it."""
+    caplog.set_level("INFO")
+    release = tmp_path / "release"
+    release.touch()  # the first split passes the failpoint
+    log = MemoryLogBackend()
+    registry = make_registry(
+        tmp_path, log, "a", Failpoints({"split.before_switch": f"wait:{release}"})
+    )
+    registry.splitter.retire_after_s = 3600.0  # its parent waits
+    await registry.start()
+    stream = await new_table(registry)
+    await fill(registry, stream)
+    done = await registry.splitter.split(stream, PARENT + 1)
+    release.unlink()
+    held = asyncio.create_task(registry.splitter.split(stream, PARENT))
+    while caplog.text.count("failpoint split.before_switch: waiting") < 2:
+        await asyncio.sleep(0.01)
+    props = registry.root.get_stream("ns", "t")
+    await registry.root.delete_stream("ns", "t")
+    await registry.drop_tables([props])
+    release.touch()
+    under_way = await held
+    ranges = [done.plan.parent, *done.plan.children, under_way.plan.parent]
+    for r in [*ranges, *under_way.plan.children]:
+        name = RangeName(r.storage_container_id, stream, r.range_id).log_name
+        assert not list(log.read(name, 0)), name
+        assert not list((tmp_path / "checkpoints").glob(f"{name}/*/*")), name
+    await registry.stop()

@@ -296,10 +296,13 @@ class MetaCatalog:
         await self._kv.commit(deletes=[_retired_key(plan.stream_id, plan.parent.range_id)])
 
     async def forget_stream(self, stream_id: int) -> list[stream_pb2.RangeProperties]:
-        """Drop a deleted table's range metadata; return its ranges so their data can go."""
+        """Drop a deleted table's range metadata; return every range it has had data in so
+        their data can go: the current ones, and those of splits (a retired parent not deleted
+        yet, the children of a split under way)."""
         async with self._lock:
-            ranges = self._read(stream_id) or []
             prefix = _LONG.pack(stream_id)
+            rows = self._kv.scan(prefix + b"\x02", prefix + b"\x02" + b"\xff" * 8)
+            ranges = [stream_pb2.RangeMetadata.FromString(value).props for _, value in rows]
             await self._kv.commit(
                 delete_ranges=[(prefix + b"\x01", prefix + b"\x05" + b"\xff" * 8)]
             )

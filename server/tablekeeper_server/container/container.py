@@ -422,9 +422,9 @@ class StorageContainer:
         except Exception as exc:  # released all the same; its log keeps everything
             log.warning("range %s: closing idle range: %s", range_.name.log_name, exc)
 
-    async def drop_range(self, stream_id: int, range_id: int, *, checkpoints: bool = False) -> None:
-        """Close a deleted table's range and remove its log and store (and, with
-        `checkpoints`, its checkpoints: a range a split retired)."""
+    async def drop_range(self, stream_id: int, range_id: int) -> None:
+        """Close a range that is gone (its table was deleted, or a split retired it) and remove
+        its log, store and checkpoints."""
         self.env.range_limit.forget((self.id, stream_id, range_id))
         range_ = self._ranges.pop((stream_id, range_id), None)
         if range_ is not None:
@@ -434,7 +434,7 @@ class StorageContainer:
         name = RangeName(self.id, stream_id, range_id)
         await asyncio.to_thread(self.env.log_backend.delete, name.log_name)
         await asyncio.to_thread(shutil.rmtree, self._range_dir(name), True)
-        if checkpoints and self.env.checkpoint_store is not None:
+        if self.env.checkpoint_store is not None:
             checkpointer = RangeCheckpointer(
                 name.log_name,
                 self._range_dir(name),

@@ -268,7 +268,7 @@ class Splitter:
         registry = self._registry
         container = registry.container(container_id)
         if step == "drop":
-            await container.drop_range(stream_id, range_id, checkpoints=True)
+            await container.drop_range(stream_id, range_id)
             return 0
         props = await registry.stream_props(stream_id)
         range_ = await container.data_range(stream_id, range_id, props.stream_conf.ttl_seconds)
