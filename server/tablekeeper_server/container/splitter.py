@@ -60,12 +60,13 @@ RangeStep = Literal["checkpoint", "seal", "seal+checkpoint", "drop"]
 RANGE_STEPS: tuple[RangeStep, ...] = ("checkpoint", "seal", "seal+checkpoint", "drop")
 
 RESUME_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+"""Pauses between attempts to finish a split resumed at container start (then the last, until
+it succeeds or the container moves away)."""
 RETIRE_AFTER_S = 3 * REMOTE_ROUTE_TTL_S
+"""How long after the switch a split's parent is deleted (see `Splitter._finish`)."""
 SWITCH_WAIT_S = 5.0
 """How long a request for a range being split here waits for the switch before it is refused
 ("range moved", retryable)."""
-"""Pauses between attempts to finish a split resumed at container start (then the last, until
-it succeeds or the container moves away)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ class Splitter:
         return container.meta
 
     async def _complete(self, meta: MetaCatalog, plan: SplitPlan, *, fresh: bool) -> SplitOutcome:
-        """Steps 2-5 of a recorded split, once however many callers ask at the same time.
+        """Steps 2-6 of a recorded split, once however many callers ask at the same time.
         `fresh`: a split just begun (its parent serving), which copies before the seal."""
         key = (plan.stream_id, plan.parent.range_id)
         task = self._running.get(key)
