@@ -242,8 +242,10 @@ class ContainerRegistry:
         """The range that serves `pkey` of table `stream_id`, opened if needed.
 
         Requests are routed by their pkey. A request that also names a range (`range_id` > 0,
-        as proxies and Java clients send) must name that same range; otherwise it was routed
-        with stale information and gets `RouteNotFoundError` (clients retry after refreshing).
+        as proxies and Java clients send) must name that same range, or a range a split retired
+        that it descends from; otherwise it was routed with stale information and gets
+        `RouteNotFoundError` (clients retry after refreshing). A range being split answers
+        `RangeMovedError` (retryable) until the switch; after it, the child holding the key.
         """
         route = await self._route(stream_id)
         if range_id > max(route.ranges):  # the client knows of a split this route predates
