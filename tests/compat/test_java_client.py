@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,15 +276,14 @@ def test_java_client(
     assert after[entry] > 0, after
 
 
-@pytest.mark.standalone_only("restarts the standalone server the client is connected to")
-def test_java_client_goes_on_after_its_server_restarts(
-    server: Server, java_driver: list[str]
-) -> None:
-    """The routed client caches each container's owner and its channel; after the server
-    restarts (same address), the same client object writes and reads again."""
-    assert isinstance(server, ServerProcess)
+def run_paused_driver(
+    java_driver: list[str], args: list[str], meanwhile: Callable[[], None]
+) -> tuple[dict[str, tuple[Any, Any]], str]:
+    """Run the driver in a mode that pauses (restart, split): once it prints "paused", run
+    `meanwhile`, let it go on, and return its observations (check -> (value, error)) and its
+    stderr."""
     driver = subprocess.Popen(
-        [*java_driver, server.service, "routed", "java_restart", "restart"],
+        [*java_driver, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -294,8 +293,7 @@ def test_java_client_goes_on_after_its_server_restarts(
         assert driver.stdout is not None and driver.stdin is not None
         paused = driver.stdout.readline()  # EOF ("") if the driver failed before pausing
         assert '"check":"paused"' in paused, paused
-        server.stop()
-        server.start()
+        meanwhile()
         driver.stdin.write("go\n")
         driver.stdin.flush()
         out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
@@ -304,7 +302,24 @@ def test_java_client_goes_on_after_its_server_restarts(
             driver.kill()
             driver.communicate()
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    observed = {record["check"]: (record["value"], record["error"]) for record in records}
+    return {record["check"]: (record["value"], record["error"]) for record in records}, err
+
+
+@pytest.mark.standalone_only("restarts the standalone server the client is connected to")
+def test_java_client_goes_on_after_its_server_restarts(
+    server: Server, java_driver: list[str]
+) -> None:
+    """The routed client caches each container's owner and its channel; after the server
+    restarts (same address), the same client object writes and reads again."""
+    assert isinstance(server, ServerProcess)
+
+    def restart() -> None:
+        server.stop()
+        server.start()
+
+    observed, err = run_paused_driver(
+        java_driver, [server.service, "routed", "java_restart", "restart"], restart
+    )
     assert observed.get("restart.put") == (None, None), (observed, err[-4000:])
     assert observed.get("restart.get") == ("after", None), (observed, err[-4000:])
 
@@ -318,40 +333,20 @@ def test_java_client_goes_on_through_range_splits(
     every key back, increments every counter once more and reads it: the server routes its
     requests, which still name the retired ranges, to the children holding their keys."""
     namespace = f"java_split_{kind}"
-    driver = subprocess.Popen(
-        [*java_driver, server.service, kind, namespace, "split"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert driver.stdout is not None and driver.stdin is not None
-        paused = driver.stdout.readline()  # EOF ("") if the driver failed before pausing
-        assert '"check":"paused"' in paused, paused
+
+    def split_twice() -> None:
         for _ in range(2):
             split = subprocess.run(
-                [
-                    str(SERVER_COMMAND),
-                    "--service",
-                    server.service,
-                    "table",
-                    "split",
-                    f"{namespace}/kv",
-                ],
+                [str(SERVER_COMMAND), "--service", server.service, "table", "split"]
+                + [f"{namespace}/kv"],
                 capture_output=True,
                 text=True,
                 timeout=300,
             )
             assert split.returncode == 0, split.stderr
-        driver.stdin.write("go\n")
-        driver.stdin.flush()
-        out, err = driver.communicate(timeout=DRIVER_TIMEOUT_S)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.communicate()
-    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    observed = {record["check"]: (record["value"], record["error"]) for record in records}
+
+    observed, err = run_paused_driver(
+        java_driver, [server.service, kind, namespace, "split"], split_twice
+    )
     assert observed.get("split.get") == (200, None), (observed, err[-4000:])
     assert observed.get("split.counters") == (200, None), (observed, err[-4000:])
