@@ -51,7 +51,7 @@ from tablekeeper.errors import (
 from tablekeeper.security import TlsConfig
 from tablekeeper.session import AsyncSession, Session
 from tablekeeper.table import AsyncTable, AsyncTxn
-from tablekeeper.types import KeyValue, TableInfo, TxnResult, WatchEvent
+from tablekeeper.types import KeyValue, ReadInfo, TableInfo, TxnResult, WatchEvent
 from tablekeeper.watch import AsyncWatch, Watch
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "NotImplementedOnServerError",
     "OutcomeUnknownError",
     "PermissionDeniedError",
+    "ReadInfo",
     "ResourceLimitError",
     "RetryPolicy",
     "Session",

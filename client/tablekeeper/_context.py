@@ -67,6 +67,9 @@ class ClientContext:
             lambda endpoint: self.stub("watch", watch_pb2_grpc.WatchStub, endpoint)
         )
         """The watch streams shared by this client's watches (one per server and table)."""
+        self.read_positions: dict[int, dict[int, int]] = {}
+        """Table id -> range id -> the highest log position a follower read of this client
+        saw (sent with the next ones, so its reads never go backwards)."""
         self.watch_streams_unsupported = False
         """Set once a server answered that it has no shared watch streams (an older server):
         each watch then has a stream of its own."""

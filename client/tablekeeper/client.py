@@ -23,12 +23,13 @@ from tablekeeper.bulk import table_layout
 from tablekeeper.errors import TableKeeperError, UnavailableError, error_for_rpc_error
 from tablekeeper.security import TlsConfig, Token, token_interceptors
 from tablekeeper.session import Session
-from tablekeeper.table import AsyncTable, AsyncTxn
+from tablekeeper.table import AsyncTable, AsyncTxn, ReadFrom
 from tablekeeper.types import (
     CompareOp,
     Key,
     KeyValue,
     NamespaceInfo,
+    ReadInfo,
     TableInfo,
     TableLayout,
     TxnResult,
@@ -703,9 +704,38 @@ class Table:
         """A session on the range of `pkey` (`with table.session(...) as session:`)."""
         return Session(self._runner, self._table.session(pkey, ttl_s))
 
-    def get(self, pkey: Key, lkey: Key, *, timeout: float | None = None) -> KeyValue | None:
-        """The key's current value, or None if it does not exist (or expired)."""
-        return self._runner.run(self._table.get(pkey, lkey, timeout=timeout))
+    def get(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
+    ) -> KeyValue | None:
+        """The key's current value, or None if it does not exist (or expired). `read_from`,
+        `max_staleness_s`: see `AsyncTable.get` (follower reads)."""
+        return self._runner.run(
+            self._table.get(
+                pkey, lkey, read_from=read_from, max_staleness_s=max_staleness_s, timeout=timeout
+            )
+        )
+
+    def get_with_info(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        read_from: ReadFrom = "follower",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
+    ) -> tuple[KeyValue | None, ReadInfo]:
+        """`get` (a follower read by default) and who answered it how fresh."""
+        return self._runner.run(
+            self._table.get_with_info(
+                pkey, lkey, read_from=read_from, max_staleness_s=max_staleness_s, timeout=timeout
+            )
+        )
 
     def scan(
         self,
@@ -716,12 +746,22 @@ class Table:
         limit: int | None = None,
         page_size: int = 1000,
         keys_only: bool = False,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
         timeout: float | None = None,
     ) -> Iterator[KeyValue]:
         """Iterate the keys of `pkey` in [start, end] in key order; see `AsyncTable.scan`
         (`timeout` bounds each page's request)."""
         iterator = self._table.scan(
-            pkey, start, end, limit=limit, page_size=page_size, keys_only=keys_only, timeout=timeout
+            pkey,
+            start,
+            end,
+            limit=limit,
+            page_size=page_size,
+            keys_only=keys_only,
+            read_from=read_from,
+            max_staleness_s=max_staleness_s,
+            timeout=timeout,
         ).__aiter__()
 
         async def next_item() -> KeyValue | None:
@@ -734,10 +774,26 @@ class Table:
             yield item
 
     def count(
-        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+        self,
+        pkey: Key,
+        start: Key = b"",
+        end: Key | None = None,
+        *,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
     ) -> int:
         """How many keys of `pkey` lie in [start, end] (None = to the end)."""
-        return self._runner.run(self._table.count(pkey, start, end, timeout=timeout))
+        return self._runner.run(
+            self._table.count(
+                pkey,
+                start,
+                end,
+                read_from=read_from,
+                max_staleness_s=max_staleness_s,
+                timeout=timeout,
+            )
+        )
 
     def delete(
         self,

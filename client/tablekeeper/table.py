@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 from tablekeeper._context import ContextSource, context_of
+from tablekeeper._reads import check_read_from, follower_range
 from tablekeeper._transport import check_timeout, within
 from tablekeeper.bulk import send_batch
 from tablekeeper.errors import (
@@ -26,13 +27,14 @@ from tablekeeper.errors import (
     error_for_result,
 )
 from tablekeeper.session import AsyncSession
-from tablekeeper.types import CompareOp, Key, KeyValue, TableInfo, TxnResult
+from tablekeeper.types import CompareOp, Key, KeyValue, ReadInfo, TableInfo, TxnResult
 from tablekeeper.watch import AsyncWatch
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc
 from tablekeeper_proto.v1 import tablekeeper_pb2
 
 _COALESCED = {"Put": "put", "Increment": "increment", "Delete": "delete_range", "Range": "range"}
 _STREAM_ID = struct.Struct(">q")
+ReadFrom = Literal["leader", "follower"]
 
 
 def _bytes(value: Key) -> bytes:
@@ -341,18 +343,83 @@ class AsyncTable:
         `async with table.session(...) as session:`)."""
         return AsyncSession(self._context, self.info.table_id, _bytes(pkey), ttl_s)
 
-    async def get(self, pkey: Key, lkey: Key, *, timeout: float | None = None) -> KeyValue | None:
-        """The key's current value, or None if it does not exist (or expired)."""
+    async def _read(
+        self,
+        request: kv_rpc_pb2.RangeRequest,
+        pkey: bytes,
+        *,
+        timeout: float | None,
+        what: str,
+        read_from: ReadFrom,
+        max_staleness_s: float | None,
+    ) -> tuple[kv_rpc_pb2.RangeResponse, ReadInfo | None]:
+        """A Range call from the leader (the range's owner), or from a follower."""
+        if read_from == "leader" and max_staleness_s is None:
+            response = await self._call(
+                "Range", request, pkey, idempotent=True, timeout=timeout, what=what
+            )
+            return response, None
+        check_read_from(read_from, max_staleness_s)
+        check_timeout(timeout)
+        request.header.CopyFrom(self._header(pkey))
+        routing = (
+            ("bk-rt-sid-bin", _STREAM_ID.pack(self.info.table_id)),
+            ("bk-rt-key-bin", pkey),
+        )
+        return await within(
+            follower_range(self._context, self.info.table_id, request, routing, max_staleness_s),
+            timeout,
+            what=what,
+            write=False,
+        )
+
+    async def get(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
+    ) -> KeyValue | None:
+        """The key's current value, or None if it does not exist (or expired).
+
+        `read_from="follower"`: answered by the server this client was given (its service URI)
+        from its follower of the range, a read-only copy that tails the range's log, when
+        another server owns the range; it then includes every write acknowledged more than
+        `max_staleness_s` before the call (default 5 s; 0: linearizable, as from the leader).
+        A client's follower reads never go backwards. See `get_with_info` for the staleness.
+        """
+        kv, _ = await self.get_with_info(
+            pkey,
+            lkey,
+            read_from=read_from,
+            max_staleness_s=max_staleness_s,
+            timeout=timeout,
+        )
+        return kv
+
+    async def get_with_info(
+        self,
+        pkey: Key,
+        lkey: Key,
+        *,
+        read_from: ReadFrom = "follower",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
+    ) -> tuple[KeyValue | None, ReadInfo]:
+        """`get` (a follower read by default), and who answered it how fresh (`ReadInfo`)."""
         pk = _bytes(pkey)
-        response = await self._call(
-            "Range",
+        response, info = await self._read(
             kv_rpc_pb2.RangeRequest(key=_bytes(lkey)),
             pk,
-            idempotent=True,
             timeout=timeout,
             what="get",
+            read_from=read_from,
+            max_staleness_s=max_staleness_s,
         )
-        return KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
+        kv = KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
+        return kv, info or ReadInfo(replica="leader", range_id=0, applied=0, staleness_s=0.0)
 
     async def scan(
         self,
@@ -363,12 +430,15 @@ class AsyncTable:
         limit: int | None = None,
         page_size: int = 1000,
         keys_only: bool = False,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
         timeout: float | None = None,
     ) -> AsyncIterator[KeyValue]:
         """Iterate the keys of `pkey` with start <= lkey <= end (inclusive; None = to the end),
         in key order, fetching `page_size` keys per request. Each page is a consistent read;
         the iteration as a whole is not a snapshot. `limit`: stop after that many keys;
-        `keys_only`: values are left empty. `timeout` bounds each page's request."""
+        `keys_only`: values are left empty. `timeout` bounds each page's request.
+        `read_from`, `max_staleness_s`: as for `get`, per page."""
         check_timeout(timeout)
         pk = _bytes(pkey)
         span = _wire_span(start, end)
@@ -383,8 +453,13 @@ class AsyncTable:
             request = kv_rpc_pb2.RangeRequest(
                 key=next_key, range_end=range_end, limit=page, keys_only=keys_only
             )
-            response = await self._call(
-                "Range", request, pk, idempotent=True, timeout=timeout, what="scan"
+            response, _ = await self._read(
+                request,
+                pk,
+                timeout=timeout,
+                what="scan",
+                read_from=read_from,
+                max_staleness_s=max_staleness_s,
             )
             for kv in response.kvs:
                 yield KeyValue.from_proto(pk, kv)
@@ -394,16 +469,29 @@ class AsyncTable:
             next_key = response.kvs[-1].key + b"\x00"
 
     async def count(
-        self, pkey: Key, start: Key = b"", end: Key | None = None, *, timeout: float | None = None
+        self,
+        pkey: Key,
+        start: Key = b"",
+        end: Key | None = None,
+        *,
+        read_from: ReadFrom = "leader",
+        max_staleness_s: float | None = None,
+        timeout: float | None = None,
     ) -> int:
-        """How many keys of `pkey` lie in [start, end] (None = to the end)."""
+        """How many keys of `pkey` lie in [start, end] (None = to the end). `read_from`,
+        `max_staleness_s`: as for `get`."""
         check_timeout(timeout)
         span = _wire_span(start, end)
         if span is None:
             return 0
         request = kv_rpc_pb2.RangeRequest(key=span[0], range_end=span[1], count_only=True)
-        response = await self._call(
-            "Range", request, _bytes(pkey), idempotent=True, timeout=timeout, what="count"
+        response, _ = await self._read(
+            request,
+            _bytes(pkey),
+            timeout=timeout,
+            what="count",
+            read_from=read_from,
+            max_staleness_s=max_staleness_s,
         )
         return int(response.count)
 

@@ -15,6 +15,21 @@ CompareOp = Literal["==", "!=", ">", "<"]
 
 
 @dataclass(frozen=True, slots=True)
+class ReadInfo:
+    """Who answered a read with `read_from="follower"`, and how fresh the answer is."""
+
+    replica: str
+    """"follower", or "leader" (the server asked owns the range, or keeps no followers)."""
+    range_id: int
+    """The range that answered (0 when the server did not say)."""
+    applied: int
+    """The range's log position the answer reflects."""
+    staleness_s: float
+    """Every write acknowledged at least this long before the read is in the answer (0 from
+    the leader)."""
+
+
+@dataclass(frozen=True, slots=True)
 class KeyValue:
     """One key's value and metadata (version, create and mod revisions)."""
 

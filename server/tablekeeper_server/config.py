@@ -83,6 +83,7 @@ class ServerConfig:
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
+    max_followers: int = 64
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
     recently used idle ones are closed to open more. Root and meta ranges are not counted."""
     metrics_max_tables: int = 1000
@@ -180,6 +181,8 @@ class ServerConfig:
                 raise ValueError(f"etcd port {port} is also used by another port setting")
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
+        if self.max_followers < 0:
+            raise ValueError("--max-followers must be at least 0")
         if self.metrics_max_tables < 0:
             raise ValueError("--metrics-max-tables must be >= 0 (0 = no table labels)")
         if self.event_loop not in EVENT_LOOPS:
@@ -397,6 +400,13 @@ PROCESS_SETTINGS = (
         "max_open_ranges",
         "table ranges open at once (~8 file descriptors each); the least recently used idle "
         "ones are closed to open more, and reopen on their next request",
+    ),
+    _s(
+        "max-followers",
+        INT,
+        "max_followers",
+        "cluster mode: followers (read-only copies of ranges other servers own, for reads "
+        "with read_from='follower') kept open at once; 0 = answer those reads from the owner",
     ),
     _s(
         "rocksdb-memory",

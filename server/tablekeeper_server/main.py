@@ -32,6 +32,7 @@ from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import ServerConfig, worker_command
 from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv, OpenRangeLimit
+from tablekeeper_server.container.followers import Followers
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.container.split_policy import SplitPolicy, SplitThresholds
 from tablekeeper_server.core.clock import Clock, SystemClock
@@ -213,10 +214,23 @@ async def serve(config: ServerConfig) -> None:
         lambda: {r.name.stream_id for r in registry.all_ranges()},
     )
     rocks_memory = RocksMemory(config.rocksdb_memory_bytes)  # shared by every range's store
+    store_factory = functools.partial(RocksKvStore, memory=rocks_memory)
+    followers = None
+    if coordinator is not None and config.max_followers > 0:
+        # Read replicas: a log other servers can read while its owner writes, and shared
+        # checkpoints (a follower of a range on the local log could not see its writes).
+        followers = Followers(
+            config.data_dir / "followers",
+            log_backend=log_backend,
+            store_factory=store_factory,
+            checkpoint_store=checkpoint_store,
+            clock=clock,
+            max_open=config.max_followers,
+        )
     env = ContainerEnv(
         num_containers=num_containers,
         log_backend=log_backend,
-        store_factory=functools.partial(RocksKvStore, memory=rocks_memory),
+        store_factory=store_factory,
         db_dir=config.db_dir,
         clock=clock,
         limits=config.limits,
@@ -227,6 +241,7 @@ async def serve(config: ServerConfig) -> None:
         open_hosted_ranges_on_start=coordinator is not None,
         range_limit=OpenRangeLimit(config.max_open_ranges, clock),
         on_table_range_opened=table_names.opened,
+        followers=followers,
     )
     # Standalone: every container, here. Cluster: the ones the assignment gives us, later.
     # A worker: its share.
@@ -363,6 +378,8 @@ async def serve(config: ServerConfig) -> None:
                 keyfile=str(config.security.tls_key) if metrics_tls else None,
             )
         await failpoints.hit_async("server.before_recovery")
+        if followers is not None:
+            followers.start()
         if member is not None:
             await member.start()
         else:
@@ -444,6 +461,8 @@ async def serve(config: ServerConfig) -> None:
         await oxia.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
     table_names.close()
+    if followers is not None:
+        await followers.stop()
     await registry.stop()
     await asyncio.to_thread(close_log)
     await asyncio.to_thread(close_checkpoint_store)

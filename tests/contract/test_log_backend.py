@@ -491,3 +491,64 @@ def test_overlapping_appends_are_refused(harness: Harness) -> None:
         await writer.close()
 
     run(scenario())
+
+
+def test_follower_reads_on_as_the_writer_appends(harness: Harness) -> None:
+    # The follower is another backend over the same logs (another server, for Pulsar).
+    reader = harness.make()
+
+    async def scenario() -> None:
+        writer = harness.backend.open_writer(LOG)
+        await writer.append([payload(s) for s in range(1, 11)])
+        follower = reader.follow(LOG, 4)
+        try:
+            polled = follower.poll(100)
+            assert polled.records == [LogRecord(s, payload(s)) for s in range(4, 11)]
+            assert polled.at_end
+            assert follower.poll(100).records == []
+            await writer.append([payload(s) for s in range(11, 14)])
+            polled = follower.poll(2)  # bounded: more is there
+            assert sequences(iter(polled.records)) == [11, 12]
+            assert not polled.at_end
+            polled = follower.poll(100)
+            assert sequences(iter(polled.records)) == [13]
+            assert polled.at_end
+        finally:
+            follower.close()
+            await writer.close()
+
+    run(scenario())
+
+
+def test_follower_of_a_log_that_does_not_exist_yet(harness: Harness) -> None:
+    follower = harness.make().follow(LOG, 1)
+    try:
+        polled = follower.poll(100)
+        assert polled.records == [] and polled.at_end
+        run(fill(harness.backend, 3))
+        assert sequences(iter(follower.poll(100).records)) == [1, 2, 3]
+    finally:
+        follower.close()
+
+
+def test_follower_goes_on_across_a_takeover(harness: Harness) -> None:
+    reader = harness.make()
+
+    async def scenario() -> None:
+        first = harness.backend.open_writer(LOG)
+        await first.append([payload(s) for s in range(1, 6)])
+        follower = reader.follow(LOG, 1)
+        try:
+            assert sequences(iter(follower.poll(100).records)) == [1, 2, 3, 4, 5]
+            second = harness.restart().open_writer(LOG)  # the next owner fences the first
+            with pytest.raises(LogFencedError):
+                await first.append([b"stray"])
+            await second.append([payload(s) for s in range(6, 9)])
+            polled = follower.poll(100)
+            assert polled.records == [LogRecord(s, payload(s)) for s in range(6, 9)]
+            assert polled.at_end
+            await second.close()
+        finally:
+            follower.close()
+
+    run(scenario())

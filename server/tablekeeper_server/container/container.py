@@ -26,6 +26,7 @@ from tablekeeper_server.catalog.meta import (
 )
 from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.checkpoint.api import CheckpointStore
+from tablekeeper_server.container.followers import Followers
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
@@ -173,6 +174,8 @@ class ContainerEnv:
     metrics learn the table's name from it. It must not block."""
     container_count: ContainerCount = field(default_factory=lambda: ContainerCount(0))
     """The current number of containers (starts at `num_containers`)."""
+    followers: Followers | None = None
+    """The followers this server keeps of ranges other servers own (shared logs only)."""
 
     def __post_init__(self) -> None:
         if not self.container_count.value:
@@ -229,7 +232,10 @@ class StorageContainer:
     def _range_dir(self, name: RangeName) -> Path:
         return self.local_dir / f"{name.stream_id}-{name.range_id}"
 
-    def _new_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
+    def _new_range(
+        self, stream_id: int, range_id: int, ttl_seconds: int, *, adopted: bool = False
+    ) -> Range:
+        """`adopted`: its store was a follower's (see `Followers.hand_over`)."""
         env = self.env
         name = RangeName(self.id, stream_id, range_id)
         path = self._range_dir(name)
@@ -245,6 +251,7 @@ class StorageContainer:
                 keep=env.checkpoints_kept,
                 failpoints=env.failpoints,
             )
+            checkpointer.files_unknown = adopted
         range_ = Range(
             name,
             env.log_backend,
@@ -316,7 +323,12 @@ class StorageContainer:
         return range_
 
     async def _open_range(self, stream_id: int, range_id: int, ttl_seconds: int) -> Range:
-        range_ = self._new_range(stream_id, range_id, ttl_seconds)
+        adopted = False
+        followers = self.env.followers
+        if followers is not None:
+            name = RangeName(self.id, stream_id, range_id)
+            adopted = await followers.hand_over(name.log_name, self._range_dir(name))
+        range_ = self._new_range(stream_id, range_id, ttl_seconds, adopted=adopted)
         await range_.open()
         self._ranges[(stream_id, range_id)] = range_
         return range_

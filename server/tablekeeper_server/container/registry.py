@@ -34,7 +34,8 @@ from tablekeeper_server.errors import (
     RouteNotFoundError,
     UnavailableError,
 )
-from tablekeeper_server.range.replica import Range
+from tablekeeper_server.range.follower import Follower
+from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.watch import HistoryBudget
 
 log = logging.getLogger(__name__)
@@ -238,15 +239,11 @@ class ContainerRegistry:
         self._routes[stream_id] = route
         return route
 
-    async def table_range(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Range:
-        """The range that serves `pkey` of table `stream_id`, opened if needed.
-
-        Requests are routed by their pkey. A request that also names a range (`range_id` > 0,
-        as proxies and Java clients send) must name that same range, or a range a split retired
-        that it descends from; otherwise it was routed with stale information and gets
-        `RouteNotFoundError` (clients retry after refreshing). A range being split answers
-        `RangeMovedError` (retryable) until the switch; after it, the child holding the key.
-        """
+    async def _holder(
+        self, stream_id: int, pkey: bytes, range_id: int
+    ) -> tuple[_TableRoute, stream_pb2.RangeProperties]:
+        """The table's route and the range in it that holds `pkey`; a request naming a range
+        (`range_id` > 0) must name that one or a retired ancestor of it (see `table_range`)."""
         route = await self._route(stream_id)
         if range_id > max(route.ranges):  # the client knows of a split this route predates
             self.forget_route(stream_id)
@@ -263,6 +260,18 @@ class ContainerRegistry:
                 f"range {range_id} of table {stream_id} does not hold this key "
                 f"(it belongs to range {range_props.range_id})"
             )
+        return route, range_props
+
+    async def table_range(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Range:
+        """The range that serves `pkey` of table `stream_id`, opened if needed.
+
+        Requests are routed by their pkey. A request that also names a range (`range_id` > 0,
+        as proxies and Java clients send) must name that same range, or a range a split retired
+        that it descends from; otherwise it was routed with stale information and gets
+        `RouteNotFoundError` (clients retry after refreshing). A range being split answers
+        `RangeMovedError` (retryable) until the switch; after it, the child holding the key.
+        """
+        route, range_props = await self._holder(stream_id, pkey, range_id)
         container = self.container(range_props.storage_container_id)
         range_ = await container.data_range(
             stream_id, range_props.range_id, route.props.stream_conf.ttl_seconds
@@ -285,6 +294,17 @@ class ContainerRegistry:
         return await container.data_range(
             stream_id, moved_to.range_id, route.props.stream_conf.ttl_seconds
         )
+
+    async def follower_of(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Follower:
+        """This server's follower of the range holding `pkey` of table `stream_id` (a range
+        another server owns), opened and caught up if it was not. `range_id`: as for
+        `table_range`. Raises `UnavailableError` when this server keeps no followers."""
+        followers = self.env.followers
+        if followers is None:
+            raise UnavailableError("this server keeps no followers (it needs a shared log)")
+        route, range_props = await self._holder(stream_id, pkey, range_id)
+        name = RangeName(range_props.storage_container_id, stream_id, range_props.range_id)
+        return await followers.get(name, route.props.stream_conf.ttl_seconds)
 
     async def table_lineage(self, stream_id: int) -> dict[int, tuple[int, ...]]:
         """`MetaCatalog.lineage` of a table whose meta range is hosted here

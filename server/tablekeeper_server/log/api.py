@@ -27,6 +27,31 @@ class LogRecord:
     """The bytes given to `LogWriter.append`, unchanged."""
 
 
+@dataclass(frozen=True, slots=True)
+class FollowedRecords:
+    """What one `LogFollower.poll` read."""
+
+    records: list[LogRecord]
+    """The next records, in order, continuing the previous poll's."""
+    at_end: bool
+    """The log held nothing after these records when the poll last checked, a check made after
+    the poll began: every record durable before the poll began is in `records` or earlier."""
+
+
+class LogFollower(Protocol):
+    """Reads a log as its writer (in this process or another) appends to it: a follower's tail.
+    One thread at a time; every method blocks."""
+
+    def poll(self, max_records: int) -> FollowedRecords:
+        """The next records (at most `max_records`), without waiting for new ones. After a gap
+        (records truncated before they were read) the first record is past the one due: the
+        caller notices from its sequence. Raises `UnavailableError` when the backend cannot be
+        read now (the log deleted, the backend unreachable): poll again later, or give up."""
+        ...
+
+    def close(self) -> None: ...
+
+
 class LogWriter(Protocol):
     """The single writer of one log. Owned by one range; only that range's writer task calls it."""
 
@@ -78,6 +103,12 @@ class LogBackend(Protocol):
         Records before the log's truncation point are gone; the iterator starts at the first one
         still held. Raises `CorruptionError` on a damaged record that is not the torn tail.
         Blocking: call it from a worker thread.
+        """
+        ...
+
+    def follow(self, log_name: str, from_sequence: int) -> LogFollower:
+        """A reader of `log_name` from `from_sequence` on that goes on reading what is appended
+        later (by a writer here or in another process). Blocking: call it from a worker thread.
         """
         ...
 

@@ -59,7 +59,7 @@ from tablekeeper_server.errors import (
     StorageUnavailableError,
     UnavailableError,
 )
-from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.log.api import LogBackend, LogFollower, LogRecord, LogWriter
 from tablekeeper_server.log.codec import (
     SEGMENT_FLAG_GAP,
     SEGMENT_HEADER_SIZE,
@@ -69,6 +69,7 @@ from tablekeeper_server.log.codec import (
     encode_segment_header,
     is_torn_segment_header,
 )
+from tablekeeper_server.log.follow import RereadingFollower
 
 _log = logging.getLogger(__name__)
 
@@ -756,6 +757,10 @@ class LocalLogBackend:
                         return
         except OSError as exc:
             raise _storage_error(f"log {log_name!r}: read failed", exc) from exc
+
+    def follow(self, log_name: str, from_sequence: int) -> LogFollower:
+        """See `LogBackend.follow`: each poll reads again from the next record due."""
+        return RereadingFollower(self, log_name, from_sequence)
 
     def truncate(self, log_name: str, before_sequence: int) -> None:
         """Delete every segment whose records are all < `before_sequence`; never the last one.

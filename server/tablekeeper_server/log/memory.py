@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tablekeeper_server.errors import LogFencedError, UnavailableError
-from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.log.api import LogBackend, LogFollower, LogRecord, LogWriter
+from tablekeeper_server.log.follow import RereadingFollower
 
 
 @dataclass(slots=True)
@@ -135,6 +136,10 @@ class MemoryLogBackend:
             start = bisect.bisect_left(log.records, from_sequence, key=_sequence_of)
             snapshot = log.records[start:]
         yield from snapshot
+
+    def follow(self, log_name: str, from_sequence: int) -> LogFollower:
+        """See `LogBackend.follow`: each poll reads again from the next record due."""
+        return RereadingFollower(self, log_name, from_sequence)
 
     def truncate(self, log_name: str, before_sequence: int) -> None:
         """Drop the records below `before_sequence`, keeping at least the last record."""

@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pulsar
 
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
-from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.log.api import FollowedRecords, LogBackend, LogRecord, LogWriter
 from tablekeeper_server.pulsar_common.admin import PulsarAdmin
 from tablekeeper_server.pulsar_common.client import SharedClient
 from tablekeeper_server.pulsar_common.positions import Position, entry_message_id, message_position
@@ -535,6 +535,53 @@ class _Scan:
             self._reader.close()
 
 
+class PulsarLogFollower:
+    """`LogBackend.follow` on Pulsar: one reader kept open on the topic, fed through the same
+    replay rules as recovery (so a fenced writer's stray records and torn fragments are
+    skipped exactly as the log's next owner skips them). Asking whether more is available
+    costs a round trip to the broker only when the reader has nothing buffered."""
+
+    def __init__(self, backend: PulsarLogBackend, log_name: str, from_sequence: int) -> None:
+        self._backend = backend
+        self._log_name = log_name
+        self._next = max(1, from_sequence)
+        self._scan: _Scan | None = None
+
+    def _open(self) -> _Scan | None:
+        cursor = self._backend._cursor(self._log_name)
+        if cursor is None:
+            return None  # no such topic (yet, or deleted): nothing to read
+        hint = self._backend._state(self._log_name).best_start(self._next)
+        return self._backend._new_scan(self._log_name, cursor, hint)
+
+    def poll(self, max_records: int) -> FollowedRecords:
+        if self._scan is None:
+            self._scan = self._open()
+            if self._scan is None:
+                return FollowedRecords([], at_end=True)
+        out: list[LogRecord] = []
+        scan = self._scan
+        try:
+            while len(out) < max_records:
+                if not scan.has_more():
+                    return FollowedRecords(out, at_end=True)
+                got = scan.next()
+                if got is not None and got[0].sequence >= self._next:
+                    out.append(got[0])
+                    self._next = got[0].sequence + 1
+        except UnavailableError:
+            self.close()  # the next poll opens a new reader from the next record due
+            if out:
+                return FollowedRecords(out, at_end=False)
+            raise
+        return FollowedRecords(out, at_end=False)
+
+    def close(self) -> None:
+        if self._scan is not None:
+            self._scan.close()
+            self._scan = None
+
+
 def _entry(position: Position) -> tuple[int, int]:
     return position[0], position[1]
 
@@ -785,6 +832,11 @@ class PulsarLogBackend:
                     yield record
         finally:
             scan.close()
+
+    def follow(self, log_name: str, from_sequence: int) -> PulsarLogFollower:
+        """See `LogBackend.follow`: a reader kept open on the log's topic."""
+        _check_log_name(log_name)
+        return PulsarLogFollower(self, log_name, from_sequence)
 
     def truncate(self, log_name: str, before_sequence: int) -> None:
         """Move the truncation cursor to the start of the last known record at or below

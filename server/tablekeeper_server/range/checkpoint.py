@@ -107,6 +107,10 @@ class RangeCheckpointer:
         self._keep = keep
         self._failpoints = failpoints
         self.stats = CheckpointStats()
+        self.files_unknown = False
+        """The local store's files are not known to be those the newest manifest names under
+        the same names (it was a follower's: RocksDB numbered its files on its own), so the
+        next checkpoint hashes every file instead of trusting name and size."""
 
     # ------------------------------------------------------------------ create
 
@@ -123,7 +127,9 @@ class RangeCheckpointer:
             store.create_checkpoint(scratch)
             applied = self._applied_sequence_of(scratch)
             previous = self._newest_valid_manifest()
-            known = {(f.name, f.size): f.sha256 for f in previous.files} if previous else {}
+            known = {}
+            if previous is not None and not self.files_unknown:
+                known = {(f.name, f.size): f.sha256 for f in previous.files}
             entries = []
             uploaded_bytes = uploaded = reused = 0
             for path in sorted(scratch.iterdir()):
@@ -153,6 +159,7 @@ class RangeCheckpointer:
                 self._log.truncate(self.range_name, oldest_kept + 1)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        self.files_unknown = False
         duration = time.monotonic() - started
         stats = self.stats
         stats.applied_sequence = applied

@@ -38,6 +38,7 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import scan, validation
+from tablekeeper_server.rpc import follower_reads
 from tablekeeper_server.rpc.proxy import (
     META_SERVICE,
     ROOT_SERVICE,
@@ -386,14 +387,43 @@ class TableOps:
         self, stream_id: int, req: kv_rpc_pb2.RangeRequest, context: Context = None
     ) -> kv_rpc_pb2.RangeResponse:
         validation.check_range(req, self.limits)
+        wish = follower_reads.requested(context)
 
         async def local() -> kv_rpc_pb2.RangeResponse:
-            range_ = await self.registry.table_range(
-                stream_id, req.header.r_key, req.header.range_id
-            )
-            return range_.read(req)
+            try:
+                range_ = await self.registry.table_range(
+                    stream_id, req.header.r_key, req.header.range_id
+                )
+            except NotServedHereError:
+                if wish is None or self.registry.env.followers is None or was_forwarded(context):
+                    raise
+                return await self._follower_read(stream_id, req, wish, context)
+            response = range_.read(req)
+            if wish is not None:
+                follower_reads.report(
+                    context, "leader", range_.name.range_id, range_.applied_sequence, 0.0
+                )
+            return response
 
         return await self._routed("Range", req, context, local, kv_rpc_pb2.RangeResponse)
+
+    async def _follower_read(
+        self,
+        stream_id: int,
+        req: kv_rpc_pb2.RangeRequest,
+        wish: follower_reads.FollowerRead,
+        context: Context,
+    ) -> kv_rpc_pb2.RangeResponse:
+        """Serve a read from this server's follower of the range (another server owns it)."""
+        follower = await self.registry.follower_of(stream_id, req.header.r_key, req.header.range_id)
+        range_id = follower.name.range_id
+        got = await follower.read(
+            req,
+            max_staleness_s=wish.max_staleness_s,
+            min_applied=wish.min_applied.get(range_id, 0),
+        )
+        follower_reads.report(context, "follower", range_id, got.applied, got.staleness_s)
+        return got.response
 
     async def scan_range(
         self, req: tablekeeper_pb2.ScanRangeRequest, context: Context = None
