@@ -22,7 +22,11 @@ container the victim owned (and on all of them), and from the servers' logs: ass
 rewritten, container serving ("container N serving (epoch E) after X s"), range restored from
 the checkpoint and its tail replayed. The victim is restarted and the cluster rebalanced between
 rounds (`--rounds`, median quoted). Anchor: the ZooKeeper session timeout, the floor of failure
-detection; the ratio failover / session timeout is printed.
+detection; the ratio failover / session timeout is printed. `--followers on` (or `both`: each
+kill once without, once with): before the kill every server reads a key of each container it
+does not own with `read_from="follower"`, so it keeps a follower of that range; the new owner
+then opens the range on its follower's store instead of restoring the checkpoint ("taking over
+its follower's store" in its log).
 
 Part 2, throughput. The same fixed mixed load (`--mix`, default get 50 % / put 30 % / increment
 20 %, 100-byte values) from `--client-procs` client processes with `--concurrency` asyncio
@@ -389,6 +393,9 @@ SERVING_RE = re.compile(r"container (\d+) serving \(epoch (\d+)\) after ([\d.]+)
 RESTORED_RE = re.compile(
     r"range (\d{5})-(\d{12})-(\d{12}): restored checkpoint at (\d+) \((\d+) files\) in ([\d.]+)s"
 )
+HANDED_OVER_RE = re.compile(
+    r"range (\d{5})-(\d{12})-(\d{12}): taking over its follower's store \(at (\d+)\)"
+)
 REPLAYED_RE = re.compile(
     r"range (\d{5})-(\d{12})-(\d{12}): replayed (\d+) commands up to (\d+) in ([\d.]+)s"
 )
@@ -411,6 +418,8 @@ class FailoverRound:
     victim_kind: str
     victim: str
     controller_before: str | None
+    followers: bool
+    """Every server kept a follower of each range it did not own before the kill."""
     moved: list[int]
     chosen: int
     new_owner: str | None = None
@@ -434,6 +443,8 @@ class FailoverRound:
     replay_commands: int | None = None
     replay_s: float | None = None
     replay_logged_s: float | None = None
+    follower_store: bool = False
+    """The new owner opened the chosen container's range on its follower's store."""
     checkpoint_s: dict[str, float] = field(default_factory=dict)
     checkpoint_errors: list[str] = field(default_factory=list)
     tail_s: float | None = None
@@ -489,6 +500,26 @@ class Writers:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+async def open_followers(
+    servers: Sequence[ServerProcess],
+    owners: dict[str, frozenset[int]],
+    per_container: dict[int, list[bytes]],
+    kwargs: dict[str, Any],
+) -> None:
+    """Make every server follow the range of each container it does not own: one linearizable
+    follower read there (the table has one range per container)."""
+    for server in servers:
+        mine = owners.get(server.target, frozenset())
+        async with AsyncClient(server.service, **kwargs) as client:
+            table = await client.table(NAMESPACE, TABLE)
+            for container, keys in per_container.items():
+                if container in mine:
+                    continue
+                _, info = await table.get_with_info(keys[0], LOAD_LKEY, max_staleness_s=0)
+                if info.replica != "follower":
+                    eprint(f"  warning: {server.target} read container {container} as {info}")
+
+
 async def failover_part(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
     cluster = infra.new_cluster(f"fo{os.getpid()}", args)
     try:
@@ -532,20 +563,23 @@ async def _failover_rounds(args: argparse.Namespace, cluster: TestCluster) -> di
     value = random.Random(7).randbytes(args.value_size)
     writer_pkeys = {c: ks[: args.writer_keys] for c, ks in per_container.items()}
     rounds: list[FailoverRound] = []
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.followers]
     for rnd in range(args.rounds):
         for kind in args.victims:
-            r = await _one_failover(
-                args,
-                cluster,
-                rnd + 1,
-                kind,
-                per_container,
-                writer_pkeys,
-                value,
-                layout.table_id,
-            )
-            rounds.append(r)
-            print_failover_round(r, args.zk_session_timeout)
+            for followers in modes:
+                r = await _one_failover(
+                    args,
+                    cluster,
+                    rnd + 1,
+                    kind,
+                    per_container,
+                    writer_pkeys,
+                    value,
+                    layout.table_id,
+                    followers=followers,
+                )
+                rounds.append(r)
+                print_failover_round(r, args.zk_session_timeout)
     return {
         "cluster": cluster.name,
         "table_id": layout.table_id,
@@ -566,6 +600,8 @@ async def _one_failover(
     writer_pkeys: dict[int, list[bytes]],
     value: bytes,
     table_id: int,
+    *,
+    followers: bool,
 ) -> FailoverRound:
     servers = cluster.servers
     endpoints = [s.target for s in servers]
@@ -590,6 +626,8 @@ async def _one_failover(
                 inflight=args.load_inflight,
                 what="tail",
             )
+    if followers:
+        await open_followers(servers, owners, per_container, kwargs)
     controller = await asyncio.to_thread(cluster.controller)
     victim_index = next(
         i for i, s in enumerate(servers) if (s.target == controller) == (kind == "controller")
@@ -601,6 +639,7 @@ async def _one_failover(
         victim_kind=kind,
         victim=victim.target,
         controller_before=controller,
+        followers=followers,
         moved=moved,
         chosen=moved[0],
         checkpoint_s=checkpoint_s,
@@ -609,7 +648,8 @@ async def _one_failover(
     )
     eprint(
         f"round {rnd} ({kind}): checkpoints {', '.join(f'{v:.1f}s' for v in checkpoint_s.values())}"
-        f"; tail {len(tail)} puts in {tail_s:.1f}s; killing server {victim_index} {victim.target} "
+        f"; tail {len(tail)} puts in {tail_s:.1f}s; followers {'on' if followers else 'off'}; "
+        f"killing server {victim_index} {victim.target} "
         f"(containers {moved}; controller {controller})"
     )
 
@@ -695,6 +735,9 @@ def _failover_breakdown(
             m = RESTORED_RE.search(line)
             if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
                 r.restore_s, r.restore_logged_s = float(m.group(6)), rel
+            m = HANDED_OVER_RE.search(line)
+            if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
+                r.follower_store = True
             m = REPLAYED_RE.search(line)
             if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
                 r.replay_commands, r.replay_s = int(m.group(4)), float(m.group(6))
@@ -710,17 +753,23 @@ def print_failover_round(r: FailoverRound, session_timeout_s: float) -> None:
         f"the session timeout), all of {r.moved} after {fmt(r.all_moved_s, 3)}s; "
         f"assignment {fmt(r.assignment_s, 3)}s, serving {fmt(r.serving_s, 3)}s "
         f"(claim+open {fmt(r.claim_open_s, 3)}s), restore {fmt(r.restore_s, 3)}s, replay "
-        f"{r.replay_commands} cmds {fmt(r.replay_s, 3)}s; {r.failed_writes} failed puts; "
+        f"{r.replay_commands} cmds {fmt(r.replay_s, 3)}s"
+        f"{'; opened on its follower' + chr(39) + 's store' if r.follower_store else ''}; "
+        f"{r.failed_writes} failed puts; "
         f"rejoin+rebalance {fmt(r.rejoin_ready_s, 1)}s"
     )
     if r.first_errors:
         eprint("  errors seen by the writers: " + " | ".join(r.first_errors))
 
 
+def _round_kind(r: FailoverRound) -> str:
+    return r.victim_kind + ("+followers" if r.followers else "")
+
+
 def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for kind in sorted({r.victim_kind for r in rounds}):
-        rs = [r for r in rounds if r.victim_kind == kind]
+    for kind in sorted({_round_kind(r) for r in rounds}):
+        rs = [r for r in rounds if _round_kind(r) == kind]
         first = median_or_none([r.first_write_s for r in rs])
         out[kind] = {
             "rounds": len(rs),
@@ -735,6 +784,7 @@ def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) 
             "range_open_s_median": median_or_none([r.range_open_s for r in rs]),
             "restore_s_median": median_or_none([r.restore_s for r in rs]),
             "replay_s_median": median_or_none([r.replay_s for r in rs]),
+            "follower_store_rounds": sum(r.follower_store for r in rs),
             "replay_commands_median": median_or_none(
                 [float(r.replay_commands) if r.replay_commands is not None else None for r in rs]
             ),
@@ -742,9 +792,13 @@ def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) 
     return out
 
 
+def _kind_of(r: dict[str, Any]) -> str:
+    return str(r["victim_kind"]) + ("+followers" if r.get("followers") else "")
+
+
 def render_failover(result: dict[str, Any], session_timeout_s: float) -> str:
     header = (
-        f"{'round':>5} {'victim':<10} {'moved':<8} {'first write s':>13} {'all moved s':>11} "
+        f"{'round':>5} {'victim':<18} {'moved':<8} {'first write s':>13} {'all moved s':>11} "
         f"{'ctl elected':>11} {'assignment':>10} {'serving':>8} {'claim+open':>10} "
         f"{'range open':>10} {'restore':>8} {'replay':>14} {'failed':>6} {'/ ZK timeout':>12}"
     )
@@ -756,7 +810,7 @@ def render_failover(result: dict[str, Any], session_timeout_s: float) -> str:
             else "-"
         )
         rows.append(
-            f"{r['round']:>5} {r['victim_kind']:<10} {','.join(map(str, r['moved'])):<8} "
+            f"{r['round']:>5} {_kind_of(r):<18} {','.join(map(str, r['moved'])):<8} "
             f"{fmt(r['first_write_s'], 3):>13} {fmt(r['all_moved_s'], 3):>11} "
             f"{fmt(r['controller_elected_s'], 3):>11} {fmt(r['assignment_s'], 3):>10} "
             f"{fmt(r['serving_s'], 3):>8} {fmt(r['claim_open_s'], 3):>10} "
@@ -766,7 +820,7 @@ def render_failover(result: dict[str, Any], session_timeout_s: float) -> str:
         )
     for kind, s in result["summary"].items():
         rows.append(
-            f"{'med':>5} {kind:<10} {'':<8} {fmt(s['first_write_s_median'], 3):>13} "
+            f"{'med':>5} {kind:<18} {'':<8} {fmt(s['first_write_s_median'], 3):>13} "
             f"{fmt(s['all_moved_s_median'], 3):>11} {fmt(s['controller_elected_s_median'], 3):>11} "
             f"{fmt(s['assignment_s_median'], 3):>10} {fmt(s['serving_s_median'], 3):>8} "
             f"{fmt(s['claim_open_s_median'], 3):>10} {fmt(s['range_open_s_median'], 3):>10} "
@@ -1254,6 +1308,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=["member", "controller"],
         help="comma list of member (a server that is not the controller), controller "
         "(default both, alternating)",
+    )
+    f.add_argument(
+        "--followers",
+        choices=("off", "on", "both"),
+        default="off",
+        help="keep followers of every range on the servers not owning it before each kill: "
+        "off, on, or both (each kill once without, once with; default off)",
     )
     f.add_argument(
         "--writers-per-container",

@@ -429,6 +429,20 @@ def _add_key_commands(commands: _Commands) -> None:
 
     get = key_command("get", "print a value (exit 1 if missing)")
     get.add_argument("--json", action="store_true", help="same as -o json")
+    get.add_argument(
+        "--read-from",
+        choices=("leader", "follower"),
+        default="leader",
+        help="follower: answered by the server asked, from its copy of the range (cluster "
+        "mode; see --max-staleness); says on stderr who answered and how stale (default leader)",
+    )
+    get.add_argument(
+        "--max-staleness",
+        type=_non_negative_float,
+        metavar="SECONDS",
+        help="with --read-from follower: include every write acknowledged SECONDS before "
+        "(default 5; 0 = linearizable)",
+    )
 
     incr = key_command("incr", "add to a number key (created if missing); prints the total")
     incr.add_argument("amount", type=int, nargs="?", default=1, help="what to add (default 1)")
@@ -679,9 +693,22 @@ def _put(ctx: CommandContext) -> int:
 def _get(ctx: CommandContext) -> int:
     out = Printer("json", ctx.args.hex) if ctx.args.json else ctx.out
     pkey, lkey = ctx.pkey_lkey()
-    found = ctx.table().get(pkey, lkey)
+    args = ctx.args
+    if args.max_staleness is not None and args.read_from != "follower":
+        raise ValueError("--max-staleness goes with --read-from follower")
+    if args.read_from == "follower":
+        found, info = ctx.table().get_with_info(
+            pkey, lkey, read_from="follower", max_staleness_s=args.max_staleness
+        )
+        print(
+            f"read from the {info.replica} (range {info.range_id} at {info.applied}, "
+            f"at most {info.staleness_s:.3f}s stale)",
+            file=sys.stderr,
+        )
+    else:
+        found = ctx.table().get(pkey, lkey)
     if found is None:
-        print(f"key {ctx.args.key!r} not found", file=sys.stderr)
+        print(f"key {args.key!r} not found", file=sys.stderr)
         return EXIT_NOT_FOUND
     out.doc(out.kv_doc(found), str(out.value_of(found)))
     return EXIT_OK

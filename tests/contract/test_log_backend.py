@@ -552,3 +552,29 @@ def test_follower_goes_on_across_a_takeover(harness: Harness) -> None:
             follower.close()
 
     run(scenario())
+
+
+def test_a_writer_opened_where_a_follower_read_the_log_reads_all_of_it(
+    harness: Harness,
+) -> None:
+    # (Pulsar: the new writer's recovery scan begins near the end, where the follower's reading
+    # left a record start indexed; reads from before it must still yield every record.)
+    run(fill(harness.backend, 300, group=7))
+    taker = harness.make()
+    follower = taker.follow(LOG, 1)
+    try:
+        while not follower.poll(50).at_end:
+            pass
+    finally:
+        follower.close()
+
+    async def scenario() -> None:
+        writer = taker.open_writer(LOG)
+        assert writer.last_sequence == 300
+        for start in (290, 1, 150):
+            tail = list(taker.read(LOG, start))
+            assert tail == [LogRecord(s, payload(s)) for s in range(start, 301)]
+        assert await writer.append([b"next"]) == 301
+        await writer.close()
+
+    run(scenario())

@@ -13,8 +13,10 @@ from collections.abc import Callable
 import pytest
 
 from tablekeeper import AsyncClient, AsyncTable, Client
+from tablekeeper._cli_context import EXIT_USAGE
 from tablekeeper.types import RangeInfo
 from tablekeeper_server.core.routing import routing_hash
+from tests.integration.test_cli import tk
 from tests.support.cluster import TestCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
@@ -128,6 +130,18 @@ def test_the_follower_store_is_taken_over_when_the_owner_dies(
         for pkey in pkeys:  # server 1 now follows the range(s) these keys live in
             kv, info = far.get_with_info(pkey, "k", max_staleness_s=0)
             assert info.replica == "follower" and kv is not None and kv.value == pkey.encode()
+        # The CLI says who answered.
+        far_service = cluster.service(1)
+        cli = tk(
+            "get", "ns/t", "k", "--pkey", pkeys[0], "--read-from", "follower", service=far_service
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout.strip() == pkeys[0]
+        assert "read from the follower (range " in cli.stderr
+        cli = tk(
+            "get", "ns/t", "k", "--pkey", pkeys[0], "--max-staleness", "1", service=far_service
+        )
+        assert cli.returncode == EXIT_USAGE and "--read-from follower" in cli.stderr
         with Client(cluster.service_all()) as client:
             table = client.table("ns", "t")
             for pkey in pkeys:

@@ -314,6 +314,7 @@ class PulsarLogWriter:
         last_sequence: int,
         state: _LogState,
         recovered: list[LogRecord] | None = None,
+        recovered_from: int = 0,
     ) -> None:
         self._backend = backend
         self._log_name = log_name
@@ -327,6 +328,8 @@ class PulsarLogWriter:
         self._broken: str | None = None
         self._close_lock = threading.Lock()
         self._recovered = recovered
+        self._recovered_from = recovered_from
+        """The first sequence the recovery scan read (0: from the truncation cursor)."""
         self._opened_at = last_sequence
 
     @property
@@ -448,12 +451,14 @@ class PulsarLogWriter:
         self._fenced = True
         self._release()
 
-    def _take_recovered(self) -> list[LogRecord] | None:
-        """The records the open's recovery scan read (every record from the truncation cursor to
-        `last_sequence`), once; None if already taken, too large to keep, or no longer the
-        whole log (records were appended since)."""
+    def _take_recovered(self, from_sequence: int) -> list[LogRecord] | None:
+        """The records the open's recovery scan read (every record from where it began to
+        `last_sequence`), once; None if already taken, too large to keep, not reaching back to
+        `from_sequence`, or no longer the whole log (records were appended since)."""
         recovered, self._recovered = self._recovered, None
-        return recovered if self._last == self._opened_at else None
+        if from_sequence < self._recovered_from or self._last != self._opened_at:
+            return None
+        return recovered
 
     def _release(self) -> None:
         self._recovered = None
@@ -494,6 +499,8 @@ class _Scan:
         """Read from the entry of `start` (the earliest entry if None), skipping messages at or
         before `skip_through` and messages before `start` within its entry."""
         self.replay = _Replay(log_name)
+        self.started_at_hint = False
+        """Whether it began at an indexed record start (not at the truncation cursor)."""
         self._backend = backend
         self._log_name = log_name
         self._start = start
@@ -561,6 +568,7 @@ class PulsarLogFollower:
                 return FollowedRecords([], at_end=True)
         out: list[LogRecord] = []
         scan = self._scan
+        state = self._backend._state(self._log_name)
         try:
             while len(out) < max_records:
                 if not scan.has_more():
@@ -569,6 +577,8 @@ class PulsarLogFollower:
                 if got is not None and got[0].sequence >= self._next:
                     out.append(got[0])
                     self._next = got[0].sequence + 1
+                    with state.lock:  # a writer opened here later starts its scan near
+                        state.add_index(got[0].sequence, got[1])
         except UnavailableError:
             self.close()  # the next poll opens a new reader from the next record due
             if out:
@@ -671,7 +681,9 @@ class PulsarLogBackend:
 
     def _new_scan(self, log_name: str, cursor: Position, hint: _IndexEntry | None) -> _Scan:
         if hint is not None and _entry(hint.position) > _entry(cursor):
-            return _Scan(self, log_name, hint.position, cursor)
+            scan = _Scan(self, log_name, hint.position, cursor)
+            scan.started_at_hint = True
+            return scan
         start = None if cursor[0] < 0 else (cursor[0], cursor[1], -1)
         return _Scan(self, log_name, start, cursor if cursor[0] >= 0 else None)
 
@@ -708,29 +720,44 @@ class PulsarLogBackend:
             )
         except pulsar.PulsarException as exc:
             raise _open_error(log_name, exc) from exc
+        with state.lock:
+            hint = state.index[-1] if state.index else None
         try:
-            epoch, last, index, recovered = self._recover(log_name, producer, min_last_sequence)
+            epoch, last, index, recovered, started = self._recover(
+                log_name, producer, min_last_sequence, hint
+            )
         except BaseException:
             with contextlib.suppress(Exception):
                 producer.close()
             raise
-        writer = PulsarLogWriter(self, log_name, producer, epoch, last, state, recovered)
+        writer = PulsarLogWriter(
+            self, log_name, producer, epoch, last, state, recovered, recovered_from=started
+        )
         with state.lock:
             state.writer = writer
-            state.index = index
+            # (What the scan began after is still indexed from before.)
+            state.index = [e for e in state.index if e.sequence < started] + index
         _log.debug("log %r: opened with epoch %d at sequence %d", log_name, epoch, last)
         return writer
 
     def _recover(
-        self, log_name: str, producer: Any, min_last_sequence: int
-    ) -> tuple[int, int, list[_IndexEntry], list[LogRecord] | None]:
+        self, log_name: str, producer: Any, min_last_sequence: int, hint: _IndexEntry | None
+    ) -> tuple[int, int, list[_IndexEntry], list[LogRecord] | None, int]:
         """Fence the log (steps 2-4 of the module docstring). Returns the epoch, the last
-        sequence, the record starts seen and the records themselves (None past
-        `RECOVERED_TAIL_BYTES_MAX`)."""
+        sequence, the record starts seen, the records themselves (None past
+        `RECOVERED_TAIL_BYTES_MAX`) and the first sequence it read (0: all from the cursor).
+
+        `hint`: the last record start this backend knows of (read by a follower or a previous
+        writer here). The scan begins there instead of at the truncation cursor: what comes
+        before cannot change what recovery decides, because a record read as valid carries
+        the highest epoch of everything before it (an older-epoch record after a newer FENCE is
+        not valid, and a newer epoch without its FENCE is refused), and everything after it is
+        read."""
         cursor = self._cursor(log_name)
         if cursor is None:
             raise UnavailableError(f"log {log_name!r}: the topic vanished while opening")
-        scan = self._new_scan(log_name, cursor, None)
+        scan = self._new_scan(log_name, cursor, hint)
+        started = hint.sequence if hint is not None and scan.started_at_hint else 0
         index = _LogState()
         kept: list[LogRecord] | None = []
         kept_bytes = 0
@@ -780,7 +807,7 @@ class PulsarLogBackend:
                 log_name,
                 scan.replay.skipped,
             )
-        return epoch, base, index.index, kept
+        return epoch, base, index.index, kept, started
 
     def _send(self, log_name: str, producer: Any, messages: Sequence[bytes]) -> None:
         try:
@@ -807,7 +834,7 @@ class PulsarLogBackend:
             writer = state.writer
             stop_after = writer.last_sequence if writer is not None else None
             hint = state.best_start(from_sequence)
-            recovered = writer._take_recovered() if writer is not None else None
+            recovered = writer._take_recovered(from_sequence) if writer is not None else None
         if recovered is not None:
             for record in recovered:
                 if record.sequence >= from_sequence:

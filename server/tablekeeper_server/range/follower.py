@@ -116,6 +116,7 @@ class Follower:
         self._asking_since: float | None = None
         """When the poll of the log under way began (None between polls)."""
         self._closing = False
+        self._restoring = False
         self.failure: str | None = None
         """Why the follower stopped following (it then refuses reads), or None."""
         self.caught_up_at = -1.0
@@ -255,7 +256,11 @@ class Follower:
             found,
             before + 1,
         )
-        await asyncio.to_thread(self._restore)
+        self._restoring = True  # (reads wait: the store is replaced in a thread)
+        try:
+            await asyncio.to_thread(self._restore)
+        finally:
+            self._restoring = False
         if self.applied_sequence < before:
             raise CorruptionError(
                 f"the newest checkpoint of range {self.name.log_name} is at "
@@ -277,9 +282,9 @@ class Follower:
 
     async def _caught_up_since(self, instant: float) -> None:
         """Wait for a check of the log that began at or after `instant` and found nothing
-        unapplied."""
+        unapplied (and for no restore to be under way)."""
         async with self._progress:
-            while self.caught_up_at < instant:
+            while self.caught_up_at < instant or self._restoring:
                 self._check_serving()
                 if self._asking_since is None or self._asking_since < instant:
                     self._poke.set()  # (a poll that began since will do: no need for another)
@@ -287,7 +292,7 @@ class Follower:
 
     async def _applied_at_least(self, position: int) -> None:
         async with self._progress:
-            while self.applied_sequence < position:
+            while self.applied_sequence < position or self._restoring:
                 self._check_serving()
                 self._poke.set()
                 await self._progress.wait()
@@ -312,7 +317,7 @@ class Follower:
         self.last_used = began = time.monotonic()
         self._check_serving()
         try:
-            if began - self.caught_up_at > max_staleness_s:
+            if began - self.caught_up_at > max_staleness_s or self._restoring:
                 await asyncio.wait_for(self._caught_up_since(began), timeout_s)
             if self.applied_sequence < min_applied:
                 await asyncio.wait_for(self._applied_at_least(min_applied), timeout_s)
