@@ -22,6 +22,7 @@ from tablekeeper_server.logging_setup import LOG_FORMATS
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.security.config import SECURITY_SETTINGS, SecurityConfig
 from tablekeeper_server.settings import (
+    BOOL,
     DURATION,
     INT,
     LIST,
@@ -84,6 +85,7 @@ class ServerConfig:
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
     max_followers: int = 64
+    standby: bool = False
     """Table ranges open at once in this server (each holds ~8 file descriptors); the least
     recently used idle ones are closed to open more. Root and meta ranges are not counted."""
     metrics_max_tables: int = 1000
@@ -407,6 +409,15 @@ PROCESS_SETTINGS = (
         "max_followers",
         "cluster mode: followers (read-only copies of ranges other servers own, for reads "
         "with read_from='follower') kept open at once; 0 = answer those reads from the owner",
+    ),
+    _s(
+        "standby",
+        BOOL,
+        "standby",
+        "cluster mode: follow every range of the containers other servers own (not only those "
+        "read with read_from='follower'), so a container taken over opens on up-to-date "
+        "copies instead of restoring checkpoints; one follower per range: raise "
+        "--max-followers to match",
     ),
     _s(
         "rocksdb-memory",

@@ -35,6 +35,7 @@ from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv,
 from tablekeeper_server.container.followers import Followers
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.container.split_policy import SplitPolicy, SplitThresholds
+from tablekeeper_server.container.standby import Standby
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
@@ -216,6 +217,7 @@ async def serve(config: ServerConfig) -> None:
     rocks_memory = RocksMemory(config.rocksdb_memory_bytes)  # shared by every range's store
     store_factory = functools.partial(RocksKvStore, memory=rocks_memory)
     followers = None
+    standby: Standby | None = None
     if coordinator is not None and config.max_followers > 0:
         # Read replicas: a log other servers can read while its owner writes, and shared
         # checkpoints (a follower of a range on the local log could not see its writes).
@@ -380,6 +382,9 @@ async def serve(config: ServerConfig) -> None:
         await failpoints.hit_async("server.before_recovery")
         if followers is not None:
             followers.start()
+            if config.standby:
+                standby = Standby(registry, followers)
+                standby.start()
         if member is not None:
             await member.start()
         else:
@@ -461,6 +466,8 @@ async def serve(config: ServerConfig) -> None:
         await oxia.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
     table_names.close()
+    if standby is not None:
+        await standby.stop()
     if followers is not None:
         await followers.stop()
     await registry.stop()

@@ -15,9 +15,12 @@ import pytest
 from tablekeeper import AsyncClient, AsyncTable, Client
 from tablekeeper._cli_context import EXIT_USAGE
 from tablekeeper.types import RangeInfo
+from tablekeeper_server.catalog.meta import CONTAINER_META_RANGE_ID, CONTAINER_META_STREAM_ID
 from tablekeeper_server.core.routing import routing_hash
+from tablekeeper_server.range.replica import RangeName
 from tests.integration.test_cli import tk
 from tests.support.cluster import TestCluster
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
 
@@ -111,7 +114,7 @@ async def test_follower_reads_under_load(make_cluster: Callable[..., TestCluster
         await asyncio.gather(*tasks)
 
 
-def test_the_follower_store_is_taken_over_when_the_owner_dies(
+def test_a_follower_store_is_taken_over_when_the_owner_dies(
     make_cluster: Callable[..., TestCluster],
 ) -> None:
     cluster = make_cluster(containers=2).start(2)
@@ -148,14 +151,53 @@ def test_the_follower_store_is_taken_over_when_the_owner_dies(
                 table.put(pkey, "k", pkey + "-2")  # acknowledged after the follower opened
         cluster.kill(0)
         cluster.wait_ready(WAIT_S)
-        deadline = time.monotonic() + WAIT_S  # (hosted ranges open right after the takeover)
-        while "taking over its follower's store" not in cluster.servers[1].log_path.read_text(
-            errors="replace"
-        ):
-            assert time.monotonic() < deadline, cluster.log_tails()
-            time.sleep(0.05)
+        wait_for_log(cluster.servers[1], "taking over its follower's store")
         for pkey in pkeys:
             kv = far.get(pkey, "k")
             assert kv is not None and kv.value == (pkey + "-2").encode()
             _, info = far.get_with_info(pkey, "k", max_staleness_s=0)
             assert info.replica == "leader"  # server 1 owns the range now
+
+
+def wait_for_log(server: ServerProcess, text: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while text not in server.log_path.read_text(errors="replace"):
+        assert server.running, f"server exited before {text!r}:\n{server.log_tail()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {text!r}"
+        time.sleep(0.05)
+
+
+def test_standby_servers_follow_every_range_and_take_over_from_them(
+    make_cluster: Callable[..., TestCluster],
+) -> None:
+    cluster = make_cluster(containers=2, extra_args=["--standby"]).start(2)
+    cluster.wait_ready(WAIT_S, balanced=True)
+    with Client(cluster.service_all()) as client:
+        client.create_namespace("ns")
+        client.create_table("ns", "t", ranges=2)
+        layout = client.layout("ns", "t")
+        owned_by_0 = next(c for c in (0, 1) if cluster.assigned_to(c) == cluster.endpoint(0))
+        pkeys = pkeys_on(list(layout.ranges), owned_by_0, 50)
+        table = client.table("ns", "t")
+        for pkey in pkeys:
+            table.put(pkey, "k", pkey)
+        # Nobody reads through server 1: it follows server 0's ranges by itself.
+        names = [
+            RangeName(owned_by_0, layout.table_id, r.range_id).log_name
+            for r in layout.ranges
+            if r.container_id == owned_by_0
+        ]
+        meta = RangeName(owned_by_0, CONTAINER_META_STREAM_ID, CONTAINER_META_RANGE_ID).log_name
+        for name in [meta, *names]:
+            wait_for_log(cluster.servers[1], f"following range {name}")
+        for pkey in pkeys:
+            table.put(pkey, "k", pkey + "-2")
+    cluster.kill(0)
+    cluster.wait_ready(WAIT_S)
+    for name in [meta, *names]:
+        wait_for_log(cluster.servers[1], f"range {name}: taking over its follower's store")
+    with Client(cluster.service(1)) as client:
+        table = client.table("ns", "t")
+        for pkey in pkeys:
+            kv = table.get(pkey, "k")
+            assert kv is not None and kv.value == (pkey + "-2").encode()

@@ -45,6 +45,14 @@ def _range_key(stream_id: int, range_id: int) -> bytes:
 
 
 _HOSTED_PREFIX = _LONG.pack(-1) + b"\x03"
+HOSTED_SPAN = (_HOSTED_PREFIX, _HOSTED_PREFIX + b"\xff" * 16)
+"""The meta range's keys recording the data ranges opened on its container (first, last)."""
+
+
+def decode_hosted(key: bytes, value: bytes) -> tuple[int, int, int]:
+    """(stream id, range id, TTL seconds) of one `HOSTED_SPAN` key."""
+    stream_id, range_id = struct.unpack_from(">qq", key, len(_HOSTED_PREFIX))
+    return stream_id, range_id, _LONG.unpack(value)[0]
 
 
 def _retired_key(stream_id: int, range_id: int) -> bytes:
@@ -310,12 +318,7 @@ class MetaCatalog:
 
     def hosted_ranges(self) -> list[tuple[int, int, int]]:
         """(stream id, range id, TTL seconds) of every data range opened on this container."""
-        rows = self._kv.scan(_HOSTED_PREFIX, _HOSTED_PREFIX + b"\xff" * 16)
-        hosted = []
-        for key, value in rows:
-            stream_id, range_id = struct.unpack_from(">qq", key, len(_HOSTED_PREFIX))
-            hosted.append((stream_id, range_id, _LONG.unpack(value)[0]))
-        return hosted
+        return [decode_hosted(key, value) for key, value in self._kv.scan(*HOSTED_SPAN)]
 
     async def record_hosted(self, stream_id: int, range_id: int, ttl_seconds: int) -> None:
         """Remember that this data range lives here (once; later calls read only)."""

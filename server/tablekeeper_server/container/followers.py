@@ -87,6 +87,7 @@ class Followers:
         key = name.log_name
         follower = self._open.get(key)
         if follower is not None and follower.serving:
+            follower.last_used = time.monotonic()
             return follower
         if follower is not None:  # it stopped (see its failure): start over
             await self._drop(follower)
