@@ -26,7 +26,8 @@ detection; the ratio failover / session timeout is printed. `--followers on` (or
 kill once without, once with): before the kill every server reads a key of each container it
 does not own with `read_from="follower"`, so it keeps a follower of that range; the new owner
 then opens the range on its follower's store instead of restoring the checkpoint ("taking over
-its follower's store" in its log).
+its follower's store" in its log). `--followers standby` runs the servers with `--standby`
+instead: they follow every range (catalog ranges too) by themselves.
 
 Part 2, throughput. The same fixed mixed load (`--mix`, default get 50 % / put 30 % / increment
 20 %, 100-byte values) from `--client-procs` client processes with `--concurrency` asyncio
@@ -219,9 +220,12 @@ class Infra:
         else:
             self.start_pulsar(300)
 
-    def new_cluster(self, name: str, args: argparse.Namespace) -> TestCluster:
+    def new_cluster(
+        self, name: str, args: argparse.Namespace, extra_args: Sequence[str] = ()
+    ) -> TestCluster:
         """A cluster `name` (`--containers`, `--zk-session-timeout`, no periodic checkpoints)
-        on this ZooKeeper and in Pulsar namespace public/<name>, initialised, no server yet."""
+        on this ZooKeeper and in Pulsar namespace public/<name>, initialised, no server yet;
+        `extra_args` go to every server."""
         assert self.pulsar is not None
         cluster = TestCluster(
             self.workdir / name,
@@ -234,6 +238,7 @@ class Infra:
             env=SERVER_ENV,
             start_timeout_s=args.ready_timeout,
             zk_hosts=self.zk_hosts,
+            extra_args=extra_args,
         )
         self.clusters.append(cluster)
         with harness_errors(f"cluster {name}"):
@@ -445,6 +450,8 @@ class FailoverRound:
     replay_logged_s: float | None = None
     follower_store: bool = False
     """The new owner opened the chosen container's range on its follower's store."""
+    standby: bool = False
+    """The servers ran with --standby (following every range of the others by themselves)."""
     checkpoint_s: dict[str, float] = field(default_factory=dict)
     checkpoint_errors: list[str] = field(default_factory=list)
     tail_s: float | None = None
@@ -521,7 +528,8 @@ async def open_followers(
 
 
 async def failover_part(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
-    cluster = infra.new_cluster(f"fo{os.getpid()}", args)
+    standby = ["--standby"] if args.followers == "standby" else []
+    cluster = infra.new_cluster(f"fo{os.getpid()}", args, standby)
     try:
         eprint(
             f"failover: cluster {cluster.name}: {args.servers} servers, "
@@ -563,10 +571,11 @@ async def _failover_rounds(args: argparse.Namespace, cluster: TestCluster) -> di
     value = random.Random(7).randbytes(args.value_size)
     writer_pkeys = {c: ks[: args.writer_keys] for c, ks in per_container.items()}
     rounds: list[FailoverRound] = []
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.followers]
+    modes = {"off": [False], "on": [True], "both": [False, True], "standby": [False]}
+    modes_now = modes[args.followers]
     for rnd in range(args.rounds):
         for kind in args.victims:
-            for followers in modes:
+            for followers in modes_now:
                 r = await _one_failover(
                     args,
                     cluster,
@@ -640,6 +649,7 @@ async def _one_failover(
         victim=victim.target,
         controller_before=controller,
         followers=followers,
+        standby=args.followers == "standby",
         moved=moved,
         chosen=moved[0],
         checkpoint_s=checkpoint_s,
@@ -763,7 +773,7 @@ def print_failover_round(r: FailoverRound, session_timeout_s: float) -> None:
 
 
 def _round_kind(r: FailoverRound) -> str:
-    return r.victim_kind + ("+followers" if r.followers else "")
+    return r.victim_kind + ("+followers" if r.followers else "+standby" if r.standby else "")
 
 
 def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) -> dict[str, Any]:
@@ -793,7 +803,8 @@ def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) 
 
 
 def _kind_of(r: dict[str, Any]) -> str:
-    return str(r["victim_kind"]) + ("+followers" if r.get("followers") else "")
+    extra = "+followers" if r.get("followers") else "+standby" if r.get("standby") else ""
+    return str(r["victim_kind"]) + extra
 
 
 def render_failover(result: dict[str, Any], session_timeout_s: float) -> str:
@@ -1311,10 +1322,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     f.add_argument(
         "--followers",
-        choices=("off", "on", "both"),
+        choices=("off", "on", "both", "standby"),
         default="off",
         help="keep followers of every range on the servers not owning it before each kill: "
-        "off, on, or both (each kill once without, once with; default off)",
+        "off, on (made by a follower read of each range), both (each kill once without, "
+        "once with), or standby (the servers run with --standby; default off)",
     )
     f.add_argument(
         "--writers-per-container",
