@@ -48,6 +48,7 @@ from tablekeeper_server.metrics import (
     ROOT_TABLE,
     SYSTEM_NAMESPACE,
     UNKNOWN,
+    FollowerStats,
     LiveCounts,
     OpenFilesStats,
     RangeStats,
@@ -95,7 +96,8 @@ local log's segment and LOCK."""
 
 def _raise_open_files_limit(max_open_ranges: int) -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit (servers hold many files); log it and
-    warn when the open-range bound may not fit. Returns the soft limit now in force."""
+    warn when the bound on open ranges (followers included) may not fit. Returns the soft
+    limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -110,7 +112,8 @@ def _raise_open_files_limit(max_open_ranges: int) -> int:
     needed = max_open_ranges * FILES_PER_RANGE + 256
     if soft != resource.RLIM_INFINITY and needed > soft:
         log.warning(
-            "--max-open-ranges %d may need about %d file descriptors, over the limit of %d: "
+            "--max-open-ranges + --max-followers (%d) may need about %d file descriptors, "
+            "over the limit of %d: "
             "lower it (or raise the hard limit) before puts and checkpoints run out of files",
             max_open_ranges,
             needed,
@@ -194,7 +197,8 @@ async def _join_cluster(config: ServerConfig, clock: Clock) -> tuple[ZkCoordinat
 
 
 async def serve(config: ServerConfig) -> None:
-    files_limit = _raise_open_files_limit(config.max_open_ranges)
+    # (A follower holds a store as an open range does.)
+    files_limit = _raise_open_files_limit(config.max_open_ranges + config.max_followers)
     worker = config.worker
     # A worker's supervisor holds the data directory's lock (see `workers`).
     lock_fd = _lock_data_dir(config.data_dir) if worker is None else None
@@ -270,6 +274,15 @@ async def serve(config: ServerConfig) -> None:
     )
     metrics.register_process()
     metrics.register_rocksdb_memory(rocks_memory.usage, rocks_memory.bytes)
+    if followers is not None:
+        known = followers
+        metrics.register_followers(
+            lambda: FollowerStats(
+                open=known.open_count,
+                handed_over=known.handed_over,
+                staleness_max_s=known.staleness_max_s(),
+            )
+        )
     metrics.register_live_counts(
         lambda: LiveCounts(
             watches=sum(r.watch.watchers for r in registry.all_ranges()),

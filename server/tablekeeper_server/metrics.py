@@ -125,6 +125,10 @@ class ServerMetrics:
             {"version": version or package_version(), "python": platform.python_version()}
         )
 
+    def register_followers(self, stats: Callable[[], FollowerStats]) -> None:
+        """`stats()` returns the followers' counts and staleness at scrape time."""
+        self.registry.register(_FollowersCollector(stats))
+
     def register_rocksdb_memory(self, used: Callable[[], int], budget: int) -> None:
         """`used()`: bytes of the shared RocksDB memory in use at scrape time (`budget`:
         --rocksdb-memory)."""
@@ -169,6 +173,40 @@ class _LiveCountsCollector(Collector):
             "tablekeeper_live_sessions",
             "Sessions alive on the ranges this server hosts",
             value=counts.sessions,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerStats:
+    """The followers this server keeps (read replicas of ranges other servers own)."""
+
+    open: int
+    handed_over: int
+    """Followers whose store a range of this server took over (since start)."""
+    staleness_max_s: float
+    """The stalest open follower's staleness (0 with none): see `range.follower`."""
+
+
+class _FollowersCollector(Collector):
+    def __init__(self, stats: Callable[[], FollowerStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self._stats()
+        yield GaugeMetricFamily(
+            "tablekeeper_followers",
+            "Followers (read-only copies of ranges other servers own) open on this server",
+            value=stats.open,
+        )
+        yield CounterMetricFamily(
+            "tablekeeper_follower_handovers",
+            "Ranges this server took over that opened on their follower's store",
+            value=stats.handed_over,
+        )
+        yield GaugeMetricFamily(
+            "tablekeeper_follower_staleness_seconds",
+            "The stalest follower here: time since it last found nothing unapplied in its log",
+            value=stats.staleness_max_s,
         )
 
 

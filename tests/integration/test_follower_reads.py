@@ -159,6 +159,16 @@ def test_a_follower_store_is_taken_over_when_the_owner_dies(
             assert info.replica == "leader"  # server 1 owns the range now
 
 
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value} (unlabelled samples only)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
+
+
 def wait_for_log(server: ServerProcess, text: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while text not in server.log_path.read_text(errors="replace"):
@@ -190,12 +200,19 @@ def test_standby_servers_follow_every_range_and_take_over_from_them(
         meta = RangeName(owned_by_0, CONTAINER_META_STREAM_ID, CONTAINER_META_RANGE_ID).log_name
         for name in [meta, *names]:
             wait_for_log(cluster.servers[1], f"following range {name}")
+        gauges = metric_values(cluster.servers[1].metrics())
+        assert gauges["tablekeeper_followers"] >= 1 + len(names)
+        assert gauges["tablekeeper_follower_staleness_seconds"] >= 0
         for pkey in pkeys:
             table.put(pkey, "k", pkey + "-2")
     cluster.kill(0)
     cluster.wait_ready(WAIT_S)
     for name in [meta, *names]:
         wait_for_log(cluster.servers[1], f"range {name}: taking over its follower's store")
+    handed_over = metric_values(cluster.servers[1].metrics())[
+        "tablekeeper_follower_handovers_total"
+    ]
+    assert handed_over >= 1 + len(names)
     with Client(cluster.service(1)) as client:
         table = client.table("ns", "t")
         for pkey in pkeys:

@@ -82,6 +82,11 @@ class Followers:
     def open_count(self) -> int:
         return len(self._open)
 
+    def staleness_max_s(self) -> float:
+        """The stalest open follower's staleness (time since it last caught up); 0 with none."""
+        now = time.monotonic()
+        return max((now - f.caught_up_at for f in self._open.values()), default=0.0)
+
     async def get(self, name: RangeName, ttl_seconds: int) -> Follower:
         """The follower of range `name` here, opened (and caught up) if it was not."""
         key = name.log_name
