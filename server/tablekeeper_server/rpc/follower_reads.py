@@ -44,9 +44,12 @@ def requested(context: Any) -> FollowerRead | None:
     `BadRequestError` for malformed values."""
     if context is None:
         return None
-    values = {key: value for key, value in context.invocation_metadata() or ()}
+    metadata = context.invocation_metadata() or ()
+    if not any(key == READ_FROM_KEY for key, _ in metadata):
+        return None  # (every Range call asks: the common case looks at the keys once)
+    values = dict(metadata)
     mode = values.get(READ_FROM_KEY)
-    if mode is None or mode == "leader":
+    if mode == "leader":
         return None
     if mode != "follower":
         raise BadRequestError(f"{READ_FROM_KEY} must be 'leader' or 'follower', not {mode!r}")
