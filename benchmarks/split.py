@@ -16,7 +16,7 @@ the same invocation); per split: the pause the server reports (from the seal to 
 keys copied, and the p99 and max latency of the ops that ended during the split, with the ops/s
 then. Client, servers, ZooKeeper and Pulsar share this machine's cores: read ratios and medians.
 
-Failover with and without a follower (read replicas) is not measured: followers are not built.
+Failover with and without a follower: `benchmarks/cluster.py --part failover --followers both`.
 """
 
 from __future__ import annotations
