@@ -284,3 +284,47 @@ async def test_a_scan_of_a_range_reads_on_through_its_split(server: ServerProces
             kv.pkey async for page in scan_range(client, layout.table_id, PARENT) for kv in page
         ]
         assert sorted(again) == sorted(p.encode() for p in pkeys)
+
+
+async def test_sessions_and_their_ephemeral_keys_move_with_their_pkeys(
+    server: ServerProcess,
+) -> None:
+    """A session lives on in the child holding its pkey: the SDK keeps it alive there, its
+    ephemeral keys stay until it ends, and its end deletes them. A session whose keys the
+    split would divide makes the split refuse (the range serves on)."""
+    async with AsyncClient(server.service) as client:
+        await client.create_namespace("ns")
+        await client.create_table("ns", "t", ranges=2)
+        table = await client.table("ns", "t")
+        first = next(p for p in in_parent("a", 50) if routing_hash(p.encode()) < -(2**62))
+        second = next(p for p in in_parent("b", 50) if routing_hash(p.encode()) >= -(2**62))
+        divided = table.session(first, ttl_s=2.0)
+        await divided.start()
+        await table.put(second, "other-side", "x", session=divided)
+        refused = cli(server, "table", "split", "ns/t", "--range", str(PARENT))
+        assert refused.returncode != 0 and "divides" in refused.stderr, refused.stderr
+        await divided.close()
+
+        kept = table.session(first, ttl_s=3.0)
+        await kept.start()
+        ended = table.session(second, ttl_s=3.0)
+        await ended.start()
+        await table.put(first, "member", "kept", session=kept)
+        await table.put(second, "member", "ended", session=ended)
+        outcome = await client.split_range("ns", "t", PARENT)
+        layout = await client.layout("ns", "t")
+        assert PARENT not in [r.range_id for r in layout.ranges]
+        assert len(outcome.children) == 2
+        # Past a TTL after the children opened (each gave them a fresh one), the sessions and
+        # their keys are there: the SDK's keep-alives reached them on the children.
+        deadline = time.monotonic() + 4.5
+        while time.monotonic() < deadline:
+            assert not kept.expired.is_set() and not ended.expired.is_set()
+            await asyncio.sleep(0.5)
+        got = await table.get(first, "member")
+        assert got is not None and got.value == b"kept"
+        assert await ended.close()
+        assert await table.get(second, "member") is None
+        assert (await table.get(first, "member")) is not None
+        await kept.close()
+        assert await table.get(first, "member") is None

@@ -82,6 +82,7 @@ class RemoteCatalog(Protocol):
         range_id: int,
         step: RangeStep,
         children: tuple[int, ...],
+        start_hashes: tuple[int, ...] = (),
     ) -> int:
         """`Splitter.step_here` on the container's owner."""
         ...

@@ -144,6 +144,7 @@ class Splitter:
         env = registry.env
         assert env.checkpoint_store is not None
         children = tuple(c.range_id for c in plan.children)
+        starts = tuple(c.start_hash_key for c in plan.children)
         parent = plan.parent
         props = await registry.stream_props(plan.stream_id)
         builder = ChildrenBuilder(
@@ -181,13 +182,13 @@ class Splitter:
             await env.failpoints.hit_async("split.before_seal")
             started = time.monotonic()
             step: RangeStep = "seal" if copied_live else "seal+checkpoint"
-            sealed = await self._step(parent, plan.stream_id, step, children)
+            sealed = await self._step(parent, plan.stream_id, step, children, starts)
             marks = [("seal", time.monotonic())]
             await env.failpoints.hit_async("split.after_seal")
             tail = copied_live and await self._apply_tail(builder, sealed)
             if not tail:
                 if copied_live:  # the tail is gone from the log: copy the sealed parent
-                    await self._step(parent, plan.stream_id, "seal+checkpoint", children)
+                    await self._step(parent, plan.stream_id, "seal+checkpoint", children, starts)
                     builder.close()
                     builder = builder.again()
                 await asyncio.to_thread(builder.copy_checkpoint, sealed=True)
@@ -240,16 +241,21 @@ class Splitter:
         stream_id: int,
         step: RangeStep,
         children: tuple[int, ...],
+        start_hashes: tuple[int, ...] = (),
     ) -> int:
         """`step_here` on the owner of the range's container (here, or asked remotely)."""
         container_id, range_id = range_props.storage_container_id, range_props.range_id
         try:
-            return await self.step_here(container_id, stream_id, range_id, step, children)
+            return await self.step_here(
+                container_id, stream_id, range_id, step, children, start_hashes
+            )
         except NotServedHereError:
             remote = self._registry.remote
             if remote is None:
                 raise
-            return await remote.range_step(container_id, stream_id, range_id, step, children)
+            return await remote.range_step(
+                container_id, stream_id, range_id, step, children, start_hashes
+            )
 
     async def _retire(self, meta: MetaCatalog, plan: SplitPlan) -> None:
         await self._step(plan.parent, plan.stream_id, "drop", ())
@@ -262,10 +268,12 @@ class Splitter:
         range_id: int,
         step: RangeStep,
         children: tuple[int, ...],
+        start_hashes: tuple[int, ...] = (),
     ) -> int:
         """One step of a split on a range hosted here (`RangeStep`); returns the range's
-        position after it (sealed at, or checkpointed at; 0 for "drop"). Raises
-        `NotServedHereError` if the range's container is elsewhere."""
+        position after it (sealed at, or checkpointed at; 0 for "drop"). `start_hashes`: the
+        children's first hashes (for the seal). Raises `NotServedHereError` if the range's
+        container is elsewhere."""
         registry = self._registry
         container = registry.container(container_id)
         if step == "drop":
@@ -278,7 +286,7 @@ class Splitter:
             if manifest is None:
                 raise UnavailableError(f"range {range_.name.log_name} cannot checkpoint now")
             return manifest.applied_sequence
-        sealed = await range_.seal(children)
+        sealed = await range_.seal(children, start_hashes)
         if step == "seal+checkpoint":
             await registry.checkpoint_range(range_, force=True)
         return sealed

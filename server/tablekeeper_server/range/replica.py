@@ -465,15 +465,18 @@ class Range:
             children,
         )
 
-    async def seal(self, children: tuple[int, ...]) -> int:
+    async def seal(self, children: tuple[int, ...], start_hashes: tuple[int, ...] = ()) -> int:
         """Seal the range for a split into `children` (a command in its log, so it stays
         sealed across restarts; sealing again with the same children is a no-op) and return
-        its applied position. Its watchers end (they resume on the children); every later
-        request is refused with `RangeMovedError`. Raises `IllegalOpError` if the range holds
-        what a split cannot divide (sessions, etcd or Oxia bookkeeping), or was sealed for
-        other children."""
+        its applied position. `start_hashes`: the first routing hash of each child (without
+        them a range holding sessions refuses). Its watchers end (they resume on the
+        children); every later request is refused with `RangeMovedError`. Raises
+        `IllegalOpError` if the range holds what a split cannot divide (etcd or Oxia
+        bookkeeping, a session whose keys the split divides), or was sealed for other
+        children."""
         if self.sealed is None:
-            command = wal_pb2.WalCommand(seal=wal_pb2.RangeSeal(children=children))
+            seal = wal_pb2.RangeSeal(children=children, start_hashes=start_hashes)
+            command = wal_pb2.WalCommand(seal=seal)
             await self.execute(command)
         if self.sealed != children:
             raise IllegalOpError(

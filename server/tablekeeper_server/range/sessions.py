@@ -82,16 +82,17 @@ class SessionManager:
         self._wakeup.set()
 
     async def create(
-        self, ttl_ms: int, role: str | None = None, session_id: int = 0
+        self, ttl_ms: int, role: str | None = None, session_id: int = 0, pkey: bytes = b""
     ) -> session_pb2.SessionResponse:
         """Create a session through the log; its id is `session_id` if given (KEY_EXISTS if
         it is in use), else the revision of that command. `role` (the authenticated caller)
-        owns it: see `role_of`."""
+        owns it: see `role_of`. `pkey`: the pkey it was created for (a split moves it to the
+        child holding that pkey; without one, a split of the range is refused)."""
         if not TTL_MS_MIN <= ttl_ms <= TTL_MS_MAX:
             raise BadRequestError(f"session TTL must be {TTL_MS_MIN}..{TTL_MS_MAX} ms")
         command = wal_pb2.WalCommand(
             session=wal_pb2.SessionCommand(
-                create_ttl_ms=ttl_ms, role=role or "", create_id=session_id
+                create_ttl_ms=ttl_ms, role=role or "", create_id=session_id, pkey=pkey
             )
         )
         response = await self._execute(command)

@@ -10,7 +10,10 @@ one new store per child, in a scratch directory:
   opens by restoring the checkpoint, finds its new log shorter, and reopens the log from that
   position), so revisions keep growing across the split, per key and per watcher;
 - the event history's trim point carries over: a watch from before it is "compacted" on the
-  child as it was on the parent.
+  child as it was on the parent;
+- every session goes, with its bookkeeping, to the child holding the pkey it was created for,
+  and each ephemeral key's index entries to the child holding the key (the seal refuses a
+  split that would part them).
 
 When that checkpoint was taken before the parent was sealed, `apply_tail` then applies the
 parent's commands from the checkpoint to the seal, each to the child holding its pkey, with the
@@ -37,7 +40,7 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
-from tablekeeper_server.core.keys import SYSTEM_PREFIX, split_store_key
+from tablekeeper_server.core.keys import SYSTEM_PREFIX, prefix_end, split_store_key
 from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.api import LogBackend
@@ -49,11 +52,16 @@ from tablekeeper_server.range.events import (
     EventHistory,
     decode_event,
 )
+from tablekeeper_server.range.records import decode_record
 from tablekeeper_server.range.state_machine import (
     APPLIED_KEY,
     SEAL_KEY,
+    SESSION_HOME_PREFIX,
+    SESSION_KEY_PREFIXES,
     RangeStateMachine,
+    member_store_key,
     sequence_counter_key,
+    session_of_key,
 )
 from tablekeeper_server.storage.api import KvStore, StoreOpener, WriteBatch
 
@@ -171,8 +179,9 @@ class ChildrenBuilder:
     def apply_tail(self, through: int | None) -> int:
         """Apply the parent's commands after the children's position up to `through` (its
         seal; None: up to the log's end now, while the parent still serves) to the children,
-        each command to the child holding its pkey (a session's to every child: none lives at
-        the seal, so what such a command does nets out); returns how many. Every child's
+        each command to the child holding its pkey (a session's create to the child of its
+        pkey, a session's end to every child: only the one holding it has anything to end);
+        returns how many. Every child's
         position becomes `through` (or the last command applied). Raises `TailGapError` if the
         log misses some of them."""
         machines = [
@@ -195,7 +204,11 @@ class ChildrenBuilder:
             if op in _KEYED_OPS:
                 pkey = getattr(command, str(op)).header.r_key
                 targets = [self._router.route(pkey)]
+            elif op == "session" and command.session.pkey:  # a create, for its pkey
+                targets = [self._router.route(command.session.pkey)]
             elif op == "session":
+                # A close (or a create without its pkey, which the seal refuses): the child
+                # holding the session ends it, the others find nothing to end.
                 targets = list(range(len(machines)))
             elif op == "seal":
                 # The end: what the log holds after it was queued before the seal applied,
@@ -312,6 +325,34 @@ def build_children(
 _KEYED_OPS = frozenset({"put", "increment", "delete_range", "txn"})
 
 
+def _copy_sessions(parent: KvStore, children: Sequence[_Child], router: RangeRouter) -> None:
+    """Each session's bookkeeping to the child holding the pkey it was created for; each
+    ephemeral key's index entries to the child holding the key. (The seal refuses a split that
+    would part a session from its keys; a session without its pkey goes to every child, which
+    only happens when the seal will refuse the split.)"""
+    homes = {}
+    for key, value in parent.scan(*_span(SESSION_HOME_PREFIX)):
+        session_id = session_of_key(key)
+        assert session_id is not None
+        homes[session_id] = router.route(decode_record(value).value)
+    everyone = list(range(len(children)))
+    for prefix in SESSION_KEY_PREFIXES:
+        for key, value in parent.scan(*_span(prefix)):
+            ephemeral = member_store_key(key)
+            if ephemeral is not None:
+                targets = [router.route(split_store_key(ephemeral)[0])]
+            else:
+                session_id = session_of_key(key)
+                home = homes.get(session_id) if session_id is not None else None
+                targets = everyone if home is None else [home]
+            for index in targets:
+                children[index].put(key, value)
+
+
+def _span(prefix: bytes) -> tuple[bytes, bytes]:
+    return prefix, prefix_end(prefix)
+
+
 def _copy(
     parent: KvStore,
     children: Sequence[_Child],
@@ -333,6 +374,7 @@ def _copy(
     for key, value in parent.scan(_COUNTER_PREFIX, _COUNTER_PREFIX + b"\xff"):
         pkey, _ = split_store_key(key[len(_COUNTER_PREFIX) :])
         children[router.route(pkey)].put(key, value)
+    _copy_sessions(parent, children, router)
     for key, value in parent.scan(HISTORY_PREFIX, HISTORY_END):
         event = decode_event(key, value)
         child = children[router.route(split_store_key(event.key)[0])]

@@ -40,6 +40,7 @@ from tablekeeper_server.core.keys import (
     store_key,
     system_key,
 )
+from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import (
     Code,
     IllegalOpError,
@@ -78,16 +79,19 @@ free one of revision + k * step (deterministic, so replay agrees)."""
 _MEMBER_PREFIX = system_key(b"se/")
 _OWNER_PREFIX = system_key(b"sk/")
 _SESSION_ROLE_PREFIX = system_key(b"sr/")
-SPLIT_REFUSING_PREFIXES = (
-    system_key(b"etcd-"),
-    system_key(b"oxseq/"),
+SESSION_HOME_PREFIX = system_key(b"sh/")
+SPLIT_REFUSING_PREFIXES = (system_key(b"etcd-"), system_key(b"oxseq/"))
+"""Bookkeeping a split cannot divide between two children by pkey (the etcd and Oxia
+front-ends'): a range holding any of it refuses a seal. Sessions move with their pkey (see
+`_seal`)."""
+SESSION_KEY_PREFIXES = (
     SESSION_PREFIX,
+    _SESSION_ROLE_PREFIX,
+    SESSION_HOME_PREFIX,
     _MEMBER_PREFIX,
     _OWNER_PREFIX,
-    _SESSION_ROLE_PREFIX,
 )
-"""Bookkeeping a split cannot divide between two children by pkey (the etcd and Oxia
-front-ends', sessions and their ephemeral keys): a range holding any of it refuses a seal."""
+"""Every system key a session and its ephemeral keys keep (a split moves them together)."""
 
 
 def session_key(session_id: int) -> bytes:
@@ -98,6 +102,30 @@ def session_key(session_id: int) -> bytes:
 def session_role_key(session_id: int) -> bytes:
     """Holds the role that created a session (only when authentication named one)."""
     return _SESSION_ROLE_PREFIX + _SEQ.pack(session_id)
+
+
+def session_home_key(session_id: int) -> bytes:
+    """Holds the pkey a session was created for (where its keep-alives are routed)."""
+    return SESSION_HOME_PREFIX + _SEQ.pack(session_id)
+
+
+def session_of_key(key: bytes) -> int | None:
+    """The session id a session-bookkeeping key (`SESSION_KEY_PREFIXES`) belongs to, for the
+    keys named by session id; None for an owner key (named by the ephemeral key instead)."""
+    for prefix in (SESSION_PREFIX, _SESSION_ROLE_PREFIX, SESSION_HOME_PREFIX, _MEMBER_PREFIX):
+        if key.startswith(prefix):
+            (session_id,) = _SEQ.unpack_from(key, len(prefix))
+            return int(session_id)
+    return None
+
+
+def member_store_key(key: bytes) -> bytes | None:
+    """The ephemeral key (store key) a member or owner index key names; None for other keys."""
+    if key.startswith(_MEMBER_PREFIX):
+        return key[len(_MEMBER_PREFIX) + _SEQ.size :]
+    if key.startswith(_OWNER_PREFIX):
+        return key[len(_OWNER_PREFIX) :]
+    return None
 
 
 def _members_prefix(session_id: int) -> bytes:
@@ -491,15 +519,49 @@ class RangeStateMachine:
             return _Rejected(IllegalOpError("a split needs at least two children"))
         if view.dirty:
             view.commit(previous)
-        for index, prefix in enumerate(SPLIT_REFUSING_PREFIXES):
+        for prefix in SPLIT_REFUSING_PREFIXES:
             if next(view.scan(prefix, prefix_end(prefix)), None) is not None:
-                what = "etcd or Oxia bookkeeping" if index < 2 else "sessions or ephemeral keys"
                 return _Rejected(
-                    IllegalOpError(f"this range holds {what}: splitting it is not supported")
+                    IllegalOpError(
+                        "this range holds etcd or Oxia bookkeeping: splitting it is not supported"
+                    )
                 )
+        refused = self._sessions_divide(view, seal)
+        if refused is not None:
+            return _Rejected(IllegalOpError(refused))
         view.put(SEAL_KEY, StoredRecord(0, revision, 0, False, 0, seal.SerializeToString()))
         self.sealed = tuple(seal.children)
         return kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+
+    @staticmethod
+    def _sessions_divide(view: _ApplyView, seal: wal_pb2.RangeSeal) -> str | None:
+        """Why the range's sessions cannot move with their pkeys to the children of `seal`, or
+        None: each session goes to the child holding the pkey it was created for, so that
+        pkey and every ephemeral key of the session must fall to the same child."""
+        sessions = view.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX))
+        if next(sessions, None) is None:
+            return None
+        if len(seal.start_hashes) != len(seal.children):
+            return "this range holds sessions, and the split did not say where its children begin"
+        router = RangeRouter(list(seal.start_hashes), list(range(len(seal.children))))
+        for key, _ in view.scan(SESSION_PREFIX, prefix_end(SESSION_PREFIX)):
+            (session_id,) = _SEQ.unpack_from(key, len(SESSION_PREFIX))
+            home = view.get(session_home_key(session_id))
+            if home is None:
+                return (
+                    f"session {session_id} was created without its pkey (by an etcd or Oxia "
+                    "client, or an older server): it cannot move with a split"
+                )
+            child = router.route(home.value)
+            members = _members_prefix(session_id)
+            for member, _ in view.scan(members, prefix_end(members)):
+                pkey = split_store_key(member[len(members) :])[0]
+                if router.route(pkey) != child:
+                    return (
+                        f"session {session_id} has ephemeral keys on pkeys that the split "
+                        "divides (a session and its keys move to one child)"
+                    )
+        return None
 
     @staticmethod
     def _expire_at(now_ms: int, ttl_ms: int) -> int | None:
@@ -757,6 +819,9 @@ class RangeStateMachine:
                 while view.get(session_key(session_id)) is not None:  # a chosen id took it
                     session_id += _SESSION_ID_STEP
             view.put(session_key(session_id), _number_record(revision, command.create_ttl_ms))
+            if command.pkey:
+                home = StoredRecord(0, revision, 0, False, 0, command.pkey)
+                view.put(session_home_key(session_id), home)
             if command.role:
                 role = StoredRecord(0, revision, 0, False, 0, command.role.encode())
                 view.put(session_role_key(session_id), role)
@@ -782,6 +847,7 @@ class RangeStateMachine:
         _flush_writes(view, writes, revision, now)  # also drops the keys' index entries
         view.delete(skey)
         view.delete(session_role_key(session_id))
+        view.delete(session_home_key(session_id))
         view.sessions -= 1
         return session_pb2.SessionResponse(header=_header(Code.SUCCESS), session_id=session_id)
 

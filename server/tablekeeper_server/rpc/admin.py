@@ -325,6 +325,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 request.range_id,
                 request.step,
                 tuple(request.children),
+                tuple(request.start_hashes),
             )
             return admin_pb2.SealRangeResponse(sequence=sequence)
 

@@ -316,6 +316,7 @@ class RemoteCatalogClient:
         range_id: int,
         step: str,
         children: tuple[int, ...],
+        start_hashes: tuple[int, ...] = (),
     ) -> int:
         response = await self._forwarder.forward(
             container_id,
@@ -326,6 +327,7 @@ class RemoteCatalogClient:
                 range_id=range_id,
                 children=children,
                 step=step,
+                start_hashes=start_hashes,
             ),
             admin_pb2.SealRangeResponse,
             lambda _: 0,

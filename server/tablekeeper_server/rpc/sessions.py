@@ -79,7 +79,7 @@ class SessionsServicer(session_pb2_grpc.SessionsServicer):
     ) -> session_pb2.SessionResponse:
         async def handle() -> session_pb2.SessionResponse:
             range_ = await self._range(request.stream_id, request.pkey)
-            return await range_.sessions.create(request.ttl_ms, current_role())
+            return await range_.sessions.create(request.ttl_ms, current_role(), pkey=request.pkey)
 
         async def routed() -> session_pb2.SessionResponse:
             return await self._routed("Create", request, context, handle)

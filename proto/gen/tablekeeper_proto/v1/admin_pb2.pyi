@@ -723,6 +723,7 @@ class SealRangeRequest(_message.Message):
     RANGE_ID_FIELD_NUMBER: _builtins.int
     CHILDREN_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
+    START_HASHES_FIELD_NUMBER: _builtins.int
     container_id: _builtins.int
     stream_id: _builtins.int
     range_id: _builtins.int
@@ -733,6 +734,10 @@ class SealRangeRequest(_message.Message):
     """
     @_builtins.property
     def children(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def start_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The first routing hash of each child (parallel to `children`; see wal.proto's RangeSeal)."""
+
     def __init__(
         self,
         *,
@@ -741,10 +746,11 @@ class SealRangeRequest(_message.Message):
         range_id: _builtins.int = ...,
         children: _abc.Iterable[_builtins.int] | None = ...,
         step: _builtins.str = ...,
+        start_hashes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "container_id", b"container_id", "range_id", b"range_id", "step", b"step", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "container_id", b"container_id", "range_id", b"range_id", "start_hashes", b"start_hashes", "step", b"step", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

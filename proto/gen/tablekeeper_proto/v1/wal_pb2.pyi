@@ -101,18 +101,27 @@ class RangeSeal(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHILDREN_FIELD_NUMBER: _builtins.int
+    START_HASHES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def children(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """The ranges that take the sealed range's keys over, in hash order."""
+
+    @_builtins.property
+    def start_hashes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The first routing hash each child holds (parallel to `children`). With them the seal can
+        tell which child each session goes to: a range holding sessions is sealed only when each
+        session's pkey and all its ephemeral keys fall to one child.
+        """
 
     def __init__(
         self,
         *,
         children: _abc.Iterable[_builtins.int] | None = ...,
+        start_hashes: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "start_hashes", b"start_hashes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -131,6 +140,7 @@ class SessionCommand(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     CREATE_ID_FIELD_NUMBER: _builtins.int
+    PKEY_FIELD_NUMBER: _builtins.int
     create_ttl_ms: _builtins.int
     """Create a session with this TTL; its id is the command's revision."""
     close_id: _builtins.int
@@ -145,6 +155,11 @@ class SessionCommand(_message.Message):
     """With create: the id the client chose (etcd's LeaseGrant ID); 0 = the command's revision. A
     chosen id that is in use refuses the command (KEY_EXISTS).
     """
+    pkey: _builtins.bytes
+    """With create: the pkey the session was created for (its keep-alives are routed by it). A
+    split moves the session to the child holding this pkey; empty for the etcd and Oxia
+    front-ends' sessions (and those created before this field), which a split refuses.
+    """
     def __init__(
         self,
         *,
@@ -153,10 +168,11 @@ class SessionCommand(_message.Message):
         reason: _builtins.str = ...,
         role: _builtins.str = ...,
         create_id: _builtins.int = ...,
+        pkey: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_id", b"create_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "reason", b"reason", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close_id", b"close_id", "create_id", b"create_id", "create_ttl_ms", b"create_ttl_ms", "op", b"op", "pkey", b"pkey", "reason", b"reason", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["create_ttl_ms", "close_id"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
