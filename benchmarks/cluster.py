@@ -61,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1423,6 +1423,63 @@ async def run_parts(args: argparse.Namespace, infra: Infra) -> dict[str, Any]:
         print()
         print(render_throughput(results["throughput"], args), flush=True)
     return results
+
+
+def add_infra_args(p: argparse.ArgumentParser) -> None:
+    """The options of a benchmark that runs one cluster through `run_on_infra`."""
+    p.add_argument("--zk", help="a running ZooKeeper HOST:PORT (default: start one)")
+    p.add_argument("--pulsar-url", help="a running Pulsar (default: start one)")
+    p.add_argument("--pulsar-admin-url", help="its admin URL (with --pulsar-url)")
+    p.add_argument("--zk-session-timeout", type=float, default=2.0, help=argparse.SUPPRESS)
+    p.add_argument("--ready-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
+    p.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
+    p.add_argument("--out", type=Path, help="JSON result file (default: benchmarks/out/)")
+
+
+def run_on_infra(
+    args: argparse.Namespace,
+    name: str,
+    run: Callable[[argparse.Namespace, Infra], Awaitable[dict[str, Any]]],
+    render: Callable[[dict[str, Any]], str],
+    argv: Sequence[str] | None,
+) -> int:
+    """Run a benchmark `name` (benchmarks/<name>.py) on a ZooKeeper and Pulsar started here or
+    given (`add_infra_args`), print what `render` makes of its result and write the JSON
+    report; the exit status."""
+    started = dt.datetime.now(dt.UTC)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"tk-{name}-bench-"))
+    infra = Infra(workdir=workdir)
+    result: dict[str, Any] = {}
+    with sigterm_as_interrupt():
+        try:
+            infra.use_or_start(args.zk, args.pulsar_url, args.pulsar_admin_url)
+            result = asyncio.run(run(args, infra))
+        except BenchError as e:
+            eprint(f"error: {e}")
+        except KeyboardInterrupt:
+            eprint("interrupted")
+        finally:
+            infra.stop()
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+    if not result:
+        return 1
+    print(render(result))
+    report = {
+        "benchmark": f"benchmarks/{name}.py",
+        "started_utc": started.isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "git": git_info(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        "results": result,
+    }
+    stamp = started.strftime("%Y%m%dT%H%M%S")
+    out = args.out or OUT_DIR / f"{name.replace('_', '-')}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    eprint(f"wrote {out}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

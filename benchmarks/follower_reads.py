@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import json
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,16 +39,16 @@ if str(REPO_ROOT) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     fmt,
-    git_info,
     percentile,
     positive_int,
-    sigterm_as_interrupt,
 )
 from benchmarks.cluster import (  # noqa: E402
     BenchError,
     Infra,
+    add_infra_args,
     eprint,
     harness_errors,
+    run_on_infra,
     wait_balanced,
 )
 from tablekeeper import AsyncClient  # noqa: E402
@@ -216,13 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--write-rate", type=float, default=200.0, help="puts/s meanwhile (200)")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds before each mode (2)")
     p.add_argument("--duration", type=float, default=8.0, help="seconds per mode (8)")
-    p.add_argument("--zk", help="a running ZooKeeper HOST:PORT (default: start one)")
-    p.add_argument("--pulsar-url", help="a running Pulsar (default: start one)")
-    p.add_argument("--pulsar-admin-url", help="its admin URL (with --pulsar-url)")
-    p.add_argument("--zk-session-timeout", type=float, default=2.0, help=argparse.SUPPRESS)
-    p.add_argument("--ready-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
-    p.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir)")
-    p.add_argument("--out", type=Path, help="JSON result file (default: benchmarks/out/)")
+    add_infra_args(p)
     args = p.parse_args(argv)
     if bool(args.pulsar_url) != bool(args.pulsar_admin_url):
         p.error("--pulsar-url and --pulsar-admin-url go together")
@@ -232,40 +222,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    started = dt.datetime.now(dt.UTC)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-follower-bench-"))
-    infra = Infra(workdir=workdir)
-    result: dict[str, Any] = {}
-    with sigterm_as_interrupt():
-        try:
-            infra.use_or_start(args.zk, args.pulsar_url, args.pulsar_admin_url)
-            result = asyncio.run(run(args, infra))
-        except BenchError as e:
-            eprint(f"error: {e}")
-        except KeyboardInterrupt:
-            eprint("interrupted")
-        finally:
-            infra.stop()
-            if args.workdir is None:
-                shutil.rmtree(workdir, ignore_errors=True)
-    if not result:
-        return 1
-    print(render(result))
-    report = {
-        "benchmark": "benchmarks/follower_reads.py",
-        "started_utc": started.isoformat(timespec="seconds"),
-        "argv": sys.argv[1:] if argv is None else argv,
-        "git": git_info(),
-        "cpus": os.cpu_count(),
-        "loadavg_1m_end": round(os.getloadavg()[0], 2),
-        "results": result,
-    }
-    out = args.out or OUT_DIR / f"follower-reads-{started.strftime('%Y%m%dT%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    eprint(f"wrote {out}")
-    return 0
+    return run_on_infra(parse_args(argv), "follower_reads", run, render, argv)
 
 
 if __name__ == "__main__":

@@ -141,12 +141,7 @@ class Follower:
     def _restore(self) -> None:
         """(Re)build the store from the newest checkpoint (empty without one) and start reading
         the log after its position. Blocking."""
-        if self._tail is not None:
-            self._tail.close()
-            self._tail = None
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self._close_files()
         shutil.rmtree(self.store_path, ignore_errors=True)
         self.store_path.parent.mkdir(parents=True, exist_ok=True)
         if self._checkpointer is not None:
