@@ -47,3 +47,7 @@ def prefix_end(prefix: bytes) -> bytes:
 
 def system_key(name: bytes) -> bytes:
     return SYSTEM_PREFIX + name
+
+
+SEQUENCE_DIGITS = 20
+"""The decimal digits a sequential put appends to its key prefix (the pkey's counter)."""

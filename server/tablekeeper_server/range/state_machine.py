@@ -33,6 +33,7 @@ from tablekeeper_proto.etcd import apply_pb2 as etcd_apply_pb2
 from tablekeeper_proto.oxia import apply_pb2 as oxia_apply_pb2
 from tablekeeper_proto.v1 import session_pb2, tablekeeper_pb2, wal_pb2
 from tablekeeper_server.core.keys import (
+    SEQUENCE_DIGITS,
     SYSTEM_PREFIX,
     pkey_prefix,
     prefix_end,
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 
 APPLIED_KEY = system_key(b"applied-sequence")
 _SEQ = struct.Struct(">q")
-SEQUENCE_DIGITS = 20
 
 
 def sequence_counter_key(pkey: bytes) -> bytes:

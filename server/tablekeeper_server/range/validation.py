@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
+from tablekeeper_server.core.keys import SEQUENCE_DIGITS
 from tablekeeper_server.errors import BadRequestError, InvalidKeyError
-from tablekeeper_server.range.state_machine import SEQUENCE_DIGITS
 
 _MIB = 1024 * 1024
 
