@@ -390,14 +390,16 @@ class AsyncTable:
         `max_staleness_s` before the call (default 5 s; 0: linearizable, as from the leader).
         A client's follower reads never go backwards. See `get_with_info` for the staleness.
         """
-        kv, _ = await self.get_with_info(
-            pkey,
-            lkey,
+        pk = _bytes(pkey)
+        response, _ = await self._read(
+            kv_rpc_pb2.RangeRequest(key=_bytes(lkey)),
+            pk,
+            timeout=timeout,
+            what="get",
             read_from=read_from,
             max_staleness_s=max_staleness_s,
-            timeout=timeout,
         )
-        return kv
+        return KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
 
     async def get_with_info(
         self,
