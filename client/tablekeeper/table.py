@@ -390,16 +390,8 @@ class AsyncTable:
         `max_staleness_s` before the call (default 5 s; 0: linearizable, as from the leader).
         A client's follower reads never go backwards. See `get_with_info` for the staleness.
         """
-        pk = _bytes(pkey)
-        response, _ = await self._read(
-            kv_rpc_pb2.RangeRequest(key=_bytes(lkey)),
-            pk,
-            timeout=timeout,
-            what="get",
-            read_from=read_from,
-            max_staleness_s=max_staleness_s,
-        )
-        return KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
+        kv, _ = await self._get(pkey, lkey, read_from, max_staleness_s, timeout)
+        return kv
 
     async def get_with_info(
         self,
@@ -411,6 +403,17 @@ class AsyncTable:
         timeout: float | None = None,
     ) -> tuple[KeyValue | None, ReadInfo]:
         """`get` (a follower read by default), and who answered it how fresh (`ReadInfo`)."""
+        kv, info = await self._get(pkey, lkey, read_from, max_staleness_s, timeout)
+        return kv, info or ReadInfo(replica="leader", range_id=0, applied=0, staleness_s=0.0)
+
+    async def _get(
+        self,
+        pkey: Key,
+        lkey: Key,
+        read_from: ReadFrom,
+        max_staleness_s: float | None,
+        timeout: float | None,
+    ) -> tuple[KeyValue | None, ReadInfo | None]:
         pk = _bytes(pkey)
         response, info = await self._read(
             kv_rpc_pb2.RangeRequest(key=_bytes(lkey)),
@@ -420,8 +423,7 @@ class AsyncTable:
             read_from=read_from,
             max_staleness_s=max_staleness_s,
         )
-        kv = KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None
-        return kv, info or ReadInfo(replica="leader", range_id=0, applied=0, staleness_s=0.0)
+        return (KeyValue.from_proto(pk, response.kvs[0]) if response.kvs else None), info
 
     async def scan(
         self,

@@ -285,11 +285,14 @@ class Follower:
                     self._poke.set()  # (a poll that began since will do: no need for another)
                 await self._progress.wait()
 
-    async def _applied_at_least(self, position: int) -> None:
+    async def _applied_at_least(self, position: int, *, poke: bool = True) -> None:
+        """Wait until the follower has applied `position` (`poke`: asking the log at once
+        rather than at its next idle poll)."""
         async with self._progress:
             while self.applied_sequence < position or self._restoring:
                 self._check_serving()
-                self._poke.set()
+                if poke:
+                    self._poke.set()
                 await self._progress.wait()
 
     def _check_serving(self) -> None:
