@@ -92,8 +92,14 @@ SEEDS ?= 2000
 simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
 	$(PY) -m tests.simulation --seeds $(SEEDS)
 
+# The integration and compat modules run on TEST_WORKERS pytest processes (pytest-xdist), a
+# module's tests together on one of them: they wait on servers, ZooKeeper sessions and Pulsar
+# more than they compute, so two share this machine's two cores well (`TEST_WORKERS=1` for one).
+# Each worker starts the Pulsar its tests ask for and picks ports from its own share
+# (tests/support/server.py).
+TEST_WORKERS ?= 2
 test-integration: $(STAMP) pulsar-fetch etcd-client  ## real server processes (and Pulsar), SDK and CLI end to end
-	$(PY) -m pytest -q --durations=15 tests/integration --ignore=tests/integration/test_spark.py
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/integration --ignore=tests/integration/test_spark.py
 	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
 	@# running, that fork is unsafe (gRPC skips its fork handlers), so Spark gets a process of its own.
 	$(PY) -m pytest -q tests/integration/test_spark.py
@@ -110,10 +116,10 @@ java-compat-build:  ## build the Java compatibility driver (Maven; downloads onl
 	cd tests/compat/java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
 
 test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
-	$(PY) -m pytest -q --durations=10 tests/compat
+	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
-	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/compat
+	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '
