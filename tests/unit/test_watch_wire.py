@@ -10,8 +10,8 @@ from tablekeeper_proto.v1 import watch_pb2
 from tablekeeper_server.rpc.watch import (
     _UPDATE_EVENT,
     _length_delimited,
-    encode_events_update,
-    encode_response,
+    events_update_field,
+    response_field,
     update_header,
 )
 
@@ -35,11 +35,23 @@ def _events() -> list[watch_pb2.WatchEvent]:
 @pytest.mark.parametrize("watch_id", [0, 1, 127, 128, 300, 2**40, 2**63 - 1, -1, -(2**63)])
 def test_an_update_of_encoded_events_parses_as_the_update(watch_id: int) -> None:
     events = _events()
-    encoded = [_length_delimited(_UPDATE_EVENT, e.SerializeToString()) for e in events]
-    update = watch_pb2.WatchUpdate.FromString(
-        encode_events_update(update_header(watch_id), encoded)
+    encoded = b"".join(_length_delimited(_UPDATE_EVENT, e.SerializeToString()) for e in events)
+    response = watch_pb2.WatchStreamResponse.FromString(
+        events_update_field(update_header(watch_id), encoded)
     )
-    assert update == watch_pb2.WatchUpdate(watch_id=watch_id, events=events)
+    assert response == watch_pb2.WatchStreamResponse(
+        updates=[watch_pb2.WatchUpdate(watch_id=watch_id, events=events)]
+    )
+
+
+@pytest.mark.parametrize("repeat", [1, 60, 200])  # an update of 127+ and 16,384+ bytes
+def test_a_response_of_events_updates_parses_as_the_response(repeat: int) -> None:
+    events = _events() * repeat
+    encoded = b"".join(_length_delimited(_UPDATE_EVENT, e.SerializeToString()) for e in events)
+    raw = b"".join(events_update_field(update_header(i), encoded) for i in (1, 2**40))
+    assert watch_pb2.WatchStreamResponse.FromString(raw) == watch_pb2.WatchStreamResponse(
+        updates=[watch_pb2.WatchUpdate(watch_id=i, events=events) for i in (1, 2**40)]
+    )
 
 
 def test_a_response_of_serialized_updates_parses_as_the_response() -> None:
@@ -52,8 +64,7 @@ def test_a_response_of_serialized_updates_parses_as_the_response() -> None:
             watch_id=4, events=[events[1]] * 200
         ),  # a length over 127 bytes: a two-byte varint
     ]
-    raw = encode_response([u.SerializeToString() for u in updates])
+    raw = b"".join(response_field(u.SerializeToString()) for u in updates)
     assert watch_pb2.WatchStreamResponse.FromString(raw) == watch_pb2.WatchStreamResponse(
         updates=updates
     )
-    assert encode_response([]) == b""

@@ -185,18 +185,21 @@ class Watcher:
     error: TableKeeperError | None = None
     last: tuple[int, int] = (0, _INDEX_MAX)
     on_ready: Callable[[], None] | None = None
-    """Also told when events are queued or the watcher ends (besides `wakeup`): how a stream
-    that serves many watchers learns which of them have something to send."""
+    """Told when events are queued or the watcher ends, instead of `wakeup`: how a stream that
+    serves many watchers learns which of them have something to send."""
 
     def _ready(self) -> None:
-        self.wakeup.set()
         if self.on_ready is not None:
-            self.on_ready()
+            self.on_ready()  # a shared stream's watch: nothing waits on `wakeup`
+        else:
+            self.wakeup.set()
 
-    def offer(self, events: Sequence[ChangeEvent]) -> bool:
-        """Queue matching events; False if the queue was already over its bound when they came
-        (then the watcher is cancelled and its queue freed)."""
-        behind, behind_bytes = len(self.pending), self.pending_bytes
+    def offer(self, events: Sequence[ChangeEvent], sizes: Sequence[int] | None = None) -> bool:
+        """Queue matching events (`sizes`: their `event_bytes`, if the caller has them); False
+        if the queue was already over its bound when they came (then the watcher is cancelled
+        and its queue freed). Runs once per watcher for every change: kept lean."""
+        pending = self.pending
+        behind, behind_bytes = len(pending), self.pending_bytes
         if behind >= self.queue_max or behind_bytes >= self.queue_bytes_max:
             self.pending.clear()
             self.pending_bytes = 0
@@ -209,21 +212,22 @@ class Watcher:
                 )
             )
             return False
-        added = False
-        for event in events:
-            if event.key in self.span:
-                self.pending.append(event)
-                self.pending_bytes += event_bytes(event)
-                added = True
+        start, end = self.span.start, self.span.end
+        added = 0
+        for i, event in enumerate(events):
+            if start <= event.key < end:
+                pending.append(event)
+                added += event_bytes(event) if sizes is None else sizes[i]
         if added:
+            self.pending_bytes = behind_bytes + added
             self._ready()
         return True
 
     def take(self, bytes_max: int) -> list[ChangeEvent]:
         """The oldest queued events, at most `bytes_max` bytes of them (at least one)."""
+        pending = self.pending
         taken: list[ChangeEvent] = []
         size = 0
-        pending = self.pending
         while pending:
             cost = event_bytes(pending[0])
             if taken and size + cost > bytes_max:
@@ -317,8 +321,9 @@ class WatchHub:
         if self._budget is not None:
             self._budget.used += added
             self._budget.make_room()
+        sizes = [event_bytes(event) for event in events]
         for watcher in list(self._watchers):
-            if not watcher.offer(events):
+            if not watcher.offer(events, sizes):
                 self._watchers.discard(watcher)
 
     def close(self, reason: str) -> None:
@@ -391,11 +396,22 @@ class WatchHub:
     def take_live(self, watcher: Watcher) -> list[ChangeEvent]:
         """The watcher's next live events (after its catch-up), possibly none yet; raises its
         error once everything before the error was taken."""
-        if watcher.error is not None and not watcher.pending:
+        pending = watcher.pending
+        if len(pending) == 1:  # the usual case: one change since the last take
+            event = pending.popleft()
+            watcher.pending_bytes = 0
+            position = (event.revision, event.index)
+            if position > watcher.last:
+                watcher.last = position
+                return [event]
+            return []
+        if watcher.error is not None and not pending:
             raise watcher.error
-        batch = [e for e in watcher.take(SEND_BYTES_MAX) if e.position > watcher.last]
+        last = watcher.last
+        batch = [e for e in watcher.take(SEND_BYTES_MAX) if (e.revision, e.index) > last]
         if batch:
-            watcher.last = batch[-1].position
+            tail = batch[-1]
+            watcher.last = (tail.revision, tail.index)
         return batch
 
     def stop(self, watcher: Watcher) -> None:

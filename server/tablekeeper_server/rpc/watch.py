@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -75,8 +76,16 @@ _UPDATE_EVENT = _tag(watch_pb2.WatchUpdate, "events", _LENGTH_DELIMITED)
 _RESPONSE_UPDATE = _tag(watch_pb2.WatchStreamResponse, "updates", _LENGTH_DELIMITED)
 
 
+_SMALL_VARINTS = tuple(_varint(n) for n in range(1 << 14))
+"""The varints of 0..16383 (one or two bytes): the lengths of nearly every update."""
+
+
+def _length(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if n < 16384 else _varint(n)
+
+
 def _length_delimited(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
+    return tag + _length(len(payload)) + payload
 
 
 def update_header(watch_id: int) -> bytes:
@@ -84,16 +93,17 @@ def update_header(watch_id: int) -> bytes:
     return _UPDATE_ID + _varint(watch_id)
 
 
-def encode_events_update(header: bytes, encoded_events: list[bytes]) -> bytes:
-    """A serialized `WatchUpdate` of events, from its `update_header` and events already
-    encoded as its `events` entries (`_EventCache.encoded`): what a stream sends per watcher
-    costs a join, not a conversion and a serialization."""
-    return b"".join((header, *encoded_events))
+def response_field(update: bytes) -> bytes:
+    """A serialized `WatchUpdate` as an `updates` entry of a `WatchStreamResponse`: a message
+    is the join of such entries (repeated fields concatenate)."""
+    return _RESPONSE_UPDATE + _length(len(update)) + update
 
 
-def encode_response(updates: list[bytes]) -> bytes:
-    """A serialized `WatchStreamResponse` of serialized `WatchUpdate`s."""
-    return b"".join([_length_delimited(_RESPONSE_UPDATE, update) for update in updates])
+def events_update_field(header: bytes, events: bytes) -> bytes:
+    """The `updates` entry of a watch's `WatchUpdate` of events, from its `update_header` and
+    its events already encoded as `events` entries and joined (`_EventCache.encoded`): what a
+    stream sends per watcher costs a join, not a conversion and a serialization."""
+    return b"".join((_RESPONSE_UPDATE, _length(len(header) + len(events)), header, events))
 
 
 def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.WatchEvent:
@@ -267,10 +277,10 @@ class WatchServicer:
             reader = asyncio.create_task(stream.read(request_iterator))
             try:
                 while True:
-                    updates = await stream.next(reader)
-                    if updates is None:
+                    message = await stream.next(reader)
+                    if message is None:
                         return
-                    yield encode_response(updates)  # sent as is (`add_watch_service`)
+                    yield message  # sent as is (`add_watch_service`)
             finally:
                 self._streams.discard(stream)
                 reader.cancel()
@@ -281,7 +291,7 @@ class WatchServicer:
 
 def add_watch_service(servicer: WatchServicer, server: Any) -> None:
     """Register the Watch service: as generated, except that `WatchMany` sends the bytes its
-    handler yields as they are (it serializes them itself, see `encode_response`)."""
+    handler yields as they are (it serializes them itself, see `response_field`)."""
     handlers = {
         "Watch": grpc.unary_stream_rpc_method_handler(
             servicer.Watch,
@@ -311,6 +321,49 @@ class _Live:
     """The start of each of its updates (its id), encoded once."""
 
 
+class _Outbox:
+    """A `WatchMany` stream's updates waiting to be sent, each an encoded `updates` entry (a
+    message is their join), at most `bound` of them: `put` waits for room; the pump `push`es
+    what one wake-up brings and then waits for room (`wait_room`) if that filled it."""
+
+    def __init__(self, bound: int) -> None:
+        self._bound = bound
+        self._entries: deque[bytes] = deque()
+        self.readable = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def push(self, entry: bytes) -> bool:
+        """Add `entry` without waiting; True if that filled the outbox (see `wait_room`)."""
+        self._entries.append(entry)
+        self.readable.set()
+        if len(self._entries) >= self._bound:
+            self._room.clear()
+            return True
+        return False
+
+    async def wait_room(self) -> None:
+        while len(self._entries) >= self._bound:
+            await self._room.wait()
+
+    async def put(self, entry: bytes) -> None:
+        await self.wait_room()
+        self.push(entry)
+
+    def take(self, most: int) -> list[bytes]:
+        """The oldest entries, at most `most` of them."""
+        entries = self._entries
+        taken = [entries.popleft() for _ in range(min(most, len(entries)))]
+        if not entries:
+            self.readable.clear()
+        if len(entries) < self._bound:
+            self._room.set()
+        return taken
+
+
 class _WatchStream:
     """The watches of one `WatchMany` stream. A task per watch creates it and sends its
     catch-up; then one pump for the whole stream sends the live events of the watches that
@@ -325,8 +378,7 @@ class _WatchStream:
     def __init__(self, servicer: WatchServicer, context: Context) -> None:
         self._servicer = servicer
         self._context = context
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue(self.QUEUE_MAX)
-        """Serialized `WatchUpdate`s."""
+        self._outbox = _Outbox(self.QUEUE_MAX)
         self._watches: dict[int, asyncio.Task[None]] = {}
         """Watches being created or catching up (or relayed from their owner)."""
         self._live: dict[int, _Live] = {}
@@ -340,13 +392,12 @@ class _WatchStream:
         last event they had)."""
         self._stopped.set()
 
-    async def next(self, reader: asyncio.Task[None]) -> list[bytes] | None:
-        """The updates to send next (at least one), or None to end the stream: the server is
-        stopping (clients resume elsewhere), or the client has closed its side and no watch
-        is left. A failed read ends the stream with its error."""
-        queue = self._queue
-        first: bytes | None = None
-        while first is None and queue.empty():
+    async def next(self, reader: asyncio.Task[None]) -> bytes | None:
+        """The next message to send (at least one update, encoded), or None to end the stream:
+        the server is stopping (clients resume elsewhere), or the client has closed its side and
+        no watch is left. A failed read ends the stream with its error."""
+        outbox = self._outbox
+        while not outbox:
             if self._stopped.is_set():
                 return None
             if reader.done():
@@ -354,25 +405,19 @@ class _WatchStream:
                 if not self._watches and not self._live:
                     return None
                 # The client closed its side: its watches go on until it cancels the call.
-            getter = asyncio.ensure_future(queue.get())
+            readable = asyncio.ensure_future(outbox.readable.wait())
             stopped = asyncio.ensure_future(self._stopped.wait())
-            waits: set[asyncio.Future[Any]] = {getter, stopped}
+            waits: set[asyncio.Future[Any]] = {readable, stopped}
             if not reader.done():
                 waits.add(reader)
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stopped.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                first = getter.result()
+                readable.cancel()
         if self._stopped.is_set():
             return None
-        updates: list[bytes] = [] if first is None else [first]
-        while len(updates) < UPDATES_PER_MESSAGE_MAX and not queue.empty():
-            updates.append(queue.get_nowait())
-        return updates
+        return b"".join(outbox.take(UPDATES_PER_MESSAGE_MAX))
 
     async def read(self, requests: AsyncIterator[watch_pb2.WatchStreamRequest]) -> None:
         async for request in requests:
@@ -418,7 +463,7 @@ class _WatchStream:
             hub = range_.watch
             watcher, revision = hub.start(span, request.start_revision)
             try:
-                queue = self._queue
+                outbox = self._outbox
                 await self._send(
                     watch_pb2.WatchUpdate(watch_id=watch_id, created=True, revision=revision)
                 )
@@ -427,11 +472,8 @@ class _WatchStream:
                 header = update_header(watch_id)
                 async with contextlib.aclosing(hub.catch_up(watcher)) as backlog:
                     async for batch in backlog:
-                        await queue.put(
-                            encode_events_update(
-                                header, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
-                            )
-                        )
+                        events = b"".join([encoded(range_, prefix_len, e, prev_kv) for e in batch])
+                        await outbox.put(events_update_field(header, events))
             except BaseException:
                 hub.stop(watcher)
                 raise
@@ -468,33 +510,41 @@ class _WatchStream:
 
     async def _pump_live(self) -> None:
         encoded = self._servicer._events.encoded
-        queue = self._queue
+        outbox = self._outbox
         while True:
             await self._ready_event.wait()
             self._ready_event.clear()
             ready, self._ready = self._ready, set()
+            # The watches woken together mostly got the same change: its encoded events are
+            # joined once per wake-up (keyed by the event objects, kept alive meanwhile).
+            joined: dict[tuple[int, ...], tuple[bytes, list[ChangeEvent]]] = {}
             for watch_id in ready:
                 live = self._live.get(watch_id)
                 if live is None:
                     continue
+                watcher = live.watcher
                 try:
-                    batch = live.range_.watch.take_live(live.watcher)
+                    batch = live.range_.watch.take_live(watcher)
                 except TableKeeperError as exc:
                     self._end(watch_id)
                     await self._send(_ended(watch_id, exc))
                     continue
                 if batch:
                     range_, prefix_len, prev_kv = live.range_, live.prefix_len, live.prev_kv
-                    await queue.put(
-                        encode_events_update(
-                            live.header, [encoded(range_, prefix_len, e, prev_kv) for e in batch]
-                        )
-                    )
-                if live.watcher.pending or live.watcher.error is not None:
+                    key = (id(range_), prefix_len, prev_kv, *map(id, batch))
+                    known = joined.get(key)
+                    if known is None:
+                        events = b"".join([encoded(range_, prefix_len, e, prev_kv) for e in batch])
+                        joined[key] = (events, batch)
+                    else:
+                        events = known[0]
+                    if outbox.push(events_update_field(live.header, events)):
+                        await outbox.wait_room()
+                if watcher.pending or watcher.error is not None:
                     self._mark_ready(watch_id)  # more than one batch, or its end
 
     async def _send(self, update: watch_pb2.WatchUpdate) -> None:
-        await self._queue.put(update.SerializeToString())
+        await self._outbox.put(response_field(update.SerializeToString()))
 
     async def _relay(
         self, watch_id: int, container_id: int, request: watch_pb2.WatchRequest
