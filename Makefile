@@ -85,19 +85,19 @@ pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run 
 	@# the examples jar and pulsar-admin for tests/integration/test_pulsar_functions.py
 	deploy/pulsar-functions.sh fetch >/dev/null
 
+# Each tier's test modules run on TEST_WORKERS pytest processes (pytest-xdist), a module's tests
+# together on one of them (`TEST_WORKERS=1`: one at a time). Most tests wait on servers,
+# ZooKeeper sessions and Pulsar more than they compute, so two workers share this machine's two
+# cores well. Each worker starts the Pulsar its tests ask for and picks ports from its own share
+# (tests/support/server.py).
+TEST_WORKERS ?= 2
 test-unit: $(STAMP) pulsar-fetch  ## unit, contract and simulation tests (fakes, local files, a real Pulsar)
-	$(PY) -m pytest -q tests/unit tests/contract tests/simulation
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/contract tests/simulation
 
 SEEDS ?= 2000
 simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
 	$(PY) -m tests.simulation --seeds $(SEEDS)
 
-# The integration and compat modules run on TEST_WORKERS pytest processes (pytest-xdist), a
-# module's tests together on one of them: they wait on servers, ZooKeeper sessions and Pulsar
-# more than they compute, so two share this machine's two cores well (`TEST_WORKERS=1` for one).
-# Each worker starts the Pulsar its tests ask for and picks ports from its own share
-# (tests/support/server.py).
-TEST_WORKERS ?= 2
 test-integration: $(STAMP) pulsar-fetch etcd-client  ## real server processes (and Pulsar), SDK and CLI end to end
 	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/integration --ignore=tests/integration/test_spark.py
 	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
