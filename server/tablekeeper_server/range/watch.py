@@ -194,10 +194,10 @@ class Watcher:
         else:
             self.wakeup.set()
 
-    def offer(self, events: Sequence[ChangeEvent], sizes: Sequence[int] | None = None) -> bool:
-        """Queue matching events (`sizes`: their `event_bytes`, if the caller has them); False
-        if the queue was already over its bound when they came (then the watcher is cancelled
-        and its queue freed). Runs once per watcher for every change: kept lean."""
+    def offer(self, events: Sequence[ChangeEvent], sizes: Sequence[int]) -> bool:
+        """Queue matching events (`sizes`: their `event_bytes`, worked out once for every
+        watcher); False if the queue was already over its bound when they came (then the
+        watcher is cancelled and its queue freed). Runs once per watcher for every change."""
         pending = self.pending
         behind, behind_bytes = len(pending), self.pending_bytes
         if behind >= self.queue_max or behind_bytes >= self.queue_bytes_max:
@@ -217,7 +217,7 @@ class Watcher:
         for i, event in enumerate(events):
             if start <= event.key < end:
                 pending.append(event)
-                added += event_bytes(event) if sizes is None else sizes[i]
+                added += sizes[i]
         if added:
             self.pending_bytes = behind_bytes + added
             self._ready()
