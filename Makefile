@@ -85,11 +85,11 @@ pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run 
 	@# the examples jar and pulsar-admin for tests/integration/test_pulsar_functions.py
 	deploy/pulsar-functions.sh fetch >/dev/null
 
-# Each tier's test modules run on TEST_WORKERS pytest processes (pytest-xdist), a module's tests
-# together on one of them (`TEST_WORKERS=1`: one at a time). Most tests wait on servers,
-# ZooKeeper sessions and Pulsar more than they compute, so two workers share this machine's two
-# cores well. Each worker starts the Pulsar its tests ask for and picks ports from its own share
-# (tests/support/server.py).
+# The unit, integration and compat tiers run their modules on TEST_WORKERS pytest processes
+# (pytest-xdist), a module's tests together on one of them (`TEST_WORKERS=1`: one at a time).
+# Most tests wait on servers, ZooKeeper sessions and Pulsar more than they compute, so two
+# workers share this machine's two cores well. Each worker starts the Pulsar its tests ask for
+# and picks ports from its own share (tests/support/server.py).
 TEST_WORKERS ?= 2
 test-unit: $(STAMP) pulsar-fetch  ## unit, contract and simulation tests (fakes, local files, a real Pulsar)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/contract tests/simulation
