@@ -21,6 +21,7 @@ from tablekeeper_server.errors import (
     StorageUnavailableError,
     UnavailableError,
 )
+from tablekeeper_server.log import local as local_log
 from tablekeeper_server.log.api import LogRecord
 from tablekeeper_server.log.codec import (
     RECORD_HEADER_SIZE,
@@ -505,6 +506,136 @@ def test_append_syncs_in_a_worker_thread_and_reads_see_only_durable_records(
         assert ticks >= 5
 
     run(scenario())
+
+
+class RecordingSync(CountingSync):
+    """Records which thread synced which log, and fails the syncs of the logs in `failing`
+    (after the gate, like a disk that fails while it is busy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.synced: list[tuple[str, str]] = []
+        self.failing: set[str] = set()
+
+    def __call__(self, fd: int) -> None:
+        log_name = Path(os.readlink(f"/proc/self/fd/{fd}")).parent.name
+        self.synced.append((threading.current_thread().name, log_name))
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        if log_name in self.failing:
+            raise OSError(errno.EIO, "disk on fire")
+        os.fdatasync(fd)
+
+
+async def _blocked_in_sync(
+    sync: CountingSync, append: Coroutine[Any, Any, int]
+) -> asyncio.Task[int]:
+    """Start `append` with every sync held at `sync.gate`; return once it is in its sync."""
+    sync.gate = threading.Event()
+    sync.entered.clear()
+    task = asyncio.create_task(append)
+    while not sync.entered.is_set():
+        await asyncio.sleep(0.001)
+    return task
+
+
+def test_the_logs_of_one_backend_append_on_its_one_thread_in_turn(tmp_path: Path) -> None:
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        one, two, three = (backend.open_writer(f"range-{i}") for i in (1, 2, 3))
+        sync.synced.clear()
+        first = await _blocked_in_sync(sync, one.append([b"a"]))
+        rest = [asyncio.create_task(w.append([b"b", b"c"])) for w in (two, three)]
+        for _ in range(5):
+            await asyncio.sleep(0.001)
+        # They wait behind range-1's sync: the backend's thread writes one group at a time.
+        assert not first.done() and not any(task.done() for task in rest)
+        assert sync.gate is not None
+        sync.gate.set()
+        assert await first == 1
+        assert [await task for task in rest] == [2, 2]
+        assert [log_name for _, log_name in sync.synced] == ["range-1", "range-2", "range-3"]
+        (thread,) = {thread for thread, _ in sync.synced}
+        assert thread.startswith("wal-append-")
+        assert await two.append([b"d"]) == 3
+        for writer in (one, two, three):
+            await writer.close()
+
+    run(scenario())
+
+
+def test_a_failed_sync_of_one_log_leaves_the_other_logs_appending(tmp_path: Path) -> None:
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        one, two = backend.open_writer("range-1"), backend.open_writer("range-2")
+        first = await _blocked_in_sync(sync, one.append([b"a"]))
+        second = asyncio.create_task(two.append([b"b"]))  # taken in the same wake-up
+        sync.failing.add("range-1")
+        assert sync.gate is not None
+        sync.gate.set()
+        with pytest.raises(UnavailableError, match="disk on fire"):
+            await first
+        assert await second == 1
+        assert await two.append([b"c"]) == 2
+        with pytest.raises(UnavailableError, match="earlier failure"):
+            await one.append([b"d"])
+        await one.close()
+        await two.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_append_finishes_and_the_thread_goes_on(tmp_path: Path) -> None:
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    async def scenario() -> None:
+        one, two = backend.open_writer("range-1"), backend.open_writer("range-2")
+        first = await _blocked_in_sync(sync, one.append([b"a"]))
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.create_task(two.append([b"b"]))
+        assert sync.gate is not None
+        sync.gate.set()
+        assert await second == 1
+        with pytest.raises(UnavailableError, match="cancelled"):
+            await one.append([b"c"])
+        await one.close()
+        await two.close()
+
+    run(scenario())
+    # The cancelled group was written all the same (its caller just did not wait for it).
+    assert [r.payload for r in backend.read("range-1", 1)] == [b"a"]
+
+
+def test_an_idle_append_thread_ends_and_the_next_append_starts_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_log, "_APPEND_THREAD_IDLE_EXIT_S", 0.01)
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync)
+
+    def append_threads() -> list[threading.Thread]:
+        name = f"wal-append-{tmp_path.name}"
+        return [t for t in threading.enumerate() if t.name == name]
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        assert await writer.append([b"a"]) == 1
+        (thread,) = append_threads()
+        thread.join(10)
+        assert not thread.is_alive() and not append_threads()
+        assert await writer.append([b"b"]) == 2
+        await writer.close()
+
+    run(scenario())
+    assert payloads_of(backend) == [b"a", b"b"]
 
 
 def test_failed_sync_breaks_the_writer_until_reopened(tmp_path: Path) -> None:

@@ -23,6 +23,14 @@ Durability: `append` returns after one `write` and one `fdatasync` of the group 
 function is injectable). New segment files are synced and their directory is synced before
 records are written to them; a deleted segment or log is gone once its directory is synced.
 
+Appends run on one thread per backend (`_AppendThread`), not the event loop's executor: the
+groups of all logs that are waiting when it wakes are written and synced one after the other,
+and answered with one call into each waiting loop. A hop to a pool thread and back costs this
+machine's server ~100-250 µs of CPU per group (thread and loop wake-ups, GIL hand-offs);
+sharing one wake-up among the ranges that append at the same time is what the thread is for.
+Syncs of different logs no longer overlap, which costs latency only on disks whose sync is
+slow; a log's own group commit is unchanged.
+
 Recovery (`open_writer`): every segment is read and checked, in order. A torn tail of the last
 segment (the group of a crashed append) is cut off with `ftruncate` + sync; any other damage,
 a missing segment (first, between two others, or the last one, which the tail marker names), or
@@ -47,10 +55,11 @@ import re
 import shutil
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import (
@@ -233,6 +242,73 @@ def _lock_log(log_dir: Path, log_name: str) -> int:
     return fd
 
 
+_T = TypeVar("_T")
+_Outcome = tuple["asyncio.Future[Any]", bool, Any]
+"""A job's future, whether it returned, and what it returned or raised."""
+_APPEND_THREAD_IDLE_EXIT_S: Final = 30.0
+"""An append thread with nothing to do for this long ends (the next append starts another)."""
+
+
+class _AppendThread:
+    """Runs blocking appends for the writers of one backend and answers each in its loop.
+
+    `submit` queues a job and returns at once; the thread takes every queued job when it
+    wakes, runs them in order and then, for each event loop that submitted some, makes one
+    `call_soon_threadsafe` that resolves their futures. A future whose caller gave up
+    (cancelled) is left alone; a loop that has closed meanwhile is skipped.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._ready = threading.Condition(threading.Lock())
+        self._jobs: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]]]
+        self._jobs = deque()
+        self._running = False
+
+    def submit(self, job: Callable[[], _T]) -> asyncio.Future[_T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        with self._ready:
+            self._jobs.append((job, loop, future))
+            if self._running:
+                self._ready.notify()
+            else:
+                self._running = True
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                if not self._jobs:
+                    self._ready.wait(_APPEND_THREAD_IDLE_EXIT_S)
+                if not self._jobs:
+                    self._running = False
+                    return
+                jobs = list(self._jobs)
+                self._jobs.clear()
+            outcomes: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+            for job, loop, future in jobs:
+                try:
+                    outcome: _Outcome = (future, True, job())
+                except BaseException as exc:  # answered to the caller, whatever it is
+                    outcome = (future, False, exc)
+                outcomes.setdefault(loop, []).append(outcome)
+            for loop, answered in outcomes.items():
+                with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                    loop.call_soon_threadsafe(_resolve, answered)
+
+
+def _resolve(outcomes: list[_Outcome]) -> None:
+    for future, ok, value in outcomes:
+        if future.done():  # its caller was cancelled
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
 class LocalLogWriter:
     """The writer of one local log. Create it with `LocalLogBackend.open_writer`.
 
@@ -255,6 +331,7 @@ class LocalLogWriter:
         segment_bytes_max: int,
         sync: SyncFunction,
         slot: _Slot,
+        appender: _AppendThread,
     ) -> None:
         self._log_name = log_name
         self._dir = log_dir
@@ -267,6 +344,7 @@ class LocalLogWriter:
         self._segment_bytes_max = segment_bytes_max
         self._sync = sync
         self._slot = slot
+        self._appender = appender
         self._io_lock = threading.Lock()
         self._busy = False
         self._closed = False
@@ -286,9 +364,9 @@ class LocalLogWriter:
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append `payloads` as one group and return the last one's sequence (see `LogWriter`).
 
-        The group is encoded, written with one `write` and made durable with one sync, in a
-        worker thread, so the event loop keeps running meanwhile. On return every record is
-        durable. An empty `payloads` writes nothing and returns `last_sequence`.
+        The group is encoded, written with one `write` and made durable with one sync, on the
+        backend's append thread, so the event loop keeps running meanwhile. On return every
+        record is durable. An empty `payloads` writes nothing and returns `last_sequence`.
 
         Raises `LogFencedError` after another writer opened the log, `UnavailableError` after
         `close`, after any earlier failed or cancelled append (the writer is then unusable and
@@ -305,7 +383,7 @@ class LocalLogWriter:
             return self._last
         self._busy = True
         try:
-            return await asyncio.to_thread(self._append_sync, payloads)
+            return await self._appender.submit(lambda: self._append_sync(payloads))
         except asyncio.CancelledError:
             self._broken = "an append was cancelled while in flight"
             raise
@@ -481,6 +559,7 @@ class LocalLogBackend:
         self._root = Path(root_dir)
         self._segment_bytes_max = segment_bytes_max
         self._sync: SyncFunction = sync if sync is not None else _default_sync
+        self._appender = _AppendThread(f"wal-append-{self._root.name}")
         self._remove_tombstones()
 
     @property
@@ -602,6 +681,7 @@ class LocalLogBackend:
             segment_bytes_max=self._segment_bytes_max,
             sync=self._sync,
             slot=slot,
+            appender=self._appender,
         )
 
     def _create_segment(self, log_dir: Path, first_sequence: int, flags: int) -> int:
