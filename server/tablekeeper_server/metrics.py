@@ -85,6 +85,8 @@ class ServerMetrics:
             ["reason"],
             registry=registry,
         )
+        self._request_series: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        """The labelled series of `requests` and `request_seconds` by (method, code)."""
 
     def wal_appended(self, seconds: float, records: int, payload_bytes: int) -> None:
         self.wal_append_seconds.observe(seconds)
@@ -98,8 +100,12 @@ class ServerMetrics:
         self.forwarded.labels(method).inc()
 
     def observe_request(self, method: str, code: int, seconds: float) -> None:
-        self.requests.labels(method, str(code)).inc()
-        self.request_seconds.labels(method).observe(seconds)
+        series = self._request_series.get((method, code))
+        if series is None:  # methods and codes are few: each pair's series is looked up once
+            series = (self.requests.labels(method, str(code)), self.request_seconds.labels(method))
+            self._request_series[(method, code)] = series
+        series[0].inc()
+        series[1].observe(seconds)
 
     def register_range_stats(
         self, stats: Callable[[], list[RangeStats]], labels: TableLabels
