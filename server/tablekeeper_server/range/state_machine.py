@@ -193,6 +193,10 @@ def to_key_value(lkey: bytes, record: StoredRecord, *, keys_only: bool = False) 
     return kv
 
 
+_SUCCESS = Code.SUCCESS
+"""Looked up once: reading a value off a protobuf enum wrapper is a Python-level call."""
+
+
 def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
     return kv_rpc_pb2.ResponseHeader(code=code)  # type: ignore[arg-type]
 
@@ -420,7 +424,7 @@ class RangeStateMachine:
         last = self.applied_sequence
         for index, (sequence, command) in enumerate(commands):
             if sequence <= self.applied_sequence:
-                responses.append(kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS)))
+                responses.append(kv_rpc_pb2.PutResponse(header=_header(_SUCCESS)))
                 continue
             try:
                 response = self._apply_one(view, last, sequence, command)
@@ -462,7 +466,7 @@ class RangeStateMachine:
         if op == "put":
             writes: dict[bytes, StoredRecord | None] = {}
             put_response = self._put(view, revision, now, command.put, writes)
-            if put_response.header.code == Code.SUCCESS:  # a refused put changes nothing
+            if put_response.header.code == _SUCCESS:  # a refused put changes nothing
                 _flush_writes(view, writes, revision, now)
             return put_response
         if op == "increment":
@@ -502,7 +506,7 @@ class RangeStateMachine:
         nothing and is refused as "range moved", except the same seal again (a retried split)."""
         assert self.sealed is not None
         if op == "seal" and tuple(command.seal.children) == self.sealed:
-            return kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+            return kv_rpc_pb2.PutResponse(header=_header(_SUCCESS))
         children = ", ".join(map(str, self.sealed))
         return _Rejected(
             RangeMovedError(
@@ -531,7 +535,7 @@ class RangeStateMachine:
             return _Rejected(IllegalOpError(refused))
         view.put(SEAL_KEY, StoredRecord(0, revision, 0, False, 0, seal.SerializeToString()))
         self.sealed = tuple(seal.children)
-        return kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+        return kv_rpc_pb2.PutResponse(header=_header(_SUCCESS))
 
     @staticmethod
     def _sessions_divide(view: _ApplyView, seal: wal_pb2.RangeSeal) -> str | None:
@@ -616,7 +620,7 @@ class RangeStateMachine:
             )
         writes[key] = record
         view.leases[key] = req.lease
-        response = kv_rpc_pb2.PutResponse(header=_header(Code.SUCCESS))
+        response = kv_rpc_pb2.PutResponse(header=_header(_SUCCESS))
         if req.sequential:
             response.key = lkey
         if req.prev_kv and prev is not None and self._prev_kv_fits(lkey, prev):
@@ -675,7 +679,7 @@ class RangeStateMachine:
                 encode_number(total),
             )
         writes[key] = record
-        response = kv_rpc_pb2.IncrementResponse(header=_header(Code.SUCCESS))
+        response = kv_rpc_pb2.IncrementResponse(header=_header(_SUCCESS))
         if req.get_total:
             response.total_amount = total
         return response
@@ -688,7 +692,7 @@ class RangeStateMachine:
         writes: dict[bytes, StoredRecord | None],
     ) -> kv_rpc_pb2.DeleteRangeResponse:
         prefix = pkey_prefix(req.header.r_key)
-        response = kv_rpc_pb2.DeleteRangeResponse(header=_header(Code.SUCCESS))
+        response = kv_rpc_pb2.DeleteRangeResponse(header=_header(_SUCCESS))
         if not req.range_end:
             key = prefix + req.key
             raw_prev = view.get(key)
@@ -753,11 +757,11 @@ class RangeStateMachine:
         writes: dict[bytes, StoredRecord | None] = {}
         reads = ReadBudget(self.response_bytes_max)
         writing = any(op.WhichOneof("request") != "request_range" for op in ops)
-        response = kv_rpc_pb2.TxnResponse(header=_header(Code.SUCCESS), succeeded=succeeded)
+        response = kv_rpc_pb2.TxnResponse(header=_header(_SUCCESS), succeeded=succeeded)
         for index, op in enumerate(ops):
             kind = op.WhichOneof("request")
             result = response.responses.add()
-            code = Code.SUCCESS
+            code = _SUCCESS
             if kind == "request_put":
                 put = kv_rpc_pb2.PutRequest()
                 put.CopyFrom(op.request_put)
@@ -791,7 +795,7 @@ class RangeStateMachine:
                     self._increment(view, revision, now, increment, writes)
                 )
                 code = result.response_increment.header.code
-            if code != Code.SUCCESS:
+            if code != _SUCCESS:
                 view.leases.clear()
                 failed = kv_rpc_pb2.TxnResponse(header=_header(code), succeeded=succeeded)
                 for earlier in ops[:index]:
@@ -827,7 +831,7 @@ class RangeStateMachine:
                 view.put(session_role_key(session_id), role)
             view.sessions += 1
             return session_pb2.SessionResponse(
-                header=_header(Code.SUCCESS), session_id=session_id, ttl_ms=command.create_ttl_ms
+                header=_header(_SUCCESS), session_id=session_id, ttl_ms=command.create_ttl_ms
             )
         session_id = command.close_id
         skey = session_key(session_id)
@@ -849,7 +853,7 @@ class RangeStateMachine:
         view.delete(session_role_key(session_id))
         view.delete(session_home_key(session_id))
         view.sessions -= 1
-        return session_pb2.SessionResponse(header=_header(Code.SUCCESS), session_id=session_id)
+        return session_pb2.SessionResponse(header=_header(_SUCCESS), session_id=session_id)
 
     def session_ttls(self) -> list[tuple[int, int]]:
         """(session id, ttl ms) of every live session, from the applied state."""
@@ -899,7 +903,7 @@ class RangeStateMachine:
             start = store_key(req.start_after.pkey, req.start_after.lkey) + b"\x00"
         limit = min(req.limit, SCAN_ROWS_MAX) if req.limit > 0 else SCAN_ROWS_MAX
         page = self.page_bytes
-        response = tablekeeper_pb2.ScanRangeResponse(header=_header(Code.SUCCESS))
+        response = tablekeeper_pb2.ScanRangeResponse(header=_header(_SUCCESS))
         rows = response.rows
         size = 0
         for key, raw in self.store.scan(start, SYSTEM_PREFIX):
@@ -935,7 +939,7 @@ class RangeStateMachine:
         `budget` is what the txn's reads may still carry: a key that does not fit ends the read
         with `more = true` and marks the budget exceeded."""
         prefix = pkey_prefix(req.header.r_key)
-        response = kv_rpc_pb2.RangeResponse(header=_header(Code.SUCCESS))
+        response = kv_rpc_pb2.RangeResponse(header=_header(_SUCCESS))
         bound = self.response_bytes_max if budget is None else budget.remaining
         if not req.range_end:
             record = get(prefix + req.key)

@@ -311,17 +311,15 @@ class WatchHub:
         if not events:
             return
         ring = self._ring
-        added = 0
-        for event in events:
-            ring.append(event)
-            added += event_bytes(event)
+        sizes = [event_bytes(event) for event in events]
+        ring.extend(events)
+        added = sum(sizes)
         self.ring_bytes += added
         while ring and (len(ring) > self._ring_events or self.ring_bytes > self.ring_bytes_max):
             self.drop_oldest()
         if self._budget is not None:
             self._budget.used += added
             self._budget.make_room()
-        sizes = [event_bytes(event) for event in events]
         for watcher in list(self._watchers):
             if not watcher.offer(events, sizes):
                 self._watchers.discard(watcher)

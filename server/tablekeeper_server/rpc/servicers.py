@@ -584,9 +584,12 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                     for container, indices in elsewhere.items()
                 ),
             )
-            waiting: list[asyncio.Future[Any]] = [*queued.values(), later]
             try:
-                await asyncio.wait(waiting)
+                # In order: a range answers its queued writes together, so once one is done
+                # the rest of its group usually is too (no wait, no callback per op).
+                for future in (*queued.values(), later):
+                    if not future.done():
+                        await asyncio.wait((future,))
             except asyncio.CancelledError:
                 for future in queued.values():
                     future.cancel()
