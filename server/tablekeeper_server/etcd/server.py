@@ -40,7 +40,7 @@ from tablekeeper_server.rpc.frontends import (
     Unavailable,
     method_kinds,
 )
-from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
@@ -124,25 +124,22 @@ class EtcdServer:
         self.port = listen(self._server, bind_host, port, tls)
         scheme = "https" if tls is not None else "http"
         client_url = f"{scheme}://{advertised_host}:{self.port}"
-        rpc_pb2_grpc.add_KVServicer_to_server(
-            KVServicer(self.keyspace, value_bytes_max), self._server
-        )
+        services = GenericHandlersOnly(self._server)
+        rpc_pb2_grpc.add_KVServicer_to_server(KVServicer(self.keyspace, value_bytes_max), services)
         self._watch = WatchServicer(self.keyspace, progress_interval_s=progress_interval_s)
-        rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, self._server)
+        rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, services)
         self._lease = LeaseServicer(self.keyspace)
-        rpc_pb2_grpc.add_LeaseServicer_to_server(self._lease, self._server)
+        rpc_pb2_grpc.add_LeaseServicer_to_server(self._lease, services)
         rpc_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(client_url, peers.members if peers is not None else None, scheme),
-            self._server,
+            services,
         )
-        rpc_pb2_grpc.add_MaintenanceServicer_to_server(
-            MaintenanceServicer(self.keyspace), self._server
-        )
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(MaintenanceServicer(self.keyspace), services)
         rpc_pb2_grpc.add_AuthServicer_to_server(
-            AuthServicer(self.keyspace, self.security), self._server
+            AuthServicer(self.keyspace, self.security), services
         )
         self.health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
 
     async def start(self) -> None:
         """Open the keyspace (the registry must be serving), then accept calls."""

@@ -23,7 +23,7 @@ from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
 from tablekeeper_server.rpc.frontends import FrontEndPeers
-from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
@@ -74,7 +74,9 @@ class OxiaServer:
         self._servicer = OxiaServicer(
             self.namespaces, self.leaders, key_bytes_max, clock or SystemClock()
         )
-        client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self._server)
+        client_pb2_grpc.add_OxiaClientServicer_to_server(
+            self._servicer, GenericHandlersOnly(self._server)
+        )
 
     async def start(self) -> None:
         """Create namespace `default` if missing (the registry must be serving) and open its

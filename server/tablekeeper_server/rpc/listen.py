@@ -1,7 +1,11 @@
 """Opening a gRPC port, for every front-end alike: plaintext or TLS, and one clear error when the
-address cannot be bound."""
+address cannot be bound; and adding services to a server so that a call's cost does not grow with
+the number of its methods."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 import grpc
 
@@ -23,3 +27,22 @@ def listen(server: grpc.aio.Server, bind_host: str, port: int, tls: ServerTls | 
     if bound == 0:
         raise OSError(f"cannot listen on {address} (port in use, or no such address)")
     return int(bound)
+
+
+class GenericHandlersOnly:
+    """`server` as the generated `add_*Servicer_to_server` functions see it, minus registered
+    methods: each service's handlers are added as generic handlers only.
+
+    grpc.aio keeps one request-call future per registered method and waits on all of them for
+    every incoming call (an `asyncio.wait` over N futures), so with a dozen or more methods on a
+    server that wait costs more than finding the handler among a few generic ones by name.
+    Calls, their handlers and interceptors are otherwise the same either way."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        """Left out on purpose (see the class): the generic handler serves these methods."""

@@ -17,7 +17,7 @@ from tablekeeper_proto.v1 import (
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.rpc.listen import listen
+from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
     MalformedRequestInterceptor,
@@ -120,31 +120,30 @@ class GrpcServer:
                 self.forwarder.on_forward = metrics.observe_forward
         forwarder = self.forwarder
         ops = TableOps(registry, limits, forwarder)
+        services = GenericHandlersOnly(self._server)
         storage_pb2_grpc.add_RootRangeServiceServicer_to_server(
-            RootRangeServicer(registry, metrics, forwarder), self._server
+            RootRangeServicer(registry, metrics, forwarder), services
         )
         storage_pb2_grpc.add_MetaRangeServiceServicer_to_server(
-            MetaRangeServicer(registry, metrics, forwarder), self._server
+            MetaRangeServicer(registry, metrics, forwarder), services
         )
         storage_pb2_grpc.add_StorageContainerServiceServicer_to_server(
-            StorageContainerServicer(owner_of), self._server
+            StorageContainerServicer(owner_of), services
         )
-        kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(
-            TableServicer(ops, metrics), self._server
-        )
+        kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(TableServicer(ops, metrics), services)
         tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
-            TableKeeperServicer(ops, registry, metrics), self._server
+            TableKeeperServicer(ops, registry, metrics), services
         )
         self._watch = WatchServicer(registry, limits, forwarder)
-        add_watch_service(self._watch, self._server)
+        add_watch_service(self._watch, services)
         self._sessions = SessionsServicer(registry, metrics, forwarder)
         if access is not None:
             self._sessions.is_superuser = access.is_superuser
-        session_pb2_grpc.add_SessionsServicer_to_server(self._sessions, self._server)
+        session_pb2_grpc.add_SessionsServicer_to_server(self._sessions, services)
         if admin is not None:
-            admin_pb2_grpc.add_AdminServicer_to_server(admin, self._server)
+            admin_pb2_grpc.add_AdminServicer_to_server(admin, services)
         self.health = health_aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
 
     async def start(self, *, serving: bool = True) -> None:
         """Accept calls. With `serving=False` health reports NOT_SERVING until `set_serving()`:
