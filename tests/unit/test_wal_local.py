@@ -574,7 +574,8 @@ def test_a_failed_sync_of_one_log_leaves_the_other_logs_appending(tmp_path: Path
     async def scenario() -> None:
         one, two = backend.open_writer("range-1"), backend.open_writer("range-2")
         first = await _blocked_in_sync(sync, one.append([b"a"]))
-        second = asyncio.create_task(two.append([b"b"]))  # taken in the same wake-up
+        second = asyncio.create_task(two.append([b"b"]))
+        await asyncio.sleep(0)  # its group is now queued, behind range-1's failing one
         sync.failing.add("range-1")
         assert sync.gate is not None
         sync.gate.set()
