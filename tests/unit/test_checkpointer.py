@@ -10,6 +10,7 @@ import hashlib
 import json
 import random
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -346,6 +347,50 @@ async def test_restore_verifies_sha256_and_falls_back_to_the_older_checkpoint(
     # The log still holds everything after the older checkpoint.
     assert next(iter(harness.log.read(NAME, 2001))).sequence == 2001
     assert [p.name for p in harness.store_path.parent.iterdir()] == [harness.store_path.name]
+
+
+class OverlapStore(DirectoryCheckpointStore):
+    """The first object fetch waits until a second one has started (at most `wait_s`): a
+    restore that fetched its files one at a time would leave it waiting alone."""
+
+    def __init__(self, root: Path, wait_s: float) -> None:
+        super().__init__(root)
+        self.wait_s = wait_s
+        self.changed = threading.Condition()
+        self.started = 0
+        self.active = 0
+        self.most_active = 0
+
+    def get_file(self, name: str, dest: Path) -> None:
+        with self.changed:
+            self.started += 1
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.started >= 2, timeout=self.wait_s)
+        try:
+            super().get_file(name, dest)
+        finally:
+            with self.changed:
+                self.active -= 1
+
+
+async def test_restore_fetches_the_files_of_a_checkpoint_concurrently(harness: Harness) -> None:
+    await harness.write(3000)
+    manifest = harness.checkpoint()
+    assert len(manifest.files) >= 2
+    store = OverlapStore(
+        harness.objects.root, wait_s=60.0
+    )  # a bound; a second fetch starts at once
+    harness.objects = store
+    harness.checkpointer = harness.new_checkpointer()
+    harness.lose_local_store()
+
+    assert harness.checkpointer.restore() == manifest.applied_sequence
+    assert store.started == len(manifest.files)
+    assert store.most_active >= 2
+    sm = harness.open_restored()
+    assert read(sm, 0) == value(0) and read(sm, 2999) == value(2999)
 
 
 class PhantomListingStore(DirectoryCheckpointStore):

@@ -225,15 +225,30 @@ class Range:
         """Restore the newest checkpoint and, at the same time, open the log as its writer
         (fencing the previous one): at a takeover both wait on the network (the checkpoint
         store and the log backend), so one need not wait for the other."""
+        started = time.monotonic()
+
+        def open_writer() -> tuple[LogWriter, float]:
+            writer = self._log_backend.open_writer(self.name.log_name)
+            return writer, time.monotonic() - started
+
         with ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name.log_name}") as pool:
-            opening = pool.submit(self._log_backend.open_writer, self.name.log_name)
+            opening = pool.submit(open_writer)
             try:
                 checkpointer.restore()
             except BaseException:
                 with contextlib.suppress(Exception):
-                    opening.result().close_sync()
+                    opening.result()[0].close_sync()
                 raise
-            return opening.result()
+            restored_in = time.monotonic() - started
+            writer, opened_in = opening.result()
+        log.info(
+            "range %s: restored in %.3fs while opening the log (opened at %d in %.3fs)",
+            self.name.log_name,
+            restored_in,
+            writer.last_sequence,
+            opened_in,
+        )
+        return writer
 
     def _rebuild_store(
         self, store: KvStore, checkpointer: RangeCheckpointer, reason: str
