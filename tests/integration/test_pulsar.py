@@ -212,6 +212,57 @@ def test_the_tail_a_takeover_reads_to_fence_the_log_is_not_read_twice(
     run(writer.close())
 
 
+def test_a_takeover_begins_its_recovery_at_the_recovery_cursor(
+    backends: Callable[[], PulsarLogBackend],
+    pulsar_service: PulsarService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    payloads = [f"record {i}".encode() for i in range(1, 301)]
+    owner = backends()
+
+    async def fill() -> None:
+        writer = owner.open_writer(LOG)
+        for lo in range(0, len(payloads), 10):  # the writer indexes what it appends
+            await writer.append(payloads[lo : lo + 10])
+        await writer.close()
+
+    run(fill())
+    backends().mark_recovery_start(LOG, 201)  # knows no record start: leaves no cursor
+    stats = _internal_stats(PulsarAdmin(pulsar_service.admin_url), owner, LOG)
+    assert pulsar_log.RECOVERY_SUBSCRIPTION not in stats["cursors"]
+    owner.truncate(LOG, 101)  # before the oldest kept checkpoint, say
+    owner.mark_recovery_start(LOG, 201)  # after the newest
+
+    read_by_scans: list[int] = []
+    real_next = pulsar_log._Scan.next
+
+    def counting_next(scan: Any) -> Any:
+        out = real_next(scan)
+        if out is not None:
+            read_by_scans.append(out[0].sequence)
+        return out
+
+    monkeypatch.setattr(pulsar_log._Scan, "next", counting_next)
+    taker = backends()  # another server: no index of this log
+    writer = taker.open_writer(LOG)
+    assert writer.last_sequence == 300
+    # The recovery read one interval: from the indexed start at or before 201, not from 101.
+    first = read_by_scans[0]
+    assert 201 - pulsar_log.INDEX_STRIDE - 10 <= first <= 201
+    assert read_by_scans == list(range(first, 301))
+    # The replay of the newest checkpoint takes those records without reading again ...
+    assert payloads_of(list(taker.read(LOG, 201))) == payloads[200:]
+    assert len(read_by_scans) == 301 - first
+    # ... and a replay falling back to the older checkpoint reads from the truncation point.
+    assert payloads_of(list(taker.read(LOG, 101))) == payloads[100:]
+    assert read_by_scans[-200:] == list(range(101, 301))
+    assert run(writer.append([b"after the takeover"])) == 301
+    run(writer.close())
+    again = backends().open_writer(LOG)
+    assert again.last_sequence == 301 and again.epoch > writer.epoch
+    run(again.close())
+
+
 def _internal_stats(admin: PulsarAdmin, backend: PulsarLogBackend, log: str) -> dict[str, Any]:
     _, stats = admin.call("GET", f"{backend._topic_path(log)}/internalStats")
     assert isinstance(stats, dict)

@@ -55,10 +55,15 @@ class RecordingLog(LocalLogBackend):
     def __init__(self, root: Path) -> None:
         super().__init__(root, segment_bytes_max=SEGMENT_BYTES)
         self.truncations: list[int] = []
+        self.recovery_starts: list[int] = []
 
     def truncate(self, log_name: str, before_sequence: int) -> None:
         self.truncations.append(before_sequence)
         super().truncate(log_name, before_sequence)
+
+    def mark_recovery_start(self, log_name: str, from_sequence: int) -> None:
+        self.recovery_starts.append(from_sequence)
+        super().mark_recovery_start(log_name, from_sequence)
 
 
 class Harness:
@@ -250,6 +255,8 @@ async def test_truncation_is_before_the_oldest_kept_checkpoint(harness: Harness)
         assert first <= oldest_kept + 1
         assert oldest_kept + 1 - first < 2 * GROUP + 40, (first, oldest_kept)
     assert harness.log.truncations == [positions[0] + 1] + [p + 1 for p in positions[:-1]]
+    # A recovering writer may begin after the NEWEST checkpoint.
+    assert harness.log.recovery_starts == [p + 1 for p in positions]
 
 
 async def test_a_failed_checkpoint_publishes_nothing_and_the_next_one_works(

@@ -120,6 +120,13 @@ class LogBackend(Protocol):
         """
         ...
 
+    def mark_recovery_start(self, log_name: str, from_sequence: int) -> None:
+        """Records before `from_sequence` are in the newest checkpoint: the next writer to open
+        the log may begin its recovery read there instead of at the truncation point (which
+        stays before the oldest kept checkpoint, for a restore that falls back to it). A hint:
+        a backend whose recovery reads little anyway may ignore it. Blocking."""
+        ...
+
     def delete(self, log_name: str) -> None:
         """Remove the whole log. Used when a table is deleted."""
         ...

@@ -842,6 +842,9 @@ class LocalLogBackend:
         """See `LogBackend.follow`: each poll reads again from the next record due."""
         return RereadingFollower(self, log_name, from_sequence)
 
+    def mark_recovery_start(self, log_name: str, from_sequence: int) -> None:
+        """Nothing to do: an open checks the segments on the local disk, no round trips."""
+
     def truncate(self, log_name: str, before_sequence: int) -> None:
         """Delete every segment whose records are all < `before_sequence`; never the last one.
 

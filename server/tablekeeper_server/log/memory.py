@@ -150,6 +150,9 @@ class MemoryLogBackend:
             cut = bisect.bisect_left(log.records, before_sequence, key=_sequence_of)
             del log.records[: min(cut, len(log.records) - 1)]
 
+    def mark_recovery_start(self, log_name: str, from_sequence: int) -> None:
+        """Nothing to do: an open reads no records."""
+
     def size_bytes(self, log_name: str) -> int:
         with self._lock:
             log = self._logs.get(log_name)

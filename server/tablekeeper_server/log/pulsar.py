@@ -35,7 +35,8 @@ Writers and fencing (`open_writer`):
 1. Create the producer with `ProducerAccessMode.ExclusiveWithFencing`. The broker fences every
    earlier producer of the topic (its sends, including reconnects with the older topic epoch,
    fail with `ProducerFenced`, reported as `LogFencedError`); only this one can write now.
-2. Replay the topic from the truncation cursor to its end (rules below).
+2. Replay the topic from the truncation cursor to its end (rules below); from a later record
+   start when one is known: one this backend indexed, else the recovery cursor.
 3. Send FENCE with epoch = highest epoch seen + 1. Replay on up to that FENCE: records the old
    writer had in flight and that the broker persisted before the fence ("slipped in") come before
    it and are counted. If another writer's FENCE with an epoch >= ours shows up first (two
@@ -70,6 +71,14 @@ record. Positions of record starts come from a sparse in-memory index fed by the
 acknowledgements, by replays and by reads of a log whose writer is elsewhere (every
 `INDEX_STRIDE` records), or from a replay. Reads start at the indexed record start nearest
 before what they ask for.
+
+Recovery cursor (`mark_recovery_start`): a second durable subscription (`tablekeeper-recovery`),
+moved the same way to the first record the newest checkpoint does not hold. The truncation point
+stays before the oldest kept checkpoint (a restore may fall back to it); a writer opening the
+log on a server that knows no record start of it begins its recovery scan at the recovery
+cursor instead, reading one checkpoint interval, not two. Each checkpoint moves it past the
+truncation point, so it holds back no entries the truncation cursor would let go (if moving it
+fails, only until the next checkpoint).
 
 Pulsar or its admin API unreachable: `UnavailableError` (retryable; for `append` it means the
 group may or may not be persisted).
@@ -113,6 +122,9 @@ HEADER: Final = struct.Struct(">2sBBQQHH")
 FRAGMENT_BYTES: Final = 4 * MiB
 """Largest payload piece per message (Pulsar's default message limit is 5 MB)."""
 TRUNCATION_SUBSCRIPTION: Final = "tablekeeper-truncation"
+RECOVERY_SUBSCRIPTION: Final = "tablekeeper-recovery"
+"""A second durable cursor, at the start of the first record the newest checkpoint does not
+hold (`mark_recovery_start`): where the next writer's recovery scan begins."""
 INDEX_STRIDE: Final = 64
 """Record one truncation point per this many records (at most): truncation is that coarse."""
 
@@ -250,6 +262,8 @@ class _LogState:
     lock: threading.Lock = field(default_factory=threading.Lock)
     writer: PulsarLogWriter | None = None
     index: list[_IndexEntry] = field(default_factory=list)
+    recovery_cursor: bool = False
+    """The recovery cursor is known to exist (created here)."""
 
     def add_index(self, sequence: int, position: Position) -> None:
         if position[2] > 0:
@@ -592,6 +606,14 @@ class PulsarLogFollower:
             self._scan = None
 
 
+def _mark_delete_position(cursor: object) -> Position | None:
+    """`(ledger, entry, -1)` of a cursor in a topic's internal stats; None if absent."""
+    if not isinstance(cursor, dict):
+        return None
+    ledger, _, entry = str(cursor.get("markDeletePosition", "-1:-1")).partition(":")
+    return (int(ledger), int(entry), -1)
+
+
 def _entry(position: Position) -> tuple[int, int]:
     return position[0], position[1]
 
@@ -667,17 +689,23 @@ class PulsarLogBackend:
     def _cursor(self, log_name: str) -> Position | None:
         """The truncation cursor's mark-delete position, `(ledger, entry, -1)`; None when the
         log does not exist."""
+        cursors = self._cursors(log_name)
+        return None if cursors is None else cursors[0]
+
+    def _cursors(self, log_name: str) -> tuple[Position, Position | None] | None:
+        """The mark-delete positions of the truncation and the recovery cursor (None if the
+        log has none yet), in one call; None when the log does not exist."""
         status, stats = self._admin.call(
             "GET", f"{self._topic_path(log_name)}/internalStats", allow=(404,)
         )
         if status == 404 or not isinstance(stats, dict):
             return None
-        cursor = (stats.get("cursors") or {}).get(TRUNCATION_SUBSCRIPTION)
-        if not isinstance(cursor, dict):
+        cursors = stats.get("cursors") or {}
+        truncation = _mark_delete_position(cursors.get(TRUNCATION_SUBSCRIPTION))
+        if truncation is None:
             _log.warning("log %r: truncation cursor missing; reading from the start", log_name)
-            return (-1, -1, -1)
-        ledger, _, entry = str(cursor.get("markDeletePosition", "-1:-1")).partition(":")
-        return (int(ledger), int(entry), -1)
+            truncation = (-1, -1, -1)
+        return truncation, _mark_delete_position(cursors.get(RECOVERY_SUBSCRIPTION))
 
     def _new_scan(self, log_name: str, cursor: Position, hint: _IndexEntry | None) -> _Scan:
         if hint is not None and _entry(hint.position) > _entry(cursor):
@@ -745,29 +773,44 @@ class PulsarLogBackend:
     ) -> tuple[int, int, list[_IndexEntry], list[LogRecord] | None, int]:
         """Fence the log (steps 2-4 of the module docstring). Returns the epoch, the last
         sequence, the record starts seen, the records themselves (None past
-        `RECOVERED_TAIL_BYTES_MAX`) and the first sequence it read (0: all from the cursor).
+        `RECOVERED_TAIL_BYTES_MAX`) and the first sequence it read (0: all from the truncation
+        cursor).
 
         `hint`: the last record start this backend knows of (read by a follower or a previous
         writer here). The scan begins there instead of at the truncation cursor: what comes
         before cannot change what recovery decides, because a record read as valid carries
         the highest epoch of everything before it (an older-epoch record after a newer FENCE is
         not valid, and a newer epoch without its FENCE is refused), and everything after it is
-        read."""
-        cursor = self._cursor(log_name)
-        if cursor is None:
+        read. Without a hint, the recovery cursor serves as one when it is past the truncation
+        cursor."""
+        cursors = self._cursors(log_name)
+        if cursors is None:
             raise UnavailableError(f"log {log_name!r}: the topic vanished while opening")
-        scan = self._new_scan(log_name, cursor, hint)
-        started = hint.sequence if hint is not None and scan.started_at_hint else 0
+        cursor, mark = cursors
+        started: int | None
+        if (hint is None or _entry(hint.position) <= _entry(cursor)) and (
+            mark is not None and _entry(mark) > _entry(cursor)
+        ):
+            # No record start known here: begin where the newest checkpoint's records end (a
+            # record start, as a truncation point is). What comes before decides nothing,
+            # for the reason given for `hint`; a replay from further back reads Pulsar again.
+            scan = self._new_scan(log_name, mark, None)
+            started = None  # the sequence of the first record read
+        else:
+            scan = self._new_scan(log_name, cursor, hint)
+            started = hint.sequence if hint is not None and scan.started_at_hint else 0
         index = _LogState()
         kept: list[LogRecord] | None = []
         kept_bytes = 0
         try:
 
             def step() -> None:
-                nonlocal kept, kept_bytes
+                nonlocal kept, kept_bytes, started
                 out = scan.next()
                 if out is None:
                     return
+                if started is None:
+                    started = out[0].sequence
                 index.add_index(out[0].sequence, out[1])
                 if kept is not None:
                     kept_bytes += len(out[0].payload)
@@ -801,6 +844,8 @@ class PulsarLogBackend:
             self._send(log_name, producer, [encode_header(KIND_START, epoch, base)])
         finally:
             scan.close()
+        if started is None:  # nothing after the mark: a replay from past the end takes []
+            started = base + 1
         if scan.replay.skipped:
             _log.info(
                 "log %r: recovery skipped %d messages (duplicates, fenced or failed appends)",
@@ -889,6 +934,33 @@ class PulsarLogBackend:
         with state.lock:
             state.index = [e for e in state.index if e.sequence >= cut.sequence]
 
+    def mark_recovery_start(self, log_name: str, from_sequence: int) -> None:
+        """Move the recovery cursor to the start of the last record at or below `from_sequence`
+        that this backend has indexed (the writer here indexes what it appends); without one,
+        or with Pulsar unreachable, leave it (a hint: the next open reads more)."""
+        _check_log_name(log_name)
+        state = self._state(log_name)
+        with state.lock:
+            start = state.best_start(from_sequence)
+            created = state.recovery_cursor
+        if start is None:
+            return
+        path = f"{self._topic_path(log_name)}/subscription/{RECOVERY_SUBSCRIPTION}"
+        ledger, entry, _ = start.position
+        try:
+            if not created:
+                earliest = {"ledgerId": -1, "entryId": -1, "partitionIndex": -1}
+                self._admin.call("PUT", path, earliest, allow=(409,))
+                with state.lock:
+                    state.recovery_cursor = True
+            self._admin.call(
+                "POST",
+                f"{path}/resetcursor",
+                {"ledgerId": ledger, "entryId": entry, "partitionIndex": -1},
+            )
+        except UnavailableError as exc:
+            _log.warning("log %r: recovery cursor not moved: %s", log_name, exc.message)
+
     def _scan_for_cut(
         self, log_name: str, cursor: Position, before_sequence: int
     ) -> _IndexEntry | None:
@@ -933,6 +1005,7 @@ class PulsarLogBackend:
         with state.lock:
             writer, state.writer = state.writer, None
             state.index = []
+            state.recovery_cursor = False
         if writer is not None:
             writer._fence_local()
         self._topics.delete(log_name)

@@ -11,6 +11,7 @@ stops the process in):
   4. Delete manifests beyond the newest `keep`, then objects no kept manifest references.
   5. Truncate the log before the OLDEST kept checkpoint's position, so falling back to an older
      checkpoint never meets a gap in the log.                        [checkpoint.before_truncate]
+     Mark the records after the NEWEST one as where the next owner's log recovery may begin.
 
 Restore (the local store is missing or unusable): take manifests newest first; download every
 file into a scratch directory, several at once, verifying SHA-256 [restore.during_download];
@@ -160,6 +161,7 @@ class RangeCheckpointer:
                 self._failpoints.hit("checkpoint.before_truncate")
                 oldest_kept = min(m.applied_sequence for m in kept)
                 self._log.truncate(self.range_name, oldest_kept + 1)
+                self._log.mark_recovery_start(self.range_name, applied + 1)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         self.files_unknown = False
