@@ -401,6 +401,10 @@ RESTORED_RE = re.compile(
 HANDED_OVER_RE = re.compile(
     r"range (\d{5})-(\d{12})-(\d{12}): taking over its follower's store \(at (\d+)\)"
 )
+OPENED_RE = re.compile(
+    r"range (\d{5})-(\d{12})-(\d{12}): restored in [\d.]+s while opening the log "
+    r"\(opened at \d+ in ([\d.]+)s\)(?:; (\d+) records applied meanwhile)?"
+)
 REPLAYED_RE = re.compile(
     r"range (\d{5})-(\d{12})-(\d{12}): replayed (\d+) commands up to (\d+) in ([\d.]+)s"
 )
@@ -448,6 +452,11 @@ class FailoverRound:
     replay_commands: int | None = None
     replay_s: float | None = None
     replay_logged_s: float | None = None
+    log_open_s: float | None = None
+    """The log's open (fencing it, reading its tail) beside the restore."""
+    applied_ahead: int | None = None
+    """Tail records applied while the log's open was still reading (before the replay)."""
+    opened_logged_s: float | None = None
     follower_store: bool = False
     """The new owner opened the chosen container's range on its follower's store."""
     standby: bool = False
@@ -748,11 +757,17 @@ def _failover_breakdown(
             m = HANDED_OVER_RE.search(line)
             if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
                 r.follower_store = True
+            m = OPENED_RE.search(line)
+            if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
+                r.log_open_s, r.opened_logged_s = float(m.group(4)), rel
+                r.applied_ahead = int(m.group(5)) if m.group(5) else None
             m = REPLAYED_RE.search(line)
             if m and int(m.group(1)) == r.chosen and int(m.group(2)) == table_id:
                 r.replay_commands, r.replay_s = int(m.group(4)), float(m.group(6))
                 r.replay_logged_s = rel
-    logged = [t for t in (r.restore_logged_s, r.replay_logged_s) if t is not None]
+    logged = [
+        t for t in (r.restore_logged_s, r.opened_logged_s, r.replay_logged_s) if t is not None
+    ]
     r.range_open_s = max(logged) if logged else None
 
 
@@ -762,8 +777,10 @@ def print_failover_round(r: FailoverRound, session_timeout_s: float) -> None:
         f"after {fmt(r.first_write_s, 3)}s (x{fmt(ratio(r.first_write_s, session_timeout_s))} "
         f"the session timeout), all of {r.moved} after {fmt(r.all_moved_s, 3)}s; "
         f"assignment {fmt(r.assignment_s, 3)}s, serving {fmt(r.serving_s, 3)}s "
-        f"(claim+open {fmt(r.claim_open_s, 3)}s), restore {fmt(r.restore_s, 3)}s, replay "
-        f"{r.replay_commands} cmds {fmt(r.replay_s, 3)}s"
+        f"(claim+open {fmt(r.claim_open_s, 3)}s), restore {fmt(r.restore_s, 3)}s, log open "
+        f"{fmt(r.log_open_s, 3)}s ({r.applied_ahead or 0} records applied meanwhile), replay "
+        f"{r.replay_commands or 0} cmds {fmt(r.replay_s, 3)}s, range open "
+        f"{fmt(r.range_open_s, 3)}s"
         f"{'; opened on its follower' + chr(39) + 's store' if r.follower_store else ''}; "
         f"{r.failed_writes} failed puts; "
         f"rejoin+rebalance {fmt(r.rejoin_ready_s, 1)}s"
@@ -794,6 +811,7 @@ def failover_summary(rounds: Sequence[FailoverRound], session_timeout_s: float) 
             "range_open_s_median": median_or_none([r.range_open_s for r in rs]),
             "restore_s_median": median_or_none([r.restore_s for r in rs]),
             "replay_s_median": median_or_none([r.replay_s for r in rs]),
+            "log_open_s_median": median_or_none([r.log_open_s for r in rs]),
             "follower_store_rounds": sum(r.follower_store for r in rs),
             "replay_commands_median": median_or_none(
                 [float(r.replay_commands) if r.replay_commands is not None else None for r in rs]

@@ -12,7 +12,7 @@ an epoch). A fenced writer raises `LogFencedError` on every later append.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,7 +86,13 @@ class LogWriter(Protocol):
 class LogBackend(Protocol):
     """Opens, reads and truncates named logs. Chosen once, in `main`, from configuration."""
 
-    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> LogWriter:
+    def open_writer(
+        self,
+        log_name: str,
+        *,
+        min_last_sequence: int = 0,
+        on_record: Callable[[LogRecord], object] | None = None,
+    ) -> LogWriter:
         """Open `log_name` (creating it if absent) for writing, fencing any earlier writer.
 
         Recovers the log first: a torn record at the very end (a crash during an append) is cut
@@ -94,6 +100,11 @@ class LogBackend(Protocol):
         names the log and the position, because dropping it would silently lose data.
         `min_last_sequence` raises the starting point when the caller knows of a later sequence
         than the log still holds (after truncation). Blocking: call it from a worker thread.
+
+        `on_record`: called on the opening thread with each record the recovery reads, in
+        order, as soon as it knows the record is in the log for good (the earlier writer is
+        already fenced), so a caller can apply the tail while the open goes on. A backend whose
+        open reads no remote records may never call it; `read` yields them all after the open.
         """
         ...
 

@@ -573,8 +573,15 @@ class LocalLogBackend:
 
     # -- open / recover ------------------------------------------------------------------------
 
-    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> LocalLogWriter:
+    def open_writer(
+        self,
+        log_name: str,
+        *,
+        min_last_sequence: int = 0,
+        on_record: Callable[[LogRecord], object] | None = None,
+    ) -> LocalLogWriter:
         """Open `log_name` for writing (creating it), fencing an earlier writer in this process.
+        (`on_record` is never called: the local disk is read after the open as fast.)
 
         Recovers the log first (see the module docstring) and, when `min_last_sequence` is above
         the last record, durably starts a new segment at `min_last_sequence + 1` (flagged as a

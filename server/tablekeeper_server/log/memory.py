@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -111,9 +111,16 @@ class MemoryLogBackend:
         self._lock = threading.Lock()
         self._logs: dict[str, _MemoryLog] = {}
 
-    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> MemoryLogWriter:
+    def open_writer(
+        self,
+        log_name: str,
+        *,
+        min_last_sequence: int = 0,
+        on_record: Callable[[LogRecord], object] | None = None,
+    ) -> MemoryLogWriter:
         """Open `log_name` (creating it), fencing its earlier writer. `min_last_sequence` raises
-        the numbering as in `LogBackend`; held records stay."""
+        the numbering as in `LogBackend`; held records stay (an open reads none: `on_record` is
+        never called)."""
         if min_last_sequence < 0:
             raise ValueError(f"min_last_sequence must be >= 0, got {min_last_sequence}")
         with self._lock:

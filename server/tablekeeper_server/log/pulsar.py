@@ -95,7 +95,7 @@ import os
 import re
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -717,7 +717,13 @@ class PulsarLogBackend:
 
     # -- open / recover -------------------------------------------------------------------------
 
-    def open_writer(self, log_name: str, *, min_last_sequence: int = 0) -> PulsarLogWriter:
+    def open_writer(
+        self,
+        log_name: str,
+        *,
+        min_last_sequence: int = 0,
+        on_record: Callable[[LogRecord], object] | None = None,
+    ) -> PulsarLogWriter:
         """Open `log_name` for writing (creating it), fencing every earlier writer, here or in
         any other process. Follows the protocol of the module docstring. Raises
         `UnavailableError` when Pulsar cannot be reached, `LogFencedError` if yet another writer
@@ -752,7 +758,7 @@ class PulsarLogBackend:
             hint = state.index[-1] if state.index else None
         try:
             epoch, last, index, recovered, started = self._recover(
-                log_name, producer, min_last_sequence, hint
+                log_name, producer, min_last_sequence, hint, on_record
             )
         except BaseException:
             with contextlib.suppress(Exception):
@@ -769,7 +775,12 @@ class PulsarLogBackend:
         return writer
 
     def _recover(
-        self, log_name: str, producer: Any, min_last_sequence: int, hint: _IndexEntry | None
+        self,
+        log_name: str,
+        producer: Any,
+        min_last_sequence: int,
+        hint: _IndexEntry | None,
+        on_record: Callable[[LogRecord], object] | None,
     ) -> tuple[int, int, list[_IndexEntry], list[LogRecord] | None, int]:
         """Fence the log (steps 2-4 of the module docstring). Returns the epoch, the last
         sequence, the record starts seen, the records themselves (None past
@@ -811,6 +822,8 @@ class PulsarLogBackend:
                     return
                 if started is None:
                     started = out[0].sequence
+                if on_record is not None:  # valid for good: the producer fenced the old writer
+                    on_record(out[0])
                 index.add_index(out[0].sequence, out[1])
                 if kept is not None:
                     kept_bytes += len(out[0].payload)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,7 @@ from tablekeeper_server.errors import (
     TableKeeperError,
     UnavailableError,
 )
-from tablekeeper_server.log.api import LogBackend, LogWriter
+from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.sessions import SessionManager
@@ -74,6 +75,9 @@ log = logging.getLogger(__name__)
 GROUP_RECORDS_MAX = 1024
 QUEUE_DEPTH_MAX = 16 * 1024
 REPLAY_BATCH = 1024
+READ_AHEAD_BYTES_MAX = 16 * 1024 * 1024
+"""At a takeover, records the log's open reads are applied while it goes on up to this many
+payload bytes (held meanwhile); the replay after the open reads the rest again."""
 
 
 class LogGapError(CorruptionError):
@@ -175,10 +179,12 @@ class Range:
         checkpointer = self._checkpointer
         restored = False
         writer: LogWriter | None = None
+        store: KvStore | None = None
         if checkpointer is not None and checkpointer.needs_restore():
-            writer = self._restore_while_opening_log(checkpointer)
+            writer, store = self._restore_while_opening_log(checkpointer)
             restored = True
-        store = self._open_store(restored)
+        if store is None:
+            store = self._open_store(restored)
         try:
             try:
                 applied = self._applied_of(store)
@@ -221,34 +227,95 @@ class Range:
             raise
         self._store, self._sm, self._writer = store, sm, writer
 
-    def _restore_while_opening_log(self, checkpointer: RangeCheckpointer) -> LogWriter:
+    def _restore_while_opening_log(
+        self, checkpointer: RangeCheckpointer
+    ) -> tuple[LogWriter, KvStore | None]:
         """Restore the newest checkpoint and, at the same time, open the log as its writer
         (fencing the previous one): at a takeover both wait on the network (the checkpoint
-        store and the log backend), so one need not wait for the other."""
+        store and the log backend), so one need not wait for the other. The records the open
+        reads on its way to the log's end are handed over as it reads them; once the restore
+        is done they are applied to the restored store while the open goes on. Returns the
+        writer and that store (None if it did not open: the caller's open reports why)."""
         started = time.monotonic()
+        read_ahead: queue.SimpleQueue[LogRecord | None] = queue.SimpleQueue()
+        budget = READ_AHEAD_BYTES_MAX
+
+        def on_record(record: LogRecord) -> None:
+            nonlocal budget
+            if budget >= 0:  # past it, the caller's replay reads the rest from the log
+                budget -= len(record.payload)
+                read_ahead.put(record)
 
         def open_writer() -> tuple[LogWriter, float]:
-            writer = self._log_backend.open_writer(self.name.log_name)
-            return writer, time.monotonic() - started
+            try:
+                writer = self._log_backend.open_writer(self.name.log_name, on_record=on_record)
+                return writer, time.monotonic() - started
+            finally:
+                read_ahead.put(None)
 
+        store: KvStore | None = None
         with ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name.log_name}") as pool:
             opening = pool.submit(open_writer)
             try:
                 checkpointer.restore()
+                restored_in = time.monotonic() - started
+                store, applied = self._apply_read_ahead(read_ahead)
+                writer, opened_in = opening.result()
             except BaseException:
                 with contextlib.suppress(Exception):
                     opening.result()[0].close_sync()
+                if store is not None:
+                    with contextlib.suppress(Exception):
+                        store.close()
                 raise
-            restored_in = time.monotonic() - started
-            writer, opened_in = opening.result()
         log.info(
-            "range %s: restored in %.3fs while opening the log (opened at %d in %.3fs)",
+            "range %s: restored in %.3fs while opening the log (opened at %d in %.3fs); "
+            "%d records applied meanwhile",
             self.name.log_name,
             restored_in,
             writer.last_sequence,
             opened_in,
+            applied,
         )
-        return writer
+        return writer, store
+
+    def _apply_read_ahead(
+        self, read_ahead: queue.SimpleQueue[LogRecord | None]
+    ) -> tuple[KvStore | None, int]:
+        """Open the restored store and apply the records the log's open hands over, in
+        sequence order from the store's position, until the open ends (None). Stops applying
+        at anything else (a gap, a record that is no command, a store error) and leaves it to
+        the replay after the open, which reports it. Returns the store (None if it would not
+        open: the caller's open reports why) and how many records it applied."""
+        store: KvStore | None = None
+        applied = 0
+        record: LogRecord | None = None
+        try:
+            store = self._store_factory()
+            sm = self._state_machine(store)
+            expected = sm.applied_sequence + 1
+            batch: list[tuple[int, wal_pb2.WalCommand]] = []
+            while (record := read_ahead.get()) is not None:
+                if record.sequence < expected:
+                    continue
+                if record.sequence != expected:
+                    break
+                command = wal_pb2.WalCommand()
+                command.ParseFromString(record.payload)
+                batch.append((record.sequence, command))
+                expected += 1
+                if len(batch) >= REPLAY_BATCH or read_ahead.empty():
+                    sm.apply_batch(batch)
+                    applied += len(batch)
+                    batch = []
+            if batch:
+                sm.apply_batch(batch)
+                applied += len(batch)
+        except Exception as exc:
+            log.debug("range %s: applying ahead stopped: %r", self.name.log_name, exc)
+        while record is not None:  # stopped early: the rest is the replay's, after the open
+            record = read_ahead.get()
+        return store, applied
 
     def _rebuild_store(
         self, store: KvStore, checkpointer: RangeCheckpointer, reason: str
@@ -275,13 +342,16 @@ class Range:
     def _applied_of(self, store: KvStore) -> int:
         return RangeStateMachine(store).applied_sequence
 
-    def _replay(self, store: KvStore, writer: LogWriter) -> RangeStateMachine:
-        sm = RangeStateMachine(
+    def _state_machine(self, store: KvStore) -> RangeStateMachine:
+        return RangeStateMachine(
             store,
             ttl_seconds=self._ttl_seconds,
             history=EventHistory(store),
             response_bytes_max=self._response_bytes_max,
         )
+
+    def _replay(self, store: KvStore, writer: LogWriter) -> RangeStateMachine:
+        sm = self._state_machine(store)
         if sm.applied_sequence > writer.last_sequence:
             raise CorruptionError(
                 f"log {self.name.log_name} ends at {writer.last_sequence} but the store has "
