@@ -48,28 +48,30 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tk-profile-") as tmp:
         args.work = Path(tmp)
         server = ServerProcess(args.work / "data").start()
-        assert server.process is not None
-        target = tablekeeper_target(server, args.work, args)
-        data = args.work / "data.json"
-        data.write_text(json.dumps(target.messages["put"]))
-        base = [str(args.ghz), "--insecure", "--protoset", str(target.protoset)]
-        base += ["--data-file", str(data), "--concurrency", str(args.concurrency)]
-        prefill = [*base, "--call", target.calls["put"], "--total", str(args.keys)]
-        subprocess.run([*prefill, server.target], check=True, capture_output=True)
-        data.write_text(json.dumps(target.messages[args.op]))
-        collapsed = OUT / f"profile-{args.op}.txt"
-        spy = subprocess.Popen(
-            [str(PY_SPY), "record", "--pid", str(server.process.pid), "--rate", str(args.rate)]
-            + ["--format", "raw", "--output", str(collapsed), "--nonblocking"]
-        )
-        time.sleep(1.0)  # py-spy attaches
-        load = [*base, "--call", target.calls[args.op], "--duration", f"{args.duration}s"]
-        result = subprocess.run(
-            [*load, "--format", "json", server.target], capture_output=True, text=True
-        )
-        spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
-        spy.wait(60)
-        server.stop()
+        try:
+            assert server.process is not None
+            target = tablekeeper_target(server, args.work, args)
+            data = args.work / "data.json"
+            data.write_text(json.dumps(target.messages["put"]))
+            base = [str(args.ghz), "--insecure", "--protoset", str(target.protoset)]
+            base += ["--data-file", str(data), "--concurrency", str(args.concurrency)]
+            prefill = [*base, "--call", target.calls["put"], "--total", str(args.keys)]
+            subprocess.run([*prefill, server.target], check=True, capture_output=True)
+            data.write_text(json.dumps(target.messages[args.op]))
+            collapsed = OUT / f"profile-{args.op}.txt"
+            spy = subprocess.Popen(
+                [str(PY_SPY), "record", "--pid", str(server.process.pid), "--rate", str(args.rate)]
+                + ["--format", "raw", "--output", str(collapsed), "--nonblocking"]
+            )
+            time.sleep(1.0)  # py-spy attaches
+            load = [*base, "--call", target.calls[args.op], "--duration", f"{args.duration}s"]
+            result = subprocess.run(
+                [*load, "--format", "json", server.target], capture_output=True, text=True
+            )
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+            spy.wait(60)
+        finally:
+            server.stop()  # also when ghz or py-spy fails
     rps = json.loads(result.stdout)["rps"] if result.stdout else 0.0
     print(f"{args.op} at {args.concurrency} in flight: {rps:,.0f} calls/s while sampled")
     self_time: collections.Counter[str] = collections.Counter()
