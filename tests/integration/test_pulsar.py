@@ -244,12 +244,16 @@ def test_a_takeover_begins_its_recovery_at_the_recovery_cursor(
 
     monkeypatch.setattr(pulsar_log._Scan, "next", counting_next)
     taker = backends()  # another server: no index of this log
-    writer = taker.open_writer(LOG)
+    handed_over: list[LogRecord] = []
+    writer = taker.open_writer(LOG, on_record=handed_over.append)
     assert writer.last_sequence == 300
     # The recovery read one interval: from the indexed start at or before 201, not from 101.
     first = read_by_scans[0]
     assert 201 - pulsar_log.INDEX_STRIDE - 10 <= first <= 201
     assert read_by_scans == list(range(first, 301))
+    # Each record it read was handed over as it went, in order: what a takeover applies early.
+    assert [r.sequence for r in handed_over] == read_by_scans
+    assert payloads_of(handed_over) == payloads[first - 1 :]
     # The replay of the newest checkpoint takes those records without reading again ...
     assert payloads_of(list(taker.read(LOG, 201))) == payloads[200:]
     assert len(read_by_scans) == 301 - first
