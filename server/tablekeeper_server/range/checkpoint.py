@@ -356,20 +356,16 @@ class RangeCheckpointer:
         remote store answers each file after a round trip or two, and a takeover waits on all."""
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
-        files = manifest.files
-        if len(files) <= 1:
-            for entry in files:
-                self._download_file(entry, scratch)
-        else:
-            workers = min(RESTORE_PARALLELISM, len(files))
-            with ThreadPoolExecutor(workers, thread_name_prefix="restore") as pool:
-                futures = [pool.submit(self._download_file, entry, scratch) for entry in files]
-                try:
-                    for future in futures:
-                        future.result()
-                finally:
-                    for future in futures:  # after a failure: start no more files
-                        future.cancel()
+        workers = max(1, min(RESTORE_PARALLELISM, len(manifest.files)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="restore") as pool:
+            futures = [pool.submit(self._download_file, f, scratch) for f in manifest.files]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                for future in futures:  # start no more files
+                    future.cancel()
+                raise
         _fsync_dir(scratch)
 
     def _download_file(self, entry: FileEntry, scratch: Path) -> None:
