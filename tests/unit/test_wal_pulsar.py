@@ -7,6 +7,8 @@ stale epochs, duplicates and gaps are skipped; anything else that is not ours is
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from tablekeeper_server.checkpoint.pulsar import decode_object_name, encode_object_name
@@ -14,9 +16,12 @@ from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.api import LogRecord
 from tablekeeper_server.log.pulsar import (
     FRAGMENT_BYTES,
+    GROUP_BYTES_MAX,
+    GROUP_RECORD_BYTES_MAX,
     HEADER,
     KIND_DATA,
     KIND_FENCE,
+    KIND_GROUP,
     KIND_START,
     _Replay,
     encode_header,
@@ -43,14 +48,20 @@ def data(
     )
 
 
+def group(epoch: int, first: int, count: int, payloads: list[bytes] | None = None) -> bytes:
+    bodies = payloads or [f"p{first + i}".encode() for i in range(count)]
+    assert len(bodies) == count
+    return encode_header(KIND_GROUP, epoch, first, 0, count) + b"".join(
+        struct.pack(">I", len(b)) + b for b in bodies
+    )
+
+
 def replay(messages: list[bytes], replay_: _Replay | None = None) -> list[LogRecord]:
     state = replay_ or _Replay("log")
     records = []
     for entry, message in enumerate(messages):
         position: Position = (1, entry, -1)
-        out = state.feed(message, position)
-        if out is not None:
-            records.append(out[0])
+        records += [record for record, _ in state.feed(message, position)]
     return records
 
 
@@ -161,9 +172,114 @@ def test_record_positions_point_at_the_first_fragment() -> None:
     state = _Replay("log")
     state.feed(fence(1), (1, 0, -1))
     state.feed(start(1, 0), (1, 1, -1))
-    assert state.feed(data(1, 1, b"a", 0, 2), (1, 2, -1)) is None
+    assert state.feed(data(1, 1, b"a", 0, 2), (1, 2, -1)) == []
     out = state.feed(data(1, 1, b"b", 1, 2), (1, 3, -1))
-    assert out == (LogRecord(1, b"ab"), (1, 2, -1))
+    assert out == [(LogRecord(1, b"ab"), (1, 2, -1))]
+
+
+def test_an_append_packs_small_records_into_groups() -> None:
+    payloads = [bytes([i % 251]) * 100 for i in range(300)]
+    messages = encode_records(1, 7, payloads)
+    assert len(messages) == 1
+    assert HEADER.unpack_from(messages[0])[2:] == (KIND_GROUP, 1, 7, 0, 300)
+    records = replay([fence(1), start(1, 6), *messages])
+    assert records == [LogRecord(7 + i, p) for i, p in enumerate(payloads)]
+
+
+def test_groups_are_bounded_and_large_records_go_alone_in_order() -> None:
+    small = b"s" * 1000
+    large = b"L" * (GROUP_RECORD_BYTES_MAX + 1)
+    huge = b"H" * (FRAGMENT_BYTES + 1)
+    payloads = [small] * 600 + [large] + [small] * 3 + [huge, b"", small]
+    messages = encode_records(1, 1, payloads)
+    shapes = [
+        (kind, seq, count) for _, _, kind, _, seq, _, count in map(HEADER.unpack_from, messages)
+    ]
+    per_group = GROUP_BYTES_MAX // len(small)  # 524 records of 1000 bytes
+    # 600 small records: two groups within the byte bound; the large record alone; a group of
+    # 3; the huge record in two fragments; then a group of the last two.
+    assert shapes == [
+        (KIND_GROUP, 1, per_group),
+        (KIND_GROUP, 1 + per_group, 600 - per_group),
+        (KIND_DATA, 601, 1),
+        (KIND_GROUP, 602, 3),
+        (KIND_DATA, 605, 2),
+        (KIND_DATA, 605, 2),
+        (KIND_GROUP, 606, 2),
+    ]
+    assert len(messages[0]) == HEADER.size + per_group * (4 + len(small))
+    records = replay([fence(1), start(1, 0), *messages])
+    assert records == [LogRecord(i, p) for i, p in enumerate(payloads, start=1)]
+
+
+def test_a_group_of_one_is_a_data_message() -> None:
+    (message,) = encode_records(3, 5, [b"only"])
+    assert message == encode_header(KIND_DATA, 3, 5) + b"only"
+
+
+def test_group_duplicates_overlaps_and_gaps_follow_the_data_rules() -> None:
+    state = _Replay("log")
+    records = replay(
+        [
+            fence(1),
+            start(1, 0),
+            group(1, 1, 3),
+            group(1, 1, 3),  # a client resend: every record a duplicate
+            group(1, 2, 4, [b"x2", b"x3", b"p4", b"p5"]),  # 2 and 3 duplicates, 4 and 5 new
+            group(1, 8, 2),  # a gap: a failed append, skipped
+            data(1, 6),
+        ],
+        state,
+    )
+    assert seqs(records) == [1, 2, 3, 4, 5, 6]
+    assert records[3] == LogRecord(4, b"p4")
+    assert state.skipped == 3 + 2 + 2
+
+
+def test_a_fenced_writers_group_is_skipped_and_an_unannounced_epoch_is_corruption() -> None:
+    state = _Replay("log")
+    records = replay(
+        [fence(1), start(1, 0), group(1, 1, 2), fence(2), group(1, 3, 2), start(2, 2)], state
+    )
+    assert seqs(records) == [1, 2]
+    assert state.skipped == 2
+    with pytest.raises(CorruptionError, match="without that epoch's FENCE"):
+        replay([fence(1), start(1, 0), group(2, 1, 2)])
+
+
+def test_every_record_of_a_group_points_at_its_message() -> None:
+    state = _Replay("log")
+    state.feed(fence(1), (1, 0, -1))
+    state.feed(start(1, 0), (1, 1, -1))
+    out = state.feed(group(1, 1, 3), (1, 2, 0))
+    assert [(r.sequence, p) for r, p in out] == [(1, (1, 2, 0)), (2, (1, 2, 0)), (3, (1, 2, 0))]
+
+
+def test_a_read_after_truncation_adopts_a_groups_numbering() -> None:
+    assert seqs(replay([group(4, 120, 3), data(4, 123)])) == [120, 121, 122, 123]
+
+
+def test_a_group_completes_over_a_large_record_never_finished() -> None:
+    records = replay(
+        [fence(1), start(1, 0), data(1, 1, b"a", 0, 2), group(1, 1, 2), data(1, 1, b"b", 1, 2)]
+    )
+    assert records == [LogRecord(1, b"p1"), LogRecord(2, b"p2")]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        group(1, 2, 3)[:-1],  # the last record cut short
+        group(1, 2, 2) + b"x",  # bytes after the records
+        encode_header(KIND_GROUP, 1, 2, 0, 2) + struct.pack(">I", 1) + b"a",  # one missing
+        encode_header(KIND_GROUP, 1, 2, 0, 2) + b"\x00\x00",  # a length cut short
+        encode_header(KIND_GROUP, 1, 2, 1, 2) + group(1, 2, 2)[HEADER.size :],  # a fragment
+        encode_header(KIND_GROUP, 1, 2, 0, 0),  # no records
+    ],
+)
+def test_damaged_groups_are_corruption(message: bytes) -> None:
+    with pytest.raises(CorruptionError, match="damaged message"):
+        replay([fence(1), start(1, 0), data(1, 1), message])
 
 
 @pytest.mark.parametrize(

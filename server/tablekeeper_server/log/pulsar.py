@@ -26,6 +26,10 @@ Messages: every message starts with a 24-byte header (big-endian)::
 
 * DATA (kind 1): a record, or fragment `fragment` of `count` (payloads over 4 MiB are split,
   Pulsar's message limit being 5 MB); all fragments carry the record's sequence;
+* GROUP (kind 4): `count` consecutive records from `sequence` on (fragment 0), each as
+  `length u32 | payload`: an append packs its records of up to 64 KiB into groups of up to
+  512 KiB, so that a group commit is a few messages rather than one per record (each message
+  costs the writer a send and an acknowledgement, and every reader a read);
 * FENCE (kind 2): a writer took the log over with epoch `epoch`; the body is a random nonce;
 * START (kind 3): the writer of `epoch` numbers its first record `sequence + 1` (the log's last
   sequence when it opened, or the caller's higher `min_last_sequence`).
@@ -54,11 +58,12 @@ topic order with a current epoch and last sequence:
   that slipped in late; it was never acknowledged. DATA with a sequence <= last is a duplicate (the
   client re-sends unacknowledged messages after a reconnect) and is skipped; DATA with a gap
   belongs to an append that failed and was never acknowledged, and is skipped too.
+* A GROUP is its records in turn, each taken or skipped by the rules for DATA.
 * A read that starts after the truncation point takes its epoch and numbering from the first
   message it reads (truncation only ever cuts in front of a record's first message).
 * A message without a valid header raises `CorruptionError`.
 
-Group commit: `append` sends all records of the group with `send_async` on a producer with
+Group commit: `append` sends all messages of the group with `send_async` on a producer with
 batching enabled, flushes, and returns when the broker has acknowledged every message, i.e. once
 BookKeeper has persisted them. Any failure makes the writer unusable (a later group must not
 follow a partly persisted one); it must be reopened, and the new writer's replay decides which
@@ -88,6 +93,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import functools
 import logging
@@ -118,9 +124,15 @@ FORMAT_VERSION: Final = 1
 KIND_DATA: Final = 1
 KIND_FENCE: Final = 2
 KIND_START: Final = 3
+KIND_GROUP: Final = 4
 HEADER: Final = struct.Struct(">2sBBQQHH")
 FRAGMENT_BYTES: Final = 4 * MiB
 """Largest payload piece per message (Pulsar's default message limit is 5 MB)."""
+GROUP_RECORD_BYTES_MAX: Final = 64 * 1024
+"""Records up to this size travel in GROUP messages; larger ones in DATA messages of their own."""
+GROUP_BYTES_MAX: Final = 512 * 1024
+"""Payload bytes per GROUP message, at most (within the producer's 1 MiB batches)."""
+_LENGTH = struct.Struct(">I")
 TRUNCATION_SUBSCRIPTION: Final = "tablekeeper-truncation"
 RECOVERY_SUBSCRIPTION: Final = "tablekeeper-recovery"
 """A second durable cursor, at the start of the first record the newest checkpoint does not
@@ -144,16 +156,41 @@ def encode_header(kind: int, epoch: int, sequence: int, fragment: int = 0, count
 
 
 def encode_records(epoch: int, first_sequence: int, payloads: Sequence[bytes]) -> list[bytes]:
-    """The messages of an append: one per record, or per fragment of a large record."""
-    messages = []
+    """The messages of an append, in sequence order: runs of small records as GROUP messages
+    (a run of one as DATA), each larger record as DATA, split into fragments past 4 MiB."""
+    messages: list[bytes] = []
+    group: list[bytes] = []  # length-prefixed payloads of the run being packed
+    group_first = first_sequence
+    group_bytes = 0
+
+    def close_group() -> None:
+        if len(group) == 1:
+            body = group[0][_LENGTH.size :]
+            messages.append(encode_header(KIND_DATA, epoch, group_first) + body)
+        elif group:
+            header = encode_header(KIND_GROUP, epoch, group_first, 0, len(group))
+            messages.append(header + b"".join(group))
+        group.clear()
+
     for sequence, payload in enumerate(payloads, start=first_sequence):
+        size = len(payload)
+        if size <= GROUP_RECORD_BYTES_MAX:
+            if group and (group_bytes + size > GROUP_BYTES_MAX or len(group) == 0xFFFF):
+                close_group()
+            if not group:
+                group_first, group_bytes = sequence, 0
+            group.append(_LENGTH.pack(size) + payload)
+            group_bytes += size
+            continue
+        close_group()
         data = bytes(payload)
-        count = max(1, -(-len(data) // FRAGMENT_BYTES))
+        count = -(-size // FRAGMENT_BYTES)
         if count > 0xFFFF:
-            raise ValueError(f"payload of {len(data)} bytes is too large for the log")
+            raise ValueError(f"payload of {size} bytes is too large for the log")
         for fragment in range(count):
             piece = data[fragment * FRAGMENT_BYTES : (fragment + 1) * FRAGMENT_BYTES]
             messages.append(encode_header(KIND_DATA, epoch, sequence, fragment, count) + piece)
+    close_group()
     return messages
 
 
@@ -172,9 +209,9 @@ class _Replay:
     _partial: tuple[int, int, int] | None = None
     _partial_start: Position = (0, 0, 0)
 
-    def feed(self, data: bytes, position: Position) -> tuple[LogRecord, Position] | None:
-        """Take the next message; return the record it completes (with the position of the
-        record's first message), if any."""
+    def feed(self, data: bytes, position: Position) -> list[tuple[LogRecord, Position]]:
+        """Take the next message; return the records it completes (each with the position of
+        the record's first message), in order: none, one, or a GROUP's."""
         if len(data) < HEADER.size:
             raise self._damaged(position, f"{len(data)} bytes, shorter than a header")
         magic, version, kind, epoch, sequence, fragment, count = HEADER.unpack_from(data)
@@ -186,13 +223,13 @@ class _Replay:
             if self.epoch is None or epoch > self.epoch:
                 self.epoch = epoch
                 self._drop_partial()
-            return None
+            return []
         if kind == KIND_START:
             if self.epoch is None:
                 self.epoch = epoch
             if epoch != self.epoch:
                 self.skipped += 1
-                return None
+                return []
             if self.last is not None and sequence < self.last:
                 raise CorruptionError(
                     f"log {self.log_name!r} at {position}: epoch {epoch} starts after sequence "
@@ -200,29 +237,23 @@ class _Replay:
                 )
             self.last = sequence
             self._drop_partial()
-            return None
+            return []
+        if kind == KIND_GROUP:
+            return self._feed_group(data, position, epoch, sequence, fragment, count)
         if kind != KIND_DATA:
             raise self._damaged(position, f"unknown message kind {kind}")
         if count < 1 or fragment >= count:
             raise self._damaged(position, f"fragment {fragment} of {count}")
-        if self.epoch is None:
-            self.epoch = epoch
-        if epoch < self.epoch:
-            self.skipped += 1  # a fenced writer's record that slipped in after the new FENCE
-            return None
-        if epoch > self.epoch:
-            raise CorruptionError(
-                f"log {self.log_name!r} at {position}: record {sequence} of epoch {epoch} "
-                f"without that epoch's FENCE (current epoch {self.epoch})"
-            )
+        if not self._current(epoch, sequence, position):
+            return []
         if self.last is None:
             if fragment != 0:
                 self.skipped += 1
-                return None
+                return []
             self.last = sequence - 1
         if sequence != self.last + 1:
             self.skipped += 1  # a duplicate (<= last) or a record of a failed append (gap)
-            return None
+            return []
         key = (epoch, sequence, count)
         if fragment == 0:
             self._parts = [data[HEADER.size :]]
@@ -232,14 +263,63 @@ class _Replay:
             self._parts.append(data[HEADER.size :])
         else:
             self.skipped += 1
-            return None
+            return []
         if len(self._parts) < count:
-            return None
+            return []
         payload = self._parts[0] if count == 1 else b"".join(self._parts)
         start = self._partial_start
         self._drop_partial()
         self.last = sequence
-        return LogRecord(sequence, payload), start
+        return [(LogRecord(sequence, payload), start)]
+
+    def _current(self, epoch: int, sequence: int, position: Position) -> bool:
+        """Whether a DATA or GROUP message of `epoch` belongs to the current epoch (adopting
+        it when none is known yet); False for a fenced writer's message."""
+        if self.epoch is None:
+            self.epoch = epoch
+        if epoch < self.epoch:
+            self.skipped += 1  # a fenced writer's record that slipped in after the new FENCE
+            return False
+        if epoch > self.epoch:
+            raise CorruptionError(
+                f"log {self.log_name!r} at {position}: record {sequence} of epoch {epoch} "
+                f"without that epoch's FENCE (current epoch {self.epoch})"
+            )
+        return True
+
+    def _feed_group(
+        self, data: bytes, position: Position, epoch: int, first: int, fragment: int, count: int
+    ) -> list[tuple[LogRecord, Position]]:
+        if count < 1 or fragment != 0:
+            raise self._damaged(position, f"group fragment {fragment} of {count} records")
+        payloads: list[bytes] = []
+        offset, end = HEADER.size, len(data)
+        view = memoryview(data)
+        for _ in range(count):
+            if offset + _LENGTH.size > end:
+                raise self._damaged(position, f"group of {count} records cut short")
+            (size,) = _LENGTH.unpack_from(data, offset)
+            offset += _LENGTH.size
+            if offset + size > end:
+                raise self._damaged(position, f"group of {count} records cut short")
+            payloads.append(bytes(view[offset : offset + size]))
+            offset += size
+        if offset != end:
+            raise self._damaged(position, f"{end - offset} bytes after a group's records")
+        if not self._current(epoch, first, position):
+            self.skipped += count - 1  # (one counted already)
+            return []
+        if self.last is None:
+            self.last = first - 1
+        out: list[tuple[LogRecord, Position]] = []
+        for sequence, payload in enumerate(payloads, start=first):
+            if sequence != self.last + 1:
+                self.skipped += 1  # a duplicate (<= last) or past a gap (a failed append)
+                continue
+            self._drop_partial()  # a large record begun before it was never completed
+            self.last = sequence
+            out.append((LogRecord(sequence, payload), position))
+        return out
 
     def _drop_partial(self) -> None:
         self._parts = []
@@ -513,6 +593,8 @@ class _Scan:
         """Read from the entry of `start` (the earliest entry if None), skipping messages at or
         before `skip_through` and messages before `start` within its entry."""
         self.replay = _Replay(log_name)
+        self._ready: collections.deque[tuple[LogRecord, Position]] = collections.deque()
+        """Records of the last message read not yet taken (a GROUP's)."""
         self.started_at_hint = False
         """Whether it began at an indexed record start (not at the truncation cursor)."""
         self._backend = backend
@@ -533,13 +615,18 @@ class _Scan:
             raise UnavailableError(f"log {log_name!r}: cannot open a reader: {exc}") from exc
 
     def has_more(self) -> bool:
+        if self._ready:
+            return True
         try:
             return bool(self._reader.has_message_available())
         except pulsar.PulsarException as exc:
             raise UnavailableError(f"log {self._log_name!r}: read failed: {exc}") from exc
 
     def next(self) -> tuple[LogRecord, Position] | None:
-        """Read and feed one message; return the record it completes, if any."""
+        """The next record of the last message read, or else read and feed one message and
+        return the first record it completes, if any."""
+        if self._ready:
+            return self._ready.popleft()
         try:
             message = self._reader.read_next(self._backend._timeout_ms)
         except pulsar.PulsarException as exc:
@@ -549,7 +636,12 @@ class _Scan:
             return None
         if self._start is not None and position < self._start:
             return None
-        return self.replay.feed(message.data(), position)
+        records = self.replay.feed(message.data(), position)
+        if not records:
+            return None
+        if len(records) > 1:
+            self._ready.extend(records[1:])
+        return records[0]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
