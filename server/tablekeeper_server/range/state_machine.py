@@ -201,6 +201,16 @@ def _header(code: int) -> kv_rpc_pb2.ResponseHeader:
     return kv_rpc_pb2.ResponseHeader(code=code)  # type: ignore[arg-type]
 
 
+_PUT_SUCCESS = kv_rpc_pb2.PutResponse(header=_header(_SUCCESS))
+
+
+def _put_success() -> kv_rpc_pb2.PutResponse:
+    """A new SUCCESS PutResponse: copied from a template, a fifth of building one (hot path)."""
+    response = kv_rpc_pb2.PutResponse()
+    response.CopyFrom(_PUT_SUCCESS)
+    return response
+
+
 class _ApplyView:
     """Store state during one apply batch: the store plus this batch's not-yet-written changes.
 
@@ -424,7 +434,7 @@ class RangeStateMachine:
         last = self.applied_sequence
         for index, (sequence, command) in enumerate(commands):
             if sequence <= self.applied_sequence:
-                responses.append(kv_rpc_pb2.PutResponse(header=_header(_SUCCESS)))
+                responses.append(_put_success())
                 continue
             try:
                 response = self._apply_one(view, last, sequence, command)
@@ -457,8 +467,8 @@ class RangeStateMachine:
     def _apply_one(
         self, view: _ApplyView, previous: int, revision: int, command: wal_pb2.WalCommand
     ) -> Response | _Rejected:
-        if self._prev_kvs is None or not self._prev_kvs.stop:  # not a dry run
-            self._prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=False)
+        if self._prev_kvs is not None and not self._prev_kvs.stop:  # not a dry run
+            self._prev_kvs = None  # this command's budget, made if it asks for prev_kv
         now = command.timestamp_ms
         op = command.WhichOneof("op")
         if self.sealed is not None:
@@ -620,7 +630,7 @@ class RangeStateMachine:
             )
         writes[key] = record
         view.leases[key] = req.lease
-        response = kv_rpc_pb2.PutResponse(header=_header(_SUCCESS))
+        response = _put_success()
         if req.sequential:
             response.key = lkey
         if req.prev_kv and prev is not None and self._prev_kv_fits(lkey, prev):
@@ -632,7 +642,7 @@ class RangeStateMachine:
         carry (and takes its room). A dry run stops at the first that does not."""
         budget = self._prev_kvs
         if budget is None:
-            return True
+            budget = self._prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=False)
         row_bytes = _row_bytes(lkey, record, False)
         if row_bytes <= budget.remaining:
             budget.remaining -= row_bytes
