@@ -7,6 +7,11 @@ commit task does what a range's writer task does (`range/replica.py`): take ever
 (acknowledged), appends/s and the mean group size, and the p50/p99 latency a writer sees from
 submit to acknowledgement.
 
+Then, per backend, a log of `--reopen-records` records (default 100,000, appended 100 at a time)
+is opened by a new owner three times (a fresh backend each time, as on another server: for Pulsar,
+fence and read the log to its end) and read whole: the time of each open and the records/s of
+each read, which is what a takeover pays for a log's tail.
+
     .venv/bin/python benchmarks/wal_backends.py --start-pulsar          # starts its own Pulsar
     .venv/bin/python benchmarks/wal_backends.py --pulsar-url pulsar://127.0.0.1:6650 \\
         --pulsar-admin-url http://127.0.0.1:8080
@@ -126,6 +131,49 @@ async def run_cell(
     )
 
 
+@dataclass
+class Reopen:
+    backend: str
+    records: int
+    open_s: list[float]
+    read_records_per_s: list[float]
+
+
+def run_reopen(
+    make: Callable[[], tuple[LogBackend, Callable[[], None]]], name: str, count: int, payload: bytes
+) -> Reopen:
+    backend, close = make()
+    try:
+        writer = backend.open_writer("reopen")
+
+        async def fill() -> None:
+            for first in range(0, count, 100):
+                await writer.append([payload] * min(100, count - first))
+
+        asyncio.run(fill())
+        writer.close_sync()
+    finally:
+        close()
+    opens: list[float] = []
+    reads: list[float] = []
+    for _ in range(3):
+        backend, close = make()
+        try:
+            started = time.perf_counter()
+            backend.open_writer("reopen").close_sync()
+            opens.append(round(time.perf_counter() - started, 3))
+        finally:
+            close()
+        backend, close = make()
+        try:
+            started = time.perf_counter()
+            read = sum(1 for _ in backend.read("reopen", 1))
+            reads.append(round(read / (time.perf_counter() - started), 1))
+        finally:
+            close()
+    return Reopen(name, count, opens, reads)
+
+
 @contextmanager
 def own_pulsar() -> Iterator[tuple[str, str]]:
     """Start a Pulsar standalone through deploy/pulsar.sh on free ports; stop it afterwards."""
@@ -156,6 +204,12 @@ def main() -> int:
         "--start-pulsar", action="store_true", help="start (and stop) a Pulsar for the run"
     )
     parser.add_argument(
+        "--reopen-records",
+        type=int,
+        default=100_000,
+        help="records of the log a new owner opens and reads (default 100000; 0: skip)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=None, help="JSON path (default benchmarks/out/)"
     )
     args = parser.parse_args()
@@ -168,6 +222,7 @@ def main() -> int:
     started_at = datetime.now(UTC)
     load_start = os.getloadavg()
     cells: list[Cell] = []
+    reopens: list[Reopen] = []
     pulsar_context: AbstractContextManager[tuple[str, str] | None] = (
         own_pulsar() if args.start_pulsar else nullcontext(None)
     )
@@ -180,12 +235,12 @@ def main() -> int:
         def make_local() -> tuple[LogBackend, Callable[[], None]]:
             return LocalLogBackend(local_root), lambda: None
 
+        namespace = f"wal-bench-{uuid.uuid4().hex[:8]}"
+
         def make_pulsar() -> tuple[LogBackend, Callable[[], None]]:
             from tablekeeper_server.log.pulsar import PulsarLogBackend
 
-            backend = PulsarLogBackend(
-                service_url, admin_url, namespace=f"wal-bench-{uuid.uuid4().hex[:8]}"
-            )
+            backend = PulsarLogBackend(service_url, admin_url, namespace=namespace)
             return backend, backend.close
 
         makers["local"], makers["pulsar"] = make_local, make_pulsar
@@ -217,6 +272,15 @@ def main() -> int:
                         )
                 finally:
                     close()
+            if args.reopen_records > 0:
+                print(f"\nA new owner opens a log of {args.reopen_records} records, then reads it")
+                print(f"{'backend':<8} {'open s (3 runs)':>24} {'read records/s (3 runs)':>30}")
+                for name in backends:
+                    reopen = run_reopen(makers[name], name, args.reopen_records, payload)
+                    reopens.append(reopen)
+                    opens = ", ".join(f"{x:.2f}" for x in reopen.open_s)
+                    reads = ", ".join(f"{x:,.0f}" for x in reopen.read_records_per_s)
+                    print(f"{name:<8} {opens:>24} {reads:>30}", flush=True)
         finally:
             shutil.rmtree(local_root, ignore_errors=True)
 
@@ -233,6 +297,7 @@ def main() -> int:
         "loadavg_1m_start": round(load_start[0], 2),
         "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "cells": [asdict(cell) for cell in cells],
+        "reopen": [asdict(r) for r in reopens],
     }
     out = args.out or OUT_DIR / f"wal-backends-{started_at.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
