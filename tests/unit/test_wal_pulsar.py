@@ -321,6 +321,10 @@ def test_checkpoint_object_names_map_to_topic_names_reversibly(name: str) -> Non
     local = encode_object_name(name)
     assert all(c.isalnum() or c in "_.-=" for c in local)
     assert decode_object_name(local) == name
+    # Encoded byte by byte: a prefix's topic name is a prefix of the name's (what `list`
+    # filters on before decoding).
+    for end in range(len(name) + 1):
+        assert local.startswith(encode_object_name(name[:end]))
 
 
 def test_other_topics_are_not_objects() -> None:

@@ -403,8 +403,14 @@ class PulsarCheckpointStore:
         base = prefix.rstrip("/")
         _check_name(base)
         topics = self._topics.list()
+        # Names are encoded byte by byte, so the registers under the prefix are the topics
+        # starting with the prefix's encoding: only those are decoded (a namespace holds every
+        # range's objects).
+        wanted = encode_object_name(base + "/")
         names = []
         for local in topics:
+            if not local.startswith(wanted):
+                continue
             name = decode_object_name(local)
             if name is not None and name.startswith(base + "/"):
                 names.append(name)
