@@ -267,6 +267,50 @@ def test_a_takeover_begins_its_recovery_at_the_recovery_cursor(
     run(again.close())
 
 
+def test_a_restoring_open_begins_at_the_recovery_cursor_whatever_it_knows(
+    backends: Callable[[], PulsarLogBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A server that owned the log before knows record starts of its own; a store it restored
+    # from the newest checkpoint needs the records from the recovery cursor on, not from there.
+    payloads = [f"record {i}".encode() for i in range(1, 301)]
+    backend = backends()
+
+    async def fill() -> None:
+        writer = backend.open_writer(LOG)
+        for lo in range(0, len(payloads), 10):
+            await writer.append(payloads[lo : lo + 10])
+        await writer.close()
+
+    run(fill())
+    backend.truncate(LOG, 101)
+    backend.mark_recovery_start(LOG, 201)
+    known = backend._state(LOG).index[-1].sequence
+    assert known > 201
+
+    firsts: list[int] = []
+    real_next = pulsar_log._Scan.next
+
+    def first_of_each_scan(scan: Any) -> Any:
+        out = real_next(scan)
+        if out is not None and not getattr(scan, "counted", False):
+            scan.counted = True
+            firsts.append(out[0].sequence)
+        return out
+
+    monkeypatch.setattr(pulsar_log._Scan, "next", first_of_each_scan)
+    # Its own store being current (no restore), an open begins at the last start it knows ...
+    run(backend.open_writer(LOG).close())
+    assert firsts == [known]
+    # ... but one that applies the tail onto a restored store begins at the recovery cursor.
+    handed_over: list[LogRecord] = []
+    writer = backend.open_writer(LOG, on_record=handed_over.append)
+    assert writer.last_sequence == 300
+    assert firsts[1] == handed_over[0].sequence
+    assert 201 - pulsar_log.INDEX_STRIDE - 10 <= handed_over[0].sequence <= 201
+    assert payloads_of(handed_over) == payloads[handed_over[0].sequence - 1 :]
+    run(writer.close())
+
+
 def _internal_stats(admin: PulsarAdmin, backend: PulsarLogBackend, log: str) -> dict[str, Any]:
     _, stats = admin.call("GET", f"{backend._topic_path(log)}/internalStats")
     assert isinstance(stats, dict)

@@ -103,8 +103,11 @@ class LogBackend(Protocol):
 
         `on_record`: called on the opening thread with each record the recovery reads, in
         order, as soon as it knows the record is in the log for good (the earlier writer is
-        already fenced), so a caller can apply the tail while the open goes on. A backend whose
-        open reads no remote records may never call it; `read` yields them all after the open.
+        already fenced), so a caller can apply the tail while the open goes on. Passing it says
+        the caller's store was restored from the newest checkpoint: a backend that keeps where
+        that checkpoint's records end (`mark_recovery_start`) starts its recovery there. A
+        backend whose open reads no remote records may never call it; `read` yields them all
+        after the open.
         """
         ...
 

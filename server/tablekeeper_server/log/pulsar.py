@@ -81,9 +81,10 @@ Recovery cursor (`mark_recovery_start`): a second durable subscription (`tableke
 moved the same way to the first record the newest checkpoint does not hold. The truncation point
 stays before the oldest kept checkpoint (a restore may fall back to it); a writer opening the
 log on a server that knows no record start of it begins its recovery scan at the recovery
-cursor instead, reading one checkpoint interval, not two. Each checkpoint moves it past the
-truncation point, so it holds back no entries the truncation cursor would let go (if moving it
-fails, only until the next checkpoint).
+cursor instead, reading one checkpoint interval, not two; so does a writer opening to apply the
+tail onto a store it restored from the newest checkpoint (`on_record`), whatever it knows. Each
+checkpoint moves it past the truncation point, so it holds back no entries the truncation cursor
+would let go (if moving it fails, only until the next checkpoint).
 
 Pulsar or its admin API unreachable: `UnavailableError` (retryable; for `append` it means the
 group may or may not be persisted).
@@ -885,13 +886,17 @@ class PulsarLogBackend:
         the highest epoch of everything before it (an older-epoch record after a newer FENCE is
         not valid, and a newer epoch without its FENCE is refused), and everything after it is
         read. Without a hint, the recovery cursor serves as one when it is past the truncation
-        cursor."""
+        cursor; with `on_record` (the caller restored its store from the newest checkpoint and
+        applies what is handed over) it does even when a hint is known: the hint may come from
+        an earlier ownership here, while the restored store needs the records from the cursor
+        on, so the scan reads them once, neither more (a hint before it) nor less (after it)."""
         cursors = self._cursors(log_name)
         if cursors is None:
             raise UnavailableError(f"log {log_name!r}: the topic vanished while opening")
         cursor, mark = cursors
         started: int | None
-        if (hint is None or _entry(hint.position) <= _entry(cursor)) and (
+        no_hint = hint is None or _entry(hint.position) <= _entry(cursor)
+        if (no_hint or on_record is not None) and (
             mark is not None and _entry(mark) > _entry(cursor)
         ):
             # No record start known here: begin where the newest checkpoint's records end (a
