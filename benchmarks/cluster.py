@@ -371,6 +371,10 @@ async def batch_load(
     return time.monotonic() - started
 
 
+CHECKPOINT_RETRY_S = 10.0
+"""How long an admin Checkpoint through a server is retried while the server is unreachable."""
+
+
 async def checkpoint_servers(endpoints: Sequence[str]) -> tuple[dict[str, float], list[str]]:
     """Admin Checkpoint through each server (every range open there); seconds per server, and
     the errors (a failed checkpoint is reported, not fatal: the takeover then replays more)."""
@@ -379,14 +383,22 @@ async def checkpoint_servers(endpoints: Sequence[str]) -> tuple[dict[str, float]
     for ep in endpoints:
         async with AsyncClient(f"bk://{ep}") as client:
             t0 = time.monotonic()
-            try:
-                response = await client.checkpoint()
-            except grpc.aio.AioRpcError as e:
-                errors.append(f"{ep}: {e.code().name}: {e.details()}")
-                eprint(f"  WARNING: checkpoint through {ep} failed: {errors[-1]}")
-                continue
-            took[ep] = time.monotonic() - t0
-            errors += [f"{ep}: {r.error}" for r in response.ranges if r.error]
+            deadline = t0 + CHECKPOINT_RETRY_S
+            while True:
+                try:
+                    response = await client.checkpoint()
+                except grpc.aio.AioRpcError as e:
+                    # A server restarted on the same address can be refused for a while: gRPC
+                    # shares a connection's reconnect backoff with every new channel to it.
+                    if e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                        await asyncio.sleep(0.2)
+                        continue
+                    errors.append(f"{ep}: {e.code().name}: {e.details()}")
+                    eprint(f"  WARNING: checkpoint through {ep} failed: {errors[-1]}")
+                    break
+                took[ep] = time.monotonic() - t0
+                errors += [f"{ep}: {r.error}" for r in response.ranges if r.error]
+                break
     return took, errors
 
 
