@@ -160,17 +160,17 @@ def encode_records(epoch: int, first_sequence: int, payloads: Sequence[bytes]) -
     """The messages of an append, in sequence order: runs of small records as GROUP messages
     (a run of one as DATA), each larger record as DATA, split into fragments past 4 MiB."""
     messages: list[bytes] = []
-    group: list[bytes] = []  # length-prefixed payloads of the run being packed
+    group: list[bytes] = []  # the payloads of the run being packed
     group_first = first_sequence
     group_bytes = 0
 
     def close_group() -> None:
         if len(group) == 1:
-            body = group[0][_LENGTH.size :]
-            messages.append(encode_header(KIND_DATA, epoch, group_first) + body)
+            messages.append(encode_header(KIND_DATA, epoch, group_first) + group[0])
         elif group:
             header = encode_header(KIND_GROUP, epoch, group_first, 0, len(group))
-            messages.append(header + b"".join(group))
+            pack = _LENGTH.pack
+            messages.append(header + b"".join([pack(len(p)) + p for p in group]))
         group.clear()
 
     for sequence, payload in enumerate(payloads, start=first_sequence):
@@ -180,7 +180,7 @@ def encode_records(epoch: int, first_sequence: int, payloads: Sequence[bytes]) -
                 close_group()
             if not group:
                 group_first, group_bytes = sequence, 0
-            group.append(_LENGTH.pack(size) + payload)
+            group.append(payload)
             group_bytes += size
             continue
         close_group()
