@@ -188,6 +188,8 @@ class Infra:
     zookeeper: ZooKeeperProcess | None = None
     clusters: list[TestCluster] = field(default_factory=list)
     standalones: list[ServerProcess] = field(default_factory=list)
+    checkpoint_args: list[str] = field(default_factory=list)
+    """Given to every server (`--checkpoint-records`)."""
 
     def start_zookeeper(self, timeout_s: int) -> None:
         self.zookeeper = ZooKeeperProcess(self.workdir / "zk", env=script_env())
@@ -227,6 +229,7 @@ class Infra:
         on this ZooKeeper and in Pulsar namespace public/<name>, initialised, no server yet;
         `extra_args` go to every server."""
         assert self.pulsar is not None
+        extra_args = [*extra_args, *self.checkpoint_args]
         cluster = TestCluster(
             self.workdir / name,
             self.pulsar,
@@ -254,6 +257,7 @@ class Infra:
                 *self.pulsar.server_args(f"public/{name}"),
                 f"--containers={containers}",
                 "--checkpoint-interval=0",
+                *self.checkpoint_args,
             ],
             env=SERVER_ENV,
         )
@@ -1319,6 +1323,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "forwards) or 'direct' (to the range's owner; needs an SDK with direct_routing)",
     )
     c.add_argument("--value-size", type=int, default=100, help="value bytes (default 100)")
+    c.add_argument(
+        "--checkpoint-records",
+        type=non_negative_int,
+        default=None,
+        help="every server's --checkpoint-records (default: theirs); periodic checkpoints "
+        "are off (--checkpoint-interval 0), so 0 leaves only the failover rounds' checkpoints",
+    )
     c.add_argument("--seed", type=int, default=1)
     c.add_argument(
         "--ready-timeout",
@@ -1523,6 +1534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tk-cluster-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     infra = Infra(workdir=workdir)
+    if args.checkpoint_records is not None:
+        infra.checkpoint_args = [f"--checkpoint-records={args.checkpoint_records}"]
     failed = False
     results: dict[str, Any] = {}
     with sigterm_as_interrupt():

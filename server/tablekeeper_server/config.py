@@ -42,6 +42,7 @@ from tablekeeper_server.workers import WorkerSlot, resolve_workers
 LOG_BACKENDS = ("local", "pulsar")
 EVENT_LOOPS = ("uvloop", "asyncio")
 CHECKPOINT_STORES = ("dir", "pulsar")
+CHECKPOINT_RECORDS_DEFAULT = 10_000
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _KEYSPACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """An etcd keyspace's name: a table name that also fits the cluster membership's encoding."""
@@ -56,13 +57,16 @@ class ServerConfig:
     """Where range checkpoints go; defaults to `<data_dir>/checkpoints`. Put it (and the WAL)
     outside the data directory to be able to rebuild a server on an empty data directory."""
     checkpoint_interval_s: float = 300.0
+    """0 disables periodic checkpoints (on-demand ones still work)."""
+    checkpoint_records: int = CHECKPOINT_RECORDS_DEFAULT
+    """Checkpoint a range once it applied this many commands since its last checkpoint; 0 =
+    never for that reason. Bounds what a restart or a takeover replays."""
     split_keys: int = 0
     """Split a table range automatically once it holds about this many keys; 0 = never."""
     split_writes: int = 0
     """Split a table range automatically once it applies this many writes/s; 0 = never."""
     split_check_interval_s: float = 30.0
     """How often the automatic split policy looks at the ranges (when one of the above is on)."""
-    """0 disables periodic checkpoints (on-demand ones still work)."""
     checkpoints_kept: int = 2
     bind_host: str = "127.0.0.1"
     advertised_host: str = "127.0.0.1"
@@ -199,6 +203,8 @@ class ServerConfig:
         self.security.validate()
         if self.checkpoint_interval_s < 0:
             raise ValueError("--checkpoint-interval must be >= 0 (0 = only on demand)")
+        if self.checkpoint_records < 0:
+            raise ValueError("--checkpoint-records must be >= 0 (0 = not by records)")
         if self.shutdown_grace_s < 0:
             raise ValueError("--shutdown-grace must be >= 0")
         if self.split_keys < 0 or self.split_writes < 0:
@@ -285,6 +291,13 @@ STORAGE_SETTINGS = (
         "checkpoint_interval_s",
         "time between checkpoints of each changed range (seconds, or 90s, 5m, 1h), 0 = on "
         "demand only",
+    ),
+    _s(
+        "checkpoint-records",
+        INT,
+        "checkpoint_records",
+        "also checkpoint a range once it applied this many commands since its last "
+        "checkpoint: bounds what a restart or a takeover replays, 0 = never for that reason",
     ),
     _s("checkpoints-kept", INT, "checkpoints_kept", "checkpoints kept per range"),
     _s(

@@ -31,6 +31,7 @@ from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import ServerConfig, worker_command
+from tablekeeper_server.container.checkpoint_policy import CheckpointPolicy, CheckpointTriggers
 from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.followers import Followers
 from tablekeeper_server.container.registry import ContainerRegistry
@@ -435,9 +436,12 @@ async def serve(config: ServerConfig) -> None:
         server.port,
         f"{config.bind_host}:{config.metrics_port}/metrics" if config.metrics_port else "off",
     )
+    triggers = CheckpointTriggers(config.checkpoint_interval_s, config.checkpoint_records)
     checkpoints = (
-        asyncio.create_task(_checkpoint_periodically(registry, config.checkpoint_interval_s))
-        if config.checkpoint_interval_s
+        asyncio.create_task(
+            CheckpointPolicy(registry.all_ranges, registry.checkpoint_range, triggers, clock).run()
+        )
+        if triggers.enabled
         else None
     )
     thresholds = SplitThresholds(
@@ -725,19 +729,6 @@ def _range_stats(range_: Range, clock: Clock, names: TableNames) -> RangeStats:
         checkpoint_files_uploaded=stats.files_uploaded if stats else 0,
         checkpoint_files_reused=stats.files_reused if stats else 0,
     )
-
-
-async def _checkpoint_periodically(registry: ContainerRegistry, interval_s: float) -> None:
-    """Every `interval_s`, checkpoint each open range that changed since its last checkpoint."""
-    while True:
-        await asyncio.sleep(interval_s)
-        for range_ in registry.all_ranges():
-            try:
-                await registry.checkpoint_range(range_)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("checkpoint of range %s failed", range_.name.log_name)
 
 
 def _run_loop(main: Coroutine[Any, Any, None], event_loop: str) -> None:

@@ -164,6 +164,7 @@ class _NodeFactory:
         *,
         data_dir: str = "data",
         interval_s: float = 0,
+        records: int = 0,
         kept: int = 2,
         segment_bytes: int = SEGMENT_BYTES,
     ) -> Node:
@@ -179,6 +180,8 @@ class _NodeFactory:
                 str(segment_bytes),
                 "--checkpoint-interval",
                 str(interval_s),
+                "--checkpoint-records",
+                str(records),
                 "--checkpoints-kept",
                 str(kept),
             ],
@@ -716,6 +719,63 @@ def test_wal_stays_bounded_under_periodic_checkpoints(make_node: _NodeFactory) -
     node.server.kill()
     node.start()
     verify(node, ledger)
+
+
+def wait_checkpointed_within(node: Node, table_id: int, records: int) -> dict[str, int]:
+    """Wait until every range of the table has a checkpoint less than `records` commands
+    behind it; return each range's applied position then."""
+    deadline = time.monotonic() + 60
+    while True:
+        with Client(node.server.service) as client:
+            ranges = [r for r in client.status().ranges if r.stream_id == table_id]
+        if len(ranges) == RANGES and all(
+            r.checkpoint_age_ms >= 0 and r.applied_sequence - r.checkpoint_sequence < records
+            for r in ranges
+        ):
+            return {
+                f"{r.container_id:05d}-{r.stream_id:012d}-{r.range_id:012d}": r.applied_sequence
+                for r in ranges
+            }
+        assert time.monotonic() < deadline, ranges
+        time.sleep(0.2)
+
+
+def test_a_range_is_checkpointed_after_its_records_without_anyone_asking(
+    make_node: _NodeFactory,
+) -> None:
+    """`--checkpoint-records 50` with periodic checkpoints off: every range is checkpointed
+    once it applied 50 commands since its last checkpoint, with nobody asking, so what a new
+    server replays from an empty data directory stays under 50 commands per range."""
+    records = 50
+    node = make_node(records=records)
+    node.start()
+    table_id = create_table(node)
+    ledger = Ledger()
+    positions = []
+    for phase in (1, 2, 3):  # 120-300 commands in each of the 4 ranges per phase
+        load(node, ledger, phase)
+        positions.append(wait_checkpointed_within(node, table_id, records))
+    applied = positions[-1]
+    for before, after in zip(positions, positions[1:], strict=False):
+        assert all(after[name] > before[name] + records for name in after), (before, after)
+    assert sorted(applied) == table_log_names(table_id)
+    assert all(seq > 4 * records for seq in applied.values()), applied
+    for log_name, seq in applied.items():
+        manifests = manifests_of(node, log_name)
+        assert len(manifests) == 2, manifests  # --checkpoints-kept 2: older ones collected
+        assert seq - decode(manifests[-1]).applied_sequence < records, (log_name, seq)
+
+    # A server on an empty data directory restores each range's newest checkpoint: what it
+    # then replays from the log is the few commands after it.
+    node.server.stop()
+    shutil.rmtree(node.data)
+    offset = node.start()
+    verify(node, ledger)
+    log = node.log_since(offset)
+    for log_name, seq in applied.items():
+        restored = re.search(rf"range {log_name}: restored checkpoint at (\d+)", log)
+        assert restored is not None, log
+        assert seq - int(restored.group(1)) < records, (log_name, seq, restored.group(0))
 
 
 # --------------------------------------------------------------------------- rebuild

@@ -27,7 +27,7 @@ from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.api import LogWriter
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.range import checkpoint as checkpoint_module
-from tablekeeper_server.range.checkpoint import RangeCheckpointer, sha256_of
+from tablekeeper_server.range.checkpoint import REVERIFY_S, RangeCheckpointer, sha256_of
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
@@ -466,11 +466,45 @@ async def test_a_damaged_object_is_not_reused_by_the_next_checkpoint(harness: Ha
     sst = next(f for f in first.files if f.name.endswith(".sst"))
     flip_byte(harness.object_path(sst.sha256))  # bit rot in the checkpoint store
     await harness.write(100)
+    harness.clock.advance(REVERIFY_S)  # the next checkpoint reads back what it reuses
     harness.checkpoint()
     await harness.write(100)
     newest = harness.checkpoint()  # the first checkpoint is garbage-collected now
     for entry in newest.files:
         assert sha256_of(harness.object_path(entry.sha256)) == entry.sha256, entry.name
+
+
+async def test_a_reused_object_is_read_back_once_per_reverify_period(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range checkpointed every few seconds does not download its whole store each time: an
+    object this checkpointer uploaded or checked less than REVERIFY_S ago is trusted."""
+    reads: list[str] = []
+    real_sha256 = harness.objects.sha256
+
+    def counting_sha256(name: str) -> str:
+        reads.append(name)
+        return real_sha256(name)
+
+    monkeypatch.setattr(harness.objects, "sha256", counting_sha256)
+    await harness.write(2000)
+    first = harness.checkpoint()
+    ssts = {f.sha256 for f in first.files if f.name.endswith(".sst")}
+    assert ssts
+    await harness.write(100)
+    second = harness.checkpoint()  # 1 s later: reuses the SSTs it uploaded, reads none back
+    assert ssts <= {f.sha256 for f in second.files}
+    assert reads == []
+
+    harness.clock.advance(REVERIFY_S)
+    await harness.write(100)
+    harness.checkpoint()
+    checked = {Path(name).name for name in reads}
+    assert ssts <= checked, (ssts, reads)
+    reads.clear()
+    await harness.write(100)
+    harness.checkpoint()  # checked a second ago: trusted again
+    assert reads == []
 
 
 # --------------------------------------------------------------------------- manifests

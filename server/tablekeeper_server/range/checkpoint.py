@@ -6,7 +6,10 @@ stops the process in):
      the applied log position is read from the checkpoint itself, so it matches its files.
   2. Upload each file the store does not hold yet, content-addressed by SHA-256. An SST whose
      name and size equal an entry of the previous manifest is the same immutable file: its hash
-     is reused without reading it.                                   [checkpoint.during_upload]
+     is reused without reading it. The object it reuses is read back and checked (bit rot is
+     repaired, not spread), at most every `REVERIFY_S` per object: a range checkpointed every
+     few seconds (`--checkpoint-records`) would otherwise download its whole store each time.
+                                                                     [checkpoint.during_upload]
   3. Publish the manifest atomically.                                [checkpoint.before_manifest]
   4. Delete manifests beyond the newest `keep`, then objects no kept manifest references.
   5. Truncate the log before the OLDEST kept checkpoint's position, so falling back to an older
@@ -52,6 +55,10 @@ log = logging.getLogger(__name__)
 _HASH_CHUNK = 1024 * 1024
 RESTORE_PARALLELISM = 8
 """Checkpoint files downloaded at once by a restore."""
+REVERIFY_S = 300.0
+"""A stored object a checkpoint reuses is read back and checked if this checkpointer has not
+uploaded or checked it for this long (the default `--checkpoint-interval`, so a range
+checkpointed by time alone checks every object it reuses, as it always did)."""
 
 
 def sha256_of(path: Path) -> str:
@@ -115,6 +122,8 @@ class RangeCheckpointer:
         """The local store's files are not known to be those the newest manifest names under
         the same names (it was a follower's: RocksDB numbered its files on its own), so the
         next checkpoint hashes every file instead of trusting name and size."""
+        self._checked_at: dict[str, float] = {}
+        """Digest -> when this checkpointer last uploaded or read back that object."""
 
     # ------------------------------------------------------------------ create
 
@@ -149,6 +158,7 @@ class RangeCheckpointer:
                     if written:
                         uploaded += 1
                         uploaded_bytes += written
+                        self._checked_at[digest] = self._clock.monotonic_s()
                         self._failpoints.hit("checkpoint.during_upload")
                     else:
                         reused += 1
@@ -165,6 +175,8 @@ class RangeCheckpointer:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         self.files_unknown = False
+        referenced = {entry.sha256 for entry in manifest.files}
+        self._checked_at = {d: t for d, t in self._checked_at.items() if d in referenced}
         duration = time.monotonic() - started
         stats = self.stats
         stats.applied_sequence = applied
@@ -189,10 +201,16 @@ class RangeCheckpointer:
         """Whether the store holds an intact object `digest` (read back and hashed). A damaged
         object is deleted, so the caller uploads the file again: a reused object is verified by
         every checkpoint that references it, and bit rot in the store heals instead of spreading
-        into every later checkpoint (and, after GC, into all of them)."""
+        into every later checkpoint (and, after GC, into all of them). An object this checkpointer
+        uploaded or checked less than `REVERIFY_S` ago is taken as intact without reading it."""
+        now = self._clock.monotonic_s()
+        checked = self._checked_at.get(digest)
+        if checked is not None and now - checked < REVERIFY_S:
+            return True
         name = object_name(self.range_name, digest)
         try:
             if self._store.sha256(name) == digest:
+                self._checked_at[digest] = now
                 return True
         except FileNotFoundError:
             return False

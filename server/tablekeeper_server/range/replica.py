@@ -152,6 +152,8 @@ class Range:
         """The store was found damaged: closing sets it aside, to be rebuilt on reopen."""
         self._fenced = False
         self._in_flight = 0
+        self._opened_at = 0
+        """Where the store stood when the range opened (before its replay)."""
         self.watch = WatchHub(name.log_name)
         self.sessions = SessionManager(name.log_name, self.execute, clock)
 
@@ -194,6 +196,8 @@ class Range:
                 store = self._rebuild_store(store, checkpointer, exc.message)
                 restored = True
                 applied = self._applied_of(store)
+            if not restored:
+                self._opened_at = applied
             if writer is not None and writer.last_sequence < applied:
                 # The log holds less than the checkpoint (e.g. it was lost and the checkpoint
                 # kept): open it again numbering on from the checkpoint.
@@ -257,7 +261,7 @@ class Range:
         with ThreadPoolExecutor(1, thread_name_prefix=f"open-{self.name.log_name}") as pool:
             opening = pool.submit(open_writer)
             try:
-                checkpointer.restore()
+                self._opened_at = checkpointer.restore() or 0
                 restored_in = time.monotonic() - started
                 store, applied = self._apply_read_ahead(read_ahead)
                 writer, opened_in = opening.result()
@@ -325,7 +329,7 @@ class Range:
         with contextlib.suppress(Exception):
             store.close()
         checkpointer.set_aside_local_store(reason)
-        checkpointer.restore()
+        self._opened_at = checkpointer.restore() or 0
         return self._open_store(True)
 
     def _open_store(self, restored: bool) -> KvStore:
@@ -462,6 +466,17 @@ class Range:
     @property
     def applied_sequence(self) -> int:
         return self._sm.applied_sequence if self._sm else 0
+
+    @property
+    def checkpointed_sequence(self) -> int:
+        """The position of the range's newest checkpoint as far as this server knows: its own
+        last checkpoint of the range, else where the store stood when the range opened (the
+        restored checkpoint's position, or the local store's). `applied_sequence` minus this
+        is about what a takeover would replay."""
+        checkpointer = self._checkpointer
+        if checkpointer is not None and checkpointer.stats.count:
+            return checkpointer.stats.applied_sequence
+        return self._opened_at
 
     def estimate_num_keys(self) -> int:
         return self._store.estimate_num_keys() if self._store else 0
