@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, stream_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
+from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.container.checkpoint_policy import (
     RETRY_S,
     CheckpointPolicy,
@@ -22,6 +25,7 @@ from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import UnavailableError
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range.replica import Range
+from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 
 pytestmark = pytest.mark.unit
@@ -195,3 +199,45 @@ def test_triggers_are_off_only_when_both_are_zero() -> None:
     assert CheckpointTriggers(interval_s=0, records=1).enabled
     assert CheckpointTriggers(interval_s=1, records=0).enabled
     assert not CheckpointTriggers(interval_s=0, records=0).enabled
+
+
+async def test_a_close_after_a_cancelled_checkpoint_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown cancels the policy mid-checkpoint and then closes the ranges: the checkpoint's
+    thread cannot be stopped, so the close must wait for it instead of closing the store under
+    it."""
+    server = Server(tmp_path)
+    table = await server.start()
+    await server.put(10)
+    checkpointer = table.checkpointer
+    assert checkpointer is not None
+    started, release = threading.Event(), threading.Event()
+    outcome: list[object] = []
+    real = checkpointer.checkpoint
+
+    def held_checkpoint(store: KvStore, **kwargs: bool) -> Manifest:
+        started.set()
+        release.wait(30)
+        try:
+            manifest = real(store, **kwargs)
+        except BaseException as exc:
+            outcome.append(exc)
+            raise
+        outcome.append(manifest)
+        return manifest
+
+    monkeypatch.setattr(checkpointer, "checkpoint", held_checkpoint)
+    policy = server.policy(interval_s=0, records=5)
+    checking = asyncio.create_task(policy.check())
+    assert await asyncio.to_thread(started.wait, 30)
+    checking.cancel()
+    closing = asyncio.create_task(table.close())
+    done, _ = await asyncio.wait({closing}, timeout=0.5)
+    assert not done  # still waiting for the checkpoint's thread
+    release.set()
+    await closing
+    with pytest.raises(asyncio.CancelledError):
+        await checking
+    assert len(outcome) == 1 and isinstance(outcome[0], Manifest), outcome
+    await server.registry.stop()

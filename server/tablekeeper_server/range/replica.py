@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
@@ -414,7 +414,7 @@ class Range:
             stats = checkpointer.stats
             if not force and stats.count and stats.applied_sequence == self._sm.applied_sequence:
                 return None
-            return await asyncio.to_thread(checkpointer.checkpoint, self._store)
+            return await _to_thread_to_the_end(checkpointer.checkpoint, self._store)
 
     @property
     def checkpointer(self) -> RangeCheckpointer | None:
@@ -427,7 +427,7 @@ class Range:
         async with self._checkpoint_lock:
             if self._store is None or self.failed:
                 return False
-            await asyncio.to_thread(self._store.compact)
+            await _to_thread_to_the_end(self._store.compact)
             return True
 
     def wal_bytes(self) -> int:
@@ -735,6 +735,25 @@ class Range:
     def fenced(self) -> bool:
         """Another writer (another server, with a shared log) took the range's log over."""
         return self._fenced
+
+
+_T = TypeVar("_T")
+
+
+async def _to_thread_to_the_end(fn: Callable[..., _T], *args: Any) -> _T:
+    """`asyncio.to_thread`, except that a cancelled caller still waits for the thread to end
+    (a thread cannot be stopped): the checkpoint lock held around a checkpoint or a compaction
+    is then released only once nothing uses the store any more, so a close that follows a
+    cancelled checkpoint (a shutdown cancels the checkpoint policy) never closes the store
+    under it."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait({work})
+        if not work.cancelled() and (exc := work.exception()) is not None:
+            log.warning("%s failed after its caller was cancelled: %r", fn.__qualname__, exc)
+        raise
 
 
 def _flush_and_close(store: KvStore) -> None:
