@@ -135,7 +135,7 @@ $(GHZ):
 ghz: $(GHZ)  ## install the ghz load generator (Go module proxy) into .deploy/bin
 
 profile: $(STAMP) $(GHZ)  ## py-spy samples a server under a ghz load: hottest functions, collapsed stacks in benchmarks/out/
-	GHZ=$(GHZ) $(PY) benchmarks/profile.py
+	GHZ=$(GHZ) $(PY) benchmarks/cpu_profile.py
 
 bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then the SDK path (load.py)
 	GHZ=$(GHZ) $(PY) benchmarks/native.py

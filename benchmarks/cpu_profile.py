@@ -2,7 +2,7 @@
 ghz sends unary calls, then prints the hottest functions.
 
     make profile                                   # put, 64 in flight, 15 s
-    .venv/bin/python benchmarks/profile.py --op get --concurrency 16 --duration 10
+    .venv/bin/python benchmarks/cpu_profile.py --op get --concurrency 16 --duration 10
 
 Output: benchmarks/out/profile-<op>.txt, collapsed stacks (one line per stack with its sample
 count; flamegraph tools read it).
