@@ -507,6 +507,36 @@ async def test_a_reused_object_is_read_back_once_per_reverify_period(
     assert reads == []
 
 
+async def test_manifests_this_checkpointer_wrote_are_not_read_back_but_a_restore_reads_them(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    real_get_bytes = harness.objects.get_bytes
+
+    def counting_get_bytes(name: str) -> bytes:
+        reads.append(name)
+        return real_get_bytes(name)
+
+    monkeypatch.setattr(harness.objects, "get_bytes", counting_get_bytes)
+    await harness.write(500)
+    harness.checkpoint()
+    await harness.write(100)
+    harness.checkpoint()
+    await harness.write(100)
+    third = harness.checkpoint()  # reads neither the newest nor the kept manifests back
+    assert reads == []
+
+    harness.clock.advance(REVERIFY_S)
+    await harness.write(100)
+    harness.checkpoint()  # the newest was cached too long ago: read again, once
+    assert reads == [third.object_name], reads
+
+    reads.clear()
+    harness.lose_local_store()
+    harness.checkpointer.restore()
+    assert reads and reads[0] == harness.manifests()[-1], reads
+
+
 # --------------------------------------------------------------------------- manifests
 
 

@@ -124,6 +124,10 @@ class RangeCheckpointer:
         next checkpoint hashes every file instead of trusting name and size."""
         self._checked_at: dict[str, float] = {}
         """Digest -> when this checkpointer last uploaded or read back that object."""
+        self._read_manifests: dict[str, tuple[Manifest, float]] = {}
+        """Manifest name -> the manifest and when this checkpointer wrote or read it (a
+        published manifest never changes: each checkpoint reads the newest one and garbage
+        collection the newest `keep`, which it would otherwise fetch again and again)."""
 
     # ------------------------------------------------------------------ create
 
@@ -166,6 +170,7 @@ class RangeCheckpointer:
             manifest = Manifest(self.range_name, applied, self._clock.now_ms(), tuple(entries))
             self._failpoints.hit("checkpoint.before_manifest")
             self._store.put_bytes(manifest.object_name, manifest.encode())
+            self._read_manifests[manifest.object_name] = (manifest, self._clock.monotonic_s())
             if not publish_only:
                 kept = self._collect_garbage()
                 self._failpoints.hit("checkpoint.before_truncate")
@@ -245,11 +250,21 @@ class RangeCheckpointer:
 
     def _manifests(self) -> list[str]:
         """Manifest object names, newest (highest position, then latest) first."""
-        return sorted(self._store.list(manifests_prefix(self.range_name)), reverse=True)
+        names = sorted(self._store.list(manifests_prefix(self.range_name)), reverse=True)
+        listed = set(names)
+        for gone in [name for name in self._read_manifests if name not in listed]:
+            del self._read_manifests[gone]
+        return names
 
-    def _load(self, name: str) -> Manifest | None:
+    def _load(self, name: str, *, fresh: bool = False) -> Manifest | None:
         """The manifest `name`; None if it holds nothing (listed, but its publication was cut
-        off by a crash, or it was deleted meanwhile): that is no checkpoint, not a damaged one."""
+        off by a crash, or it was deleted meanwhile): that is no checkpoint, not a damaged one.
+        One this checkpointer wrote or read less than `REVERIFY_S` ago is not read again,
+        unless `fresh` (a restore reads what the store holds now)."""
+        now = self._clock.monotonic_s()
+        known = self._read_manifests.get(name)
+        if not fresh and known is not None and now - known[1] < REVERIFY_S:
+            return known[0]
         try:
             raw = self._store.get_bytes(name)
         except FileNotFoundError:
@@ -257,7 +272,9 @@ class RangeCheckpointer:
                 "range %s: ignoring %s: listed but empty (never published)", self.range_name, name
             )
             return None
-        return Manifest.decode(raw, f"{self._store.describe()}:{name}")
+        manifest = Manifest.decode(raw, f"{self._store.describe()}:{name}")
+        self._read_manifests[name] = (manifest, now)
+        return manifest
 
     def _newest_valid_manifest(self) -> Manifest | None:
         for name in self._manifests():
@@ -330,7 +347,7 @@ class RangeCheckpointer:
         for name in names:
             started = time.monotonic()
             try:
-                manifest = self._load(name)
+                manifest = self._load(name, fresh=True)
                 if manifest is None:
                     continue
                 self._download(manifest, scratch)
