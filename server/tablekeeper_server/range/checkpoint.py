@@ -128,6 +128,8 @@ class RangeCheckpointer:
         """Manifest name -> the manifest and when this checkpointer wrote or read it (a
         published manifest never changes: each checkpoint reads the newest one and garbage
         collection the newest `keep`, which it would otherwise fetch again and again)."""
+        self._last_manifest: tuple[Manifest, float] | None = None
+        """The last manifest this checkpointer published or restored, and when."""
 
     # ------------------------------------------------------------------ create
 
@@ -143,7 +145,7 @@ class RangeCheckpointer:
         try:
             store.create_checkpoint(scratch)
             applied = self._applied_sequence_of(scratch)
-            previous = self._newest_valid_manifest()
+            previous = self._previous_manifest()
             known = {}
             if previous is not None and not self.files_unknown:
                 known = {(f.name, f.size): f.sha256 for f in previous.files}
@@ -171,6 +173,7 @@ class RangeCheckpointer:
             self._failpoints.hit("checkpoint.before_manifest")
             self._store.put_bytes(manifest.object_name, manifest.encode())
             self._read_manifests[manifest.object_name] = (manifest, self._clock.monotonic_s())
+            self._last_manifest = (manifest, self._clock.monotonic_s())
             if not publish_only:
                 kept = self._collect_garbage()
                 self._failpoints.hit("checkpoint.before_truncate")
@@ -248,9 +251,15 @@ class RangeCheckpointer:
         finally:
             store.close()
 
-    def _manifests(self) -> list[str]:
-        """Manifest object names, newest (highest position, then latest) first."""
-        names = sorted(self._store.list(manifests_prefix(self.range_name)), reverse=True)
+    def _manifests(self, listing: list[str] | None = None) -> list[str]:
+        """Manifest object names, newest (highest position, then latest) first; from `listing`
+        (every name under the range) if given, else listed now."""
+        prefix = manifests_prefix(self.range_name)
+        if listing is None:
+            listing = self._store.list(prefix)
+        else:
+            listing = [name for name in listing if name.startswith(prefix + "/")]
+        names = sorted(listing, reverse=True)
         listed = set(names)
         for gone in [name for name in self._read_manifests if name not in listed]:
             del self._read_manifests[gone]
@@ -276,6 +285,15 @@ class RangeCheckpointer:
         self._read_manifests[name] = (manifest, now)
         return manifest
 
+    def _previous_manifest(self) -> Manifest | None:
+        """The manifest whose SSTs a checkpoint may take by name and size: this checkpointer's
+        own last one while it is recent (the store's SSTs it names are still these files, even
+        should another writer have published since), else the newest valid one in the store."""
+        last = self._last_manifest
+        if last is not None and self._clock.monotonic_s() - last[1] < REVERIFY_S:
+            return last[0]
+        return self._newest_valid_manifest()
+
     def _newest_valid_manifest(self) -> Manifest | None:
         for name in self._manifests():
             try:
@@ -290,7 +308,8 @@ class RangeCheckpointer:
     def _collect_garbage(self) -> list[Manifest]:
         """Keep the newest `keep` valid manifests; delete the rest and unreferenced objects."""
         kept: list[Manifest] = []
-        for name in self._manifests():
+        listing = self._store.list(self.range_name)  # one listing: a namespace-wide call on Pulsar
+        for name in self._manifests(listing):
             manifest: Manifest | None = None
             if len(kept) < self._keep:
                 try:
@@ -302,8 +321,9 @@ class RangeCheckpointer:
             else:
                 self._store.delete(name)
         referenced = {object_name(self.range_name, f.sha256) for m in kept for f in m.files}
-        for name in self._store.list(f"{self.range_name}/objects"):
-            if name not in referenced:
+        objects = f"{self.range_name}/objects/"
+        for name in listing:
+            if name.startswith(objects) and name not in referenced:
                 self._store.delete(name)
         return kept
 
@@ -324,6 +344,7 @@ class RangeCheckpointer:
         """Move an unusable local store out of the way (kept for inspection, never deleted)."""
         if not self.store_path.exists():
             return
+        self._last_manifest = None  # it named that store's files
         stamp = self._clock.now_ms() // 1000
         aside = self.store_path.with_name(f"{self.store_path.name}.unusable-{stamp}")
         log.warning("range %s: moving local store to %s: %s", self.range_name, aside, reason)
@@ -371,6 +392,7 @@ class RangeCheckpointer:
             os.replace(scratch, self.store_path)
             _fsync_dir(self.store_path.parent)
             self.stats.restored_from = name
+            self._last_manifest = (manifest, self._clock.monotonic_s())
             log.info(
                 "range %s: restored checkpoint at %d (%d files) in %.3fs",
                 self.range_name,
