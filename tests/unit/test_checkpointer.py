@@ -537,6 +537,29 @@ async def test_manifests_this_checkpointer_wrote_are_not_read_back_but_a_restore
     assert reads and reads[0] == harness.manifests()[-1], reads
 
 
+async def test_a_checkpoint_lists_the_store_once(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Pulsar a listing is a namespace-wide admin call: the previous manifest is this
+    checkpointer's own, and garbage collection lists the range once."""
+    listings: list[str] = []
+    real_list = harness.objects.list
+
+    def counting_list(prefix: str) -> list[str]:
+        listings.append(prefix)
+        return real_list(prefix)
+
+    monkeypatch.setattr(harness.objects, "list", counting_list)
+    await harness.write(500)
+    harness.checkpoint()
+    for _ in range(3):
+        listings.clear()
+        await harness.write(100)
+        harness.checkpoint()
+        assert listings == [NAME], listings
+    assert len(harness.manifests()) == 2  # garbage collection still works from that listing
+
+
 # --------------------------------------------------------------------------- manifests
 
 
