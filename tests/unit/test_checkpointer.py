@@ -474,19 +474,25 @@ async def test_a_damaged_object_is_not_reused_by_the_next_checkpoint(harness: Ha
         assert sha256_of(harness.object_path(entry.sha256)) == entry.sha256, entry.name
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch, store: object, method: str) -> list[str]:
+    """Let `store.method(name)` run as it does, noting each name it is called with."""
+    calls: list[str] = []
+    real = getattr(store, method)
+
+    def recording(name: str) -> object:
+        calls.append(name)
+        return real(name)
+
+    monkeypatch.setattr(store, method, recording)
+    return calls
+
+
 async def test_a_reused_object_is_read_back_once_per_reverify_period(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A range checkpointed every few seconds does not download its whole store each time: an
     object this checkpointer uploaded or checked less than REVERIFY_S ago is trusted."""
-    reads: list[str] = []
-    real_sha256 = harness.objects.sha256
-
-    def counting_sha256(name: str) -> str:
-        reads.append(name)
-        return real_sha256(name)
-
-    monkeypatch.setattr(harness.objects, "sha256", counting_sha256)
+    reads = record_calls(monkeypatch, harness.objects, "sha256")
     await harness.write(2000)
     first = harness.checkpoint()
     ssts = {f.sha256 for f in first.files if f.name.endswith(".sst")}
@@ -510,14 +516,7 @@ async def test_a_reused_object_is_read_back_once_per_reverify_period(
 async def test_manifests_this_checkpointer_wrote_are_not_read_back_but_a_restore_reads_them(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reads: list[str] = []
-    real_get_bytes = harness.objects.get_bytes
-
-    def counting_get_bytes(name: str) -> bytes:
-        reads.append(name)
-        return real_get_bytes(name)
-
-    monkeypatch.setattr(harness.objects, "get_bytes", counting_get_bytes)
+    reads = record_calls(monkeypatch, harness.objects, "get_bytes")
     await harness.write(500)
     harness.checkpoint()
     await harness.write(100)
@@ -542,14 +541,7 @@ async def test_a_checkpoint_lists_the_store_once(
 ) -> None:
     """On Pulsar a listing is a namespace-wide admin call: the previous manifest is this
     checkpointer's own, and garbage collection lists the range once."""
-    listings: list[str] = []
-    real_list = harness.objects.list
-
-    def counting_list(prefix: str) -> list[str]:
-        listings.append(prefix)
-        return real_list(prefix)
-
-    monkeypatch.setattr(harness.objects, "list", counting_list)
+    listings = record_calls(monkeypatch, harness.objects, "list")
     await harness.write(500)
     harness.checkpoint()
     for _ in range(3):
