@@ -778,9 +778,16 @@ def _admin(ctx: CommandContext) -> int:
         if out.json:
             _print_json_message(status)
         else:
+            when = (
+                [f"every {status.checkpoint_interval_s:.0f}s"]
+                if status.checkpoint_interval_s
+                else []
+            )
+            if status.checkpoint_records:
+                when.append(f"after {status.checkpoint_records} commands")
             line(
                 f"{status.num_storage_containers} storage containers; checkpoints: "
-                f"{status.checkpoint_store}, every {status.checkpoint_interval_s:.0f}s"
+                f"{status.checkpoint_store}, {' or '.join(when) or 'only on demand'}"
             )
             _print_ranges(status.ranges)
     return EXIT_OK

@@ -308,6 +308,7 @@ async def serve(config: ServerConfig) -> None:
         registry,
         checkpoint_store=checkpoint_store.describe(),
         interval_s=config.checkpoint_interval_s,
+        records=config.checkpoint_records,
     )
     access = (
         AccessControl(admin.access, config.security.is_superuser)

@@ -755,6 +755,9 @@ def test_a_range_is_checkpointed_after_its_records_without_anyone_asking(
     for phase in (1, 2, 3):  # 120-300 commands in each of the 4 ranges per phase
         load(node, ledger, phase)
         positions.append(wait_checkpointed_within(node, table_id, records))
+    status = node.cli("admin", "status")
+    assert status.returncode == 0, status.stderr
+    assert f"checkpoints: directory {node.checkpoints}, after {records} commands" in status.stdout
     applied = positions[-1]
     for before, after in zip(positions, positions[1:], strict=False):
         assert all(after[name] > before[name] + records for name in after), (before, after)

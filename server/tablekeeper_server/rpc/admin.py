@@ -126,11 +126,17 @@ def cluster_status_response(view: ClusterView) -> admin_pb2.ClusterStatusRespons
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(
-        self, registry: ContainerRegistry, *, checkpoint_store: str, interval_s: float
+        self,
+        registry: ContainerRegistry,
+        *,
+        checkpoint_store: str,
+        interval_s: float,
+        records: int = 0,
     ) -> None:
         self._registry = registry
         self._checkpoint_store = checkpoint_store
         self._interval_s = interval_s
+        self._records = records
         self.on_permissions_changed: Callable[[], None] = lambda: None
         """Called after a grant or revoke made here (drops cached access decisions)."""
         self.sibling_containers: list[int] = []
@@ -192,6 +198,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             num_storage_containers=self._registry.env.containers(),
             checkpoint_store=self._checkpoint_store,
             checkpoint_interval_s=self._interval_s,
+            checkpoint_records=self._records,
         )
         for other in await self._siblings("Status", request, admin_pb2.StatusResponse, context):
             response.ranges.extend(other.ranges)
