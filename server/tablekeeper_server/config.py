@@ -41,6 +41,7 @@ from tablekeeper_server.workers import WorkerSlot, resolve_workers
 
 LOG_BACKENDS = ("local", "pulsar")
 EVENT_LOOPS = ("uvloop", "asyncio")
+RUNTIMES = ("grpc-aio", "envoy")
 CHECKPOINT_STORES = ("dir", "pulsar")
 CHECKPOINT_RECORDS_DEFAULT = 10_000
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -85,6 +86,9 @@ class ServerConfig:
     """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
     event_loop: str = "uvloop"
     """`uvloop` (if installed; else asyncio's, with a warning) or `asyncio`."""
+    runtime: str = "grpc-aio"
+    """What serves the main port's HTTP/2: `grpc-aio` (grpcio's server) or `envoy` (Envoy's,
+    with the calls handed to Python as ASGI requests; `tablekeeper_server.rpc.envoy`)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
@@ -193,6 +197,10 @@ class ServerConfig:
             raise ValueError("--metrics-max-tables must be >= 0 (0 = no table labels)")
         if self.event_loop not in EVENT_LOOPS:
             raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}")
+        if self.runtime == "envoy" and self.security.tls_on:
+            raise ValueError("--runtime envoy does not serve TLS yet: use --runtime grpc-aio")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1 (0 = one per core)")
         if self.workers > 1:
@@ -408,6 +416,13 @@ PROCESS_SETTINGS = (
         choice(*EVENT_LOOPS),
         "event_loop",
         "the event loop: uvloop (asyncio's if uvloop is not installed) or asyncio",
+    ),
+    _s(
+        "runtime",
+        choice(*RUNTIMES),
+        "runtime",
+        "what serves the main port's HTTP/2: grpc-aio (grpcio's server), or envoy (Envoy's, "
+        "calls handed to Python as ASGI requests: less CPU per call; no TLS yet)",
     ),
     _s(
         "max-open-ranges",

@@ -4,7 +4,8 @@ the extra to install when one is missing.
 `pip install tablekeeper` is the SDK alone; `tablekeeper[server]` adds what a standalone server
 needs (RocksDB, metrics, tokens, uvloop); `tablekeeper[cluster]` adds kazoo (cluster mode,
 `--zk`, `tablekeeper cluster init`) and pulsar-client (`--log pulsar`, `--checkpoint-store
-pulsar`). The server imports kazoo and pulsar only on those paths, so a standalone server never
+pulsar`); `tablekeeper[envoy]` adds pyvoy (`--runtime envoy`). The server imports kazoo,
+pulsar and pyvoy only on those paths, so a standalone server never
 needs them; this module turns "asked for a feature whose package is missing" into
 `error: ... pip install 'tablekeeper[cluster]'` instead of a traceback.
 """
@@ -83,6 +84,8 @@ def check_server(config: ServerConfig) -> None:
     if absent:
         flags = [flag for flag, _, dist in wanted if dist in absent]
         fail(", ".join(flags), absent, "cluster")
+    if config.runtime == "envoy":
+        require("--runtime envoy", {"pyvoy": "pyvoy"}, "envoy")
 
 
 def require_kazoo(exc: ModuleNotFoundError, feature: str) -> NoReturn:

@@ -197,7 +197,16 @@ async def _join_cluster(config: ServerConfig, clock: Clock) -> tuple[ZkCoordinat
     return coordinator, num_containers
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(
+    config: ServerConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    on_started: Callable[[GrpcServer], None] | None = None,
+) -> None:
+    """Run the server until SIGTERM / SIGINT, or until `stop` is set when it is given (then no
+    signal handlers are installed: the host that embeds it, whose event loop may not run on
+    the main thread, owns the process's signals). `on_started(server)` is called once calls
+    can be taken, before recovery (`rpc.envoy` serves them from then on)."""
     # (A follower holds a store as an open range does.)
     files_limit = _raise_open_files_limit(config.max_open_ranges + config.max_followers)
     worker = config.worker
@@ -359,6 +368,7 @@ async def serve(config: ServerConfig) -> None:
         server_token=authenticator.verifier.server_token()
         if authenticator is not None and authenticator.verifier is not None
         else None,
+        runtime=config.runtime,
     )
     if coordinator is not None and member is not None:
         admin.cluster_view = ZooKeeperView(
@@ -381,6 +391,8 @@ async def serve(config: ServerConfig) -> None:
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
+    if on_started is not None:
+        on_started(server)
     etcds: list[EtcdServer] = []  # one per etcd keyspace
     try:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
@@ -460,13 +472,14 @@ async def serve(config: ServerConfig) -> None:
         if thresholds.enabled
         else None
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if tls is not None:
-        # New connections get the re-read certificate; open ones go on.
-        loop.add_signal_handler(signal.SIGHUP, tls.reload)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if tls is not None:
+            # New connections get the re-read certificate; open ones go on.
+            loop.add_signal_handler(signal.SIGHUP, tls.reload)
     await stop.wait()
     for periodic in (checkpoints, splits):
         if periodic is not None:
@@ -764,15 +777,24 @@ def run(config: ServerConfig) -> int:
             )
         finally:
             os.close(lock_fd)
+    if config.runtime == "envoy":
+        from tablekeeper_server.rpc.envoy import exec_envoy
+
+        exec_envoy(config)  # this process becomes Envoy, which runs `serve` (never returns)
     try:
         _run_loop(serve(config), config.event_loop)
-    except CorruptionError as exc:
+    except (CorruptionError, ClusterError, OSError) as exc:
+        return failure_exit_code(exc)
+    return 0
+
+
+def failure_exit_code(exc: CorruptionError | ClusterError | OSError) -> int:
+    """Log why `serve` could not start or go on; the process's exit code for it."""
+    if isinstance(exc, CorruptionError):
         log.error("refusing to start: %s", exc.message)
         return 3
-    except ClusterError as exc:
+    if isinstance(exc, ClusterError):
         log.error("cannot join the cluster: %s", exc)
         return 2
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-    return 0
+    log.error("cannot start: %s", exc)
+    return 2

@@ -40,9 +40,13 @@ class GenericHandlersOnly:
 
     def __init__(self, server: grpc.aio.Server) -> None:
         self._server = server
+        self.handlers: list[grpc.GenericRpcHandler] = []
+        """Every handler added, in order (another runtime can serve the same methods)."""
 
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(tuple(handlers))
+        added = tuple(handlers)
+        self.handlers.extend(added)
+        self._server.add_generic_rpc_handlers(added)
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         """Left out on purpose (see the class): the generic handler serves these methods."""

@@ -1,0 +1,437 @@
+"""gRPC calls served as an ASGI application, for an HTTP/2 server other than grpc.aio's.
+
+`--runtime envoy` serves the main port from Envoy's HTTP/2 (pyvoy hosts this process's Python
+inside an Envoy process): Envoy parses HTTP/2 in C++, and the call reaches Python as one ASGI
+request. This module is the gRPC part on top: it finds the method among the very handlers the
+grpc.aio server registered, runs the same interceptors (malformed requests, authentication),
+hands the servicer a stand-in for grpc.aio's servicer context, and writes the gRPC framing,
+status and trailers itself. Unary, server-, client- and bidirectional streaming calls; messages
+uncompressed (the clients we serve do not compress unless asked to).
+
+What it leaves out of grpc.aio's context: initial metadata sent ahead of a response, peer
+certificates (`auth_context()` is empty: the runtime refuses client-certificate roles), and
+per-call compression. Those are refused where they matter, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import struct
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NamedTuple
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Metadata = tuple[tuple[str, str | bytes], ...]
+
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+# Request headers that belong to HTTP/2, gRPC's transport or the proxy, not to the call's
+# metadata (grpc.aio leaves the same out, but for user-agent, which nothing here reads).
+_TRANSPORT_HEADERS = frozenset(
+    {
+        "content-type",
+        "te",
+        "grpc-timeout",
+        "grpc-encoding",
+        "grpc-accept-encoding",
+        "user-agent",
+        "content-length",
+        "host",
+        "x-forwarded-proto",
+        "x-request-id",
+        "x-envoy-expected-rq-timeout-ms",
+    }
+)
+_RESPONSE_HEADERS = [(b"content-type", b"application/grpc")]
+_HEADER = struct.Struct(">BI")  # compressed flag, message length
+
+
+class HandlerCallDetails(NamedTuple):
+    """What interceptors and generic handlers are given (as grpc.aio gives them)."""
+
+    method: str
+    invocation_metadata: Metadata
+
+
+class _AbortError(grpc.aio.AbortError):  # type: ignore[misc]
+    """Raised by `context.abort`: a grpc.aio.AbortError, which servicers let through."""
+
+
+class _StatusError(Exception):
+    """The call ends with this status (a malformed frame, an over-long message, ...)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class Context:
+    """The part of grpc.aio.ServicerContext that TableKeeper's servicers and interceptors use."""
+
+    __slots__ = ("_metadata", "_peer", "_deadline", "_send", "code", "details", "trailing")
+
+    def __init__(
+        self, metadata: Metadata, peer: str, deadline: float | None, send: _Responder
+    ) -> None:
+        self._metadata = metadata
+        self._peer = peer
+        self._deadline = deadline
+        self._send = send
+        self.code = grpc.StatusCode.OK
+        self.details = ""
+        self.trailing: Metadata = ()
+
+    def invocation_metadata(self) -> Metadata:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def set_trailing_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
+        self.trailing = tuple(metadata)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    async def write(self, message: Any) -> None:
+        await self._send.message(message)
+
+    async def abort(
+        self,
+        code: grpc.StatusCode,
+        details: str = "",
+        trailing_metadata: Sequence[tuple[str, str | bytes]] = (),
+    ) -> None:
+        if code == grpc.StatusCode.OK:
+            raise ValueError("abort with OK")
+        self.code, self.details = code, details
+        if trailing_metadata:
+            self.trailing = tuple(trailing_metadata)
+        raise _AbortError()
+
+
+class _Responder:
+    """Writes one call's response: headers once, a frame per message, then the trailers."""
+
+    __slots__ = ("_send", "_serialize", "_started")
+
+    def __init__(self, send: Send, serialize: Callable[[Any], bytes] | None) -> None:
+        self._send = send
+        self._serialize = serialize
+        self._started = False
+
+    async def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            await self._send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": _RESPONSE_HEADERS,
+                    "trailers": True,
+                }
+            )
+
+    async def message(self, message: Any) -> None:
+        raw = self._serialize(message) if self._serialize is not None else message
+        await self._start()
+        body = _HEADER.pack(0, len(raw)) + raw
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def finish(self, context: Context) -> None:
+        await self._start()
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        trailers = [(b"grpc-status", b"%d" % context.code.value[0])]
+        if context.details:
+            trailers.append((b"grpc-message", urllib.parse.quote(context.details).encode()))
+        trailers += [_encode_entry(key, value) for key, value in context.trailing]
+        await self._send(
+            {"type": "http.response.trailers", "headers": trailers, "more_trailers": False}
+        )
+
+
+def _encode_entry(key: str, value: str | bytes) -> tuple[bytes, bytes]:
+    if isinstance(value, bytes):  # a "-bin" entry: base64 on the wire, unpadded
+        return key.encode("ascii"), base64.b64encode(value).rstrip(b"=")
+    return key.encode("ascii"), value.encode("ascii")
+
+
+def call_metadata(headers: Sequence[tuple[bytes, bytes]]) -> Metadata:
+    """The call's metadata from its request headers ("-bin" values base64-decoded)."""
+    entries: list[tuple[str, str | bytes]] = []
+    for raw_key, raw_value in headers:
+        key = raw_key.decode("latin-1")
+        if key.startswith(":") or key in _TRANSPORT_HEADERS:
+            continue
+        if key.endswith("-bin"):
+            try:
+                value: str | bytes = base64.b64decode(
+                    raw_value + b"=" * (-len(raw_value) % 4), validate=True
+                )
+            except binascii.Error:
+                raise _StatusError(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"metadata {key} is not base64"
+                ) from None
+            entries.append((key, value))
+        else:
+            entries.append((key, raw_value.decode("latin-1")))
+    return tuple(entries)
+
+
+def call_deadline(headers: Sequence[tuple[bytes, bytes]], now: float) -> float | None:
+    """The monotonic deadline a `grpc-timeout` header sets, if any."""
+    for key, value in headers:
+        if key == b"grpc-timeout":
+            unit = _TIMEOUT_UNITS.get(chr(value[-1])) if value else None
+            if unit is None or not value[:-1].isdigit():
+                raise _StatusError(grpc.StatusCode.INVALID_ARGUMENT, "malformed grpc-timeout")
+            return now + int(value[:-1]) * unit
+    return None
+
+
+class _Requests:
+    """The request body as gRPC messages, read from ASGI's `receive` as they arrive."""
+
+    __slots__ = ("_receive", "_buffer", "_ended", "_message_max", "disconnected")
+
+    def __init__(self, receive: Receive, message_max: int) -> None:
+        self._receive = receive
+        self._buffer = bytearray()
+        self._ended = False
+        self._message_max = message_max
+        self.disconnected = False
+
+    async def _fill(self, size: int) -> bool:
+        while len(self._buffer) < size:
+            if self._ended:
+                return False
+            event = await self._receive()
+            if event["type"] == "http.disconnect":
+                self._ended = self.disconnected = True
+                return False
+            self._buffer += event.get("body", b"")
+            self._ended = not event.get("more_body", False)
+        return True
+
+    async def next(self) -> bytes | None:
+        """The next message's bytes; None at the end of the stream."""
+        if not await self._fill(5):
+            if self._buffer and not self.disconnected:
+                raise _StatusError(grpc.StatusCode.INTERNAL, "truncated gRPC message header")
+            return None
+        compressed, length = _HEADER.unpack_from(self._buffer)
+        if compressed:
+            raise _StatusError(
+                grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not accepted"
+            )
+        if length > self._message_max:
+            raise _StatusError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"received message larger than max ({length} vs. {self._message_max})",
+            )
+        if not await self._fill(5 + length):
+            raise _StatusError(grpc.StatusCode.INTERNAL, "truncated gRPC message")
+        message = bytes(self._buffer[5 : 5 + length])
+        del self._buffer[: 5 + length]
+        return message
+
+    async def wait_disconnect(self) -> None:
+        """Return when the client goes away (a request body arriving meanwhile is dropped)."""
+        while not self.disconnected:
+            event = await self._receive()
+            if event["type"] == "http.disconnect":
+                self._ended = self.disconnected = True
+
+
+Continuation = Callable[[HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
+
+
+class GrpcAsgi:
+    """An ASGI application serving the methods of `handlers` (grpc.GenericRpcHandler, as
+    registered on a grpc.aio server) through `interceptors` (grpc.aio.ServerInterceptor,
+    outermost first), as grpc.aio would."""
+
+    def __init__(
+        self,
+        handlers: Sequence[grpc.GenericRpcHandler],
+        interceptors: Sequence[Any] = (),
+        *,
+        message_max: int = 4 * 1024 * 1024,
+    ) -> None:
+        self._handlers = list(handlers)
+        self._interceptors = list(interceptors)
+        self._message_max = message_max
+        self._found: dict[str, grpc.RpcMethodHandler | None] = {}
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        self._chain: Continuation = self._find
+        for interceptor in reversed(self._interceptors):
+            self._chain = _through(interceptor, self._chain)
+
+    async def _find(self, details: HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method not in self._found:
+            found = None
+            for handler in self._handlers:
+                found = handler.service(details)
+                if found is not None:
+                    break
+            self._found[method] = found
+        return self._found[method]
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new calls (UNAVAILABLE) and wait up to `grace_s` for those in flight."""
+        self._draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            await self._call(scope, receive, send)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        requests = _Requests(receive, self._message_max)
+        responder = _Responder(send, None)
+        host, port = scope.get("client") or ("unknown", 0)
+        context = Context((), f"ipv4:{host}:{port}", None, responder)
+        try:
+            if self._draining:
+                raise _StatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+            headers: list[tuple[bytes, bytes]] = scope["headers"]
+            context._metadata = call_metadata(headers)
+            context._deadline = call_deadline(headers, time.monotonic())
+            details = HandlerCallDetails(scope["path"], context._metadata)
+            handler = await self._chain(details)
+            if handler is None:
+                raise _StatusError(
+                    grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {details.method}"
+                )
+            responder._serialize = handler.response_serializer
+            await _run(handler, requests, context, responder)
+        except _AbortError:
+            pass
+        except _StatusError as status:
+            context.code, context.details = status.code, status.details
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s failed", scope.get("path"))
+            context.code, context.details = grpc.StatusCode.UNKNOWN, f"Unexpected {exc!r}"
+        if requests.disconnected:
+            return  # nobody to answer
+        await responder.finish(context)
+
+
+def _through(interceptor: Any, continuation: Continuation) -> Continuation:
+    async def intercepted(details: HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler: grpc.RpcMethodHandler | None = await interceptor.intercept_service(
+            continuation, details
+        )
+        return handler
+
+    return intercepted
+
+
+async def _run(
+    handler: grpc.RpcMethodHandler, requests: _Requests, context: Context, responder: _Responder
+) -> None:
+    deserialize = handler.request_deserializer or (lambda raw: raw)
+
+    async def one_request() -> Any:
+        raw = await requests.next()
+        if raw is None:
+            raise _StatusError(grpc.StatusCode.INTERNAL, "the call sent no request message")
+        if await requests.next() is not None:
+            raise _StatusError(grpc.StatusCode.INTERNAL, "a unary call sent more than one request")
+        return deserialize(raw)
+
+    async def request_stream() -> AsyncIterator[Any]:
+        while (raw := await requests.next()) is not None:
+            yield deserialize(raw)
+
+    if not handler.request_streaming and not handler.response_streaming:
+        request = await one_request()
+        response = await _behave(handler.unary_unary(request, context))
+        if response is not None:
+            await responder.message(response)
+        return
+    if handler.request_streaming and not handler.response_streaming:
+        response = await _behave(handler.stream_unary(request_stream(), context))
+        if response is not None:
+            await responder.message(response)
+        return
+    if handler.response_streaming and not handler.request_streaming:
+        out = handler.unary_stream(await one_request(), context)
+        closing = requests.wait_disconnect  # a client going away ends the stream
+    else:
+        out = handler.stream_stream(request_stream(), context)
+        closing = None
+    await _stream_out(out, responder, requests, closing)
+
+
+async def _behave(result: Any) -> Any:
+    return await result if asyncio.iscoroutine(result) else result
+
+
+async def _stream_out(
+    out: Any,
+    responder: _Responder,
+    requests: _Requests,
+    closing: Callable[[], Awaitable[None]] | None,
+) -> None:
+    """Send what a streaming behaviour yields (or writes), until it ends or the client goes."""
+
+    async def produce() -> None:
+        if asyncio.iscoroutine(out):  # writes with context.write, returns None
+            await out
+            return
+        async for message in out:
+            await responder.message(message)
+
+    if closing is None:
+        await produce()
+        return
+    producer = asyncio.ensure_future(produce())
+    watcher = asyncio.ensure_future(closing())
+    try:
+        await asyncio.wait([producer, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:  # the client went away, or this call was cancelled: stop what still runs
+        for task in (watcher, producer):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    if not producer.cancelled():
+        producer.result()  # what the stream ended with (an abort, an error) is the call's

