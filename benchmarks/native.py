@@ -9,10 +9,12 @@ For every cell it prints ops/s, p50/p99 latency, server CPU per op (from /proc o
 process), the errors, and the TableKeeper/etcd ratio of ops/s. A third target, the *gRPC floor*
 (benchmarks/grpc_floor.py: the same Python gRPC server runtime answering empty responses), gets
 the same calls: what a TableKeeper call costs beyond it is TableKeeper's own path
-(`--no-floor` leaves it out).
+(`--no-floor` leaves it out). `--envoy` adds a TableKeeper run with `--runtime envoy` (the main
+port's HTTP/2 in Envoy) and that runtime's no-op floor, so both runtimes meet in one run.
 
     make ghz                                   # go install of ghz into .deploy/bin (once)
     .venv/bin/python benchmarks/native.py      # starts both servers on free loopback ports
+    .venv/bin/python benchmarks/native.py --envoy --concurrency 1,16,64 --duration 4
 
 Requests come from `ghz --data-file` arrays, which ghz sends round-robin, one element per call.
 """
@@ -215,13 +217,41 @@ def ghz(
     return result
 
 
+def served_by(pid: int) -> int:
+    """The process whose CPU a server costs: `pid`, or the Envoy that pyvoy (`pid`) started."""
+    if b"pyvoy" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+        return pid
+    deadline = time.monotonic() + 30
+    while not (children := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("pyvoy started no Envoy process")
+        time.sleep(0.05)
+    return int(children[0])
+
+
 @contextlib.contextmanager
-def grpc_floor(work: Path, tablekeeper: Target) -> Iterator[Target]:
+def envoy_tablekeeper(work: Path, args: argparse.Namespace) -> Iterator[Target]:
+    """A second TableKeeper, `--runtime envoy` (the main port on Envoy's HTTP/2), its table
+    made as for the first."""
+    extra = [*args.server_args.split(), "--runtime", "envoy"]
+    server = ServerProcess(work / "tk-envoy", extra_args=extra)
+    server.start(timeout_s=60)
+    try:
+        target = tablekeeper_target(server, work, args)
+        yield dataclasses.replace(target, name="tk-envoy")
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def grpc_floor(work: Path, tablekeeper: Target, runtime: str = "grpc-aio") -> Iterator[Target]:
     """Start benchmarks/grpc_floor.py; the target takes TableKeeper's calls and messages."""
     port = free_port()
-    log = (work / "grpc-floor.log").open("wb")
+    name = "grpc-floor" if runtime == "grpc-aio" else f"{runtime}-floor"
+    log = (work / f"{name}.log").open("wb")
+    floor = str(REPO / "benchmarks" / "grpc_floor.py")
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "grpc_floor.py"), "--port", str(port)],
+        [sys.executable, floor, "--port", str(port), "--runtime", runtime],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -234,7 +264,7 @@ def grpc_floor(work: Path, tablekeeper: Target) -> Iterator[Target]:
                 raise RuntimeError(f"the gRPC floor server did not start: see {log.name}")
             time.sleep(0.05)
         yield dataclasses.replace(
-            tablekeeper, name="grpc-floor", address=f"127.0.0.1:{port}", pid=process.pid
+            tablekeeper, name=name, address=f"127.0.0.1:{port}", pid=served_by(process.pid)
         )
     finally:
         process.terminate()
@@ -293,24 +323,28 @@ def cell_rows(cells: list[Cell]) -> list[str]:
     return rows
 
 
+# Each TableKeeper target and the no-op floor of its runtime.
+FLOOR_OF = {"tablekeeper": "grpc-floor", "tk-envoy": "envoy-floor"}
+
+
 def render(cells: list[Cell]) -> str:
     rows = cell_rows(cells)
     rows += [
         "",
-        "| op | in flight | TableKeeper / etcd ops/s | TableKeeper CPU µs/op over the gRPC floor |",
-        "|---|---:|---:|---:|",
+        "| server | op | in flight | / etcd ops/s | CPU µs/op over its runtime's floor |",
+        "|---|---|---:|---:|---:|",
     ]
     by_key = {(c.target, c.op, c.concurrency): c for c in cells}
     for c in cells:
-        if c.target != "tablekeeper":
+        if c.target not in FLOOR_OF:
             continue
         anchor = by_key.get(("etcd", c.op, c.concurrency))
         ratio = f"{c.ops_per_s / anchor.ops_per_s:.2f}×" if anchor and anchor.ops_per_s else "-"
-        floor = by_key.get(("grpc-floor", c.op, c.concurrency))
+        floor = by_key.get((FLOOR_OF[c.target], c.op, c.concurrency))
         beyond = "-"
         if floor and floor.cpu_us_per_op is not None and c.cpu_us_per_op is not None:
             beyond = f"{c.cpu_us_per_op - floor.cpu_us_per_op:.0f}"
-        rows.append(f"| {c.op} | {c.concurrency} | {ratio} | {beyond} |")
+        rows.append(f"| {c.target} | {c.op} | {c.concurrency} | {ratio} | {beyond} |")
     return "\n".join(rows)
 
 
@@ -331,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also drive the gRPC floor (benchmarks/grpc_floor.py) with TableKeeper's calls",
     )
+    parser.add_argument(
+        "--envoy",
+        action="store_true",
+        help="also a TableKeeper with `--runtime envoy` and the no-op floor on Envoy's HTTP/2 "
+        "(pyvoy) beside grpc.aio's",
+    )
     parser.add_argument("--ghz", type=Path, default=Path(os.environ.get("GHZ", GHZ_DEFAULT)))
     parser.add_argument("--out", type=Path, help="also write the cells as JSON lines here")
     args = parser.parse_args(argv)
@@ -348,8 +388,13 @@ def main(argv: list[str] | None = None) -> int:
                 etcd = stack.enter_context(EtcdProcess(args.work / "etcd").start())
                 tablekeeper = tablekeeper_target(server, args.work, args)
                 targets = [tablekeeper, etcd_target(etcd, args.work, args)]
+                if args.envoy:
+                    targets.append(stack.enter_context(envoy_tablekeeper(args.work, args)))
                 if args.floor:
                     targets.append(stack.enter_context(grpc_floor(args.work, tablekeeper)))
+                if args.floor and args.envoy:
+                    floor = grpc_floor(args.work, tablekeeper, "envoy")
+                    targets.append(stack.enter_context(floor))
                 for target in targets:
                     prefill(args, target)
                 for op in ops:
