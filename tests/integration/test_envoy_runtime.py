@@ -178,3 +178,25 @@ def test_tls_is_refused_with_one_line(tmp_path: Path) -> None:
     )
     assert out.returncode == 2, out
     assert "--runtime envoy does not serve TLS yet" in out.stderr
+
+
+def test_workers_on_envoy_share_the_containers_and_stop_on_sigterm(
+    tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    server = ServerProcess(tmp_path / "data", extra_args=["--runtime", "envoy", "--workers", "2"])
+    server_factory.append(server)
+    server.start(timeout_s=60)
+    assert server.process is not None
+    workers = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text()
+    assert [Path(f"/proc/{pid}/exe").resolve().name for pid in workers.split()] == ["envoy"] * 2
+    with Client(server.service) as client:
+        client.create_namespace("w")
+        client.create_table("w", "t", ranges=8)
+        table = client.table("w", "t")
+        for i in range(100):
+            table.put(f"p{i}", "k", f"v{i}")
+        assert all(table.get(f"p{i}", "k").value == f"v{i}".encode() for i in range(100))  # type: ignore[union-attr]
+        assert list(client.server_info().containers) == [0, 2, 4, 6]  # worker 0's share
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(TIMEOUT_S) == 0
+    assert server.log_path.read_text().count("stopped cleanly") == 2
