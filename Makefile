@@ -141,7 +141,7 @@ profile: $(STAMP) $(GHZ)  ## py-spy samples a server under a ghz load: hottest f
 	GHZ=$(GHZ) $(PY) benchmarks/cpu_profile.py
 
 bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then the SDK path (load.py)
-	GHZ=$(GHZ) $(PY) benchmarks/native.py
+	GHZ=$(GHZ) $(PY) benchmarks/native.py --envoy
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data

@@ -2,6 +2,7 @@
 ghz sends unary calls, then prints the hottest functions.
 
     make profile                                   # put, 64 in flight, 15 s
+    .venv/bin/python benchmarks/cpu_profile.py --server-args "--runtime envoy"
     .venv/bin/python benchmarks/cpu_profile.py --op get --concurrency 16 --duration 10
 
 Output: benchmarks/out/profile-<op>.txt, collapsed stacks (one line per stack with its sample
@@ -43,11 +44,14 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--ghz", type=Path, default=Path(os.environ.get("GHZ", GHZ_DEFAULT)))
     parser.add_argument("--top", type=int, default=25, help="functions to print")
+    parser.add_argument(
+        "--server-args", default="", help="extra `tablekeeper server` flags (--runtime envoy)"
+    )
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tk-profile-") as tmp:
         args.work = Path(tmp)
-        server = ServerProcess(args.work / "data").start()
+        server = ServerProcess(args.work / "data", extra_args=args.server_args.split()).start()
         try:
             assert server.process is not None
             target = tablekeeper_target(server, args.work, args)
