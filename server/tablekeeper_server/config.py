@@ -199,8 +199,6 @@ class ServerConfig:
             raise ValueError(f"--event-loop must be one of {', '.join(EVENT_LOOPS)}")
         if self.runtime not in RUNTIMES:
             raise ValueError(f"--runtime must be one of {', '.join(RUNTIMES)}")
-        if self.runtime == "envoy" and self.security.tls_on:
-            raise ValueError("--runtime envoy does not serve TLS yet: use --runtime grpc-aio")
         if self.workers < 1:
             raise ValueError("--workers must be at least 1 (0 = one per core)")
         if self.workers > 1:
@@ -422,7 +420,8 @@ PROCESS_SETTINGS = (
         choice(*RUNTIMES),
         "runtime",
         "what serves the main port's HTTP/2: grpc-aio (grpcio's server), or envoy (Envoy's, "
-        "calls handed to Python as ASGI requests: less CPU per call; no TLS yet)",
+        "calls handed to Python as ASGI requests: less CPU per call; SIGHUP does not reload "
+        "its certificate)",
     ),
     _s(
         "max-open-ranges",

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
-from tablekeeper_server.rpc.asgi import GrpcAsgi
+from tablekeeper_server.rpc.asgi import GrpcAsgi, certificate_auth
 from tablekeeper_server.rpc.servicers import MalformedRequestInterceptor
 
 pytestmark = pytest.mark.unit
@@ -310,3 +310,23 @@ async def test_drain_waits_for_calls_in_flight_and_refuses_new_ones() -> None:
     await asyncio.wait_for(drained, 5)
     await in_flight
     assert peer.messages == [b"done"]
+
+
+@pytest.mark.parametrize(
+    ("name", "common_names"),
+    [
+        ("CN=alice", [b"alice"]),
+        ("CN=alice,O=Example,C=DE", [b"alice"]),
+        ("O=Example,CN=bob", [b"bob"]),
+        (r"CN=smith\, john,O=Example", [b"smith, john"]),
+        ("CN=a+UID=7", [b"a"]),
+        ("O=no common name", []),
+        ("", []),
+    ],
+)
+def test_a_client_certificates_common_name_is_in_the_auth_context(
+    name: str, common_names: list[bytes]
+) -> None:
+    found = certificate_auth({"extensions": {"tls": {"client_cert_name": name}}})
+    assert found.get("x509_common_name", []) == common_names
+    assert certificate_auth({}) == {}

@@ -8,9 +8,10 @@ hands the servicer a stand-in for grpc.aio's servicer context, and writes the gR
 status and trailers itself. Unary, server-, client- and bidirectional streaming calls; messages
 uncompressed (the clients we serve do not compress unless asked to).
 
-What it leaves out of grpc.aio's context: initial metadata sent ahead of a response, peer
-certificates (`auth_context()` is empty: the runtime refuses client-certificate roles), and
-per-call compression. Those are refused where they matter, never silently ignored.
+A client certificate's subject reaches `auth_context()` as grpc.aio gives it
+(`x509_common_name`), from the ASGI TLS extension's `client_cert_name`: certificate roles work
+as on grpc.aio. What it leaves out of grpc.aio's context: initial metadata sent ahead of a
+response, and per-call compression (compressed requests are refused).
 """
 
 from __future__ import annotations
@@ -81,7 +82,16 @@ class _StatusError(Exception):
 class Context:
     """The part of grpc.aio.ServicerContext that TableKeeper's servicers and interceptors use."""
 
-    __slots__ = ("_metadata", "_peer", "_deadline", "_send", "code", "details", "trailing")
+    __slots__ = (
+        "_metadata",
+        "_peer",
+        "_deadline",
+        "_send",
+        "_auth",
+        "code",
+        "details",
+        "trailing",
+    )
 
     def __init__(
         self, metadata: Metadata, peer: str, deadline: float | None, send: _Responder
@@ -90,6 +100,7 @@ class Context:
         self._peer = peer
         self._deadline = deadline
         self._send = send
+        self._auth: dict[str, list[bytes]] = {}
         self.code = grpc.StatusCode.OK
         self.details = ""
         self.trailing: Metadata = ()
@@ -101,7 +112,7 @@ class Context:
         return self._peer
 
     def auth_context(self) -> dict[str, list[bytes]]:
-        return {}
+        return self._auth
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
@@ -198,6 +209,40 @@ def call_metadata(headers: Sequence[tuple[bytes, bytes]]) -> Metadata:
         else:
             entries.append((key, raw_value.decode("latin-1")))
     return tuple(entries)
+
+
+def certificate_auth(scope: Scope) -> dict[str, list[bytes]]:
+    """grpc.aio's auth context for a client certificate: its subject's common name(s), from
+    the ASGI TLS extension's `client_cert_name` (an RFC 4514 name: `CN=alice,O=Example`)."""
+    tls = (scope.get("extensions") or {}).get("tls") or {}
+    name = tls.get("client_cert_name")
+    if not name:
+        return {}
+    names = [value for key, value in _rdns(name) if key.upper() == "CN"]
+    return {"x509_common_name": [n.encode() for n in names]} if names else {}
+
+
+def _rdns(name: str) -> list[tuple[str, str]]:
+    """`KEY=value` pairs of an RFC 4514 name, with its backslash escapes undone."""
+    pairs: list[tuple[str, str]] = []
+    value: list[str] = []
+    key, escaped, in_value = "", False, False
+    for char in name + ",":
+        if escaped:
+            value.append(char)
+            escaped = False
+        elif char == "\\" and in_value:
+            escaped = True
+        elif char in ",+":
+            pairs.append((key.strip(), "".join(value)))
+            key, value, in_value = "", [], False
+        elif char == "=" and not in_value:
+            in_value = True
+        elif in_value:
+            value.append(char)
+        else:
+            key += char
+    return pairs
 
 
 def call_deadline(headers: Sequence[tuple[bytes, bytes]], now: float) -> float | None:
@@ -331,6 +376,7 @@ class GrpcAsgi:
                 raise _StatusError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
             headers: list[tuple[bytes, bytes]] = scope["headers"]
             context._metadata = call_metadata(headers)
+            context._auth = certificate_auth(scope)
             context._deadline = call_deadline(headers, time.monotonic())
             details = HandlerCallDetails(scope["path"], context._metadata)
             handler = await self._chain(details)

@@ -17,7 +17,10 @@ server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the li
 `serve` then shuts down as it always does (in-flight calls drained, ranges closed). The etcd and
 Oxia ports, metrics and everything else run as in the grpc.aio runtime, in the same process.
 
-Not yet: TLS on the main port (refused by the configuration); Envoy's admin interface is off.
+TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
+CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
+The certificate is read when the server starts: on this runtime SIGHUP does not reload it
+(Envoy takes the signal), so a new certificate takes a restart. Envoy's admin interface is off.
 """
 
 from __future__ import annotations
@@ -49,8 +52,20 @@ def envoy_config(config: ServerConfig, port: int) -> dict[str, Any]:
     loop: Literal["uvloop", "asyncio"] = "asyncio"
     if config.event_loop == "uvloop" and _has_uvloop():
         loop = "uvloop"
+    security = config.security
     pyvoy = PyvoyServer(
-        f"{__name__}:app", address=config.bind_host, port=port, lifespan=True, loop=loop
+        f"{__name__}:app",
+        address=config.bind_host,
+        port=port,
+        lifespan=True,
+        loop=loop,
+        # TLS on the port itself when the server has a certificate (HTTP/2 by ALPN); with a
+        # client CA every connection must present a certificate it signed.
+        tls_cert=security.tls_cert,
+        tls_key=security.tls_key,
+        tls_ca_cert=security.tls_client_ca,
+        tls_require_client_certificate=security.tls_client_ca is not None,
+        tls_enable_http3=False,
     )
     doc: dict[str, Any] = pyvoy.get_envoy_config()
     doc.pop("admin", None)  # an HTTP port that can stop the server: not needed, not opened
