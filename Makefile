@@ -121,7 +121,8 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodif
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
-	@# And against a standalone server whose main port is Envoy's HTTP/2 (`--runtime envoy`).
+	@# And once more with every server's gRPC ports on Envoy's HTTP/2 (`--runtime envoy`): the
+	@# BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on etcd) and Oxia clients.
 	TABLEKEEPER_TEST_RUNTIME=envoy $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors

@@ -16,7 +16,9 @@ Two services on this machine, measured alternately (A B A B ...) at each in-flig
   namespace with `nsenter --net`: nothing is reachable from outside the namespace.
 
 Usage: .venv/bin/python benchmarks/functions_state.py [--rounds 3] [--seconds 20]
-       [--in-flight 1,16,64] [--keys 100] [--only tablekeeper]
+       [--in-flight 1,16,64] [--keys 100] [--only tablekeeper] [--envoy]
+
+`--envoy` adds a third service, TableKeeper with `--runtime envoy`, in the same rounds.
 Needs root (unshare/nsenter), java 17, mvn (builds tests/compat/java if stale).
 """
 
@@ -78,8 +80,9 @@ def build_java() -> None:
 
 
 @contextlib.contextmanager
-def tablekeeper(work: Path) -> Iterator[str]:
-    server = ServerProcess(data_dir=work / "tk-data").start(timeout_s=60)
+def tablekeeper(work: Path, extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    name = "-".join(("tk-data", *(a.strip("-") for a in extra_args)))
+    server = ServerProcess(data_dir=work / name, extra_args=list(extra_args)).start(timeout_s=60)
     try:
         yield server.service
     finally:
@@ -242,6 +245,11 @@ def main() -> int:
     parser.add_argument("--in-flight", default="1,16,64")
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--only", choices=["tablekeeper", "bookkeeper"])
+    parser.add_argument(
+        "--envoy",
+        action="store_true",
+        help="also a TableKeeper with `--runtime envoy` (column `TK envoy`), in the same rounds",
+    )
     args = parser.parse_args()
     levels = [int(x) for x in args.in_flight.split(",")]
     for tool in ("java", "unshare", "nsenter", "ip"):
@@ -253,15 +261,18 @@ def main() -> int:
         f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} cpus",
         flush=True,
     )
+    names = ["tablekeeper", "tablekeeper-envoy", "bookkeeper"]
     results: dict[str, dict[int, list[dict[str, object]]]] = {
-        "tablekeeper": {n: [] for n in levels},
-        "bookkeeper": {n: [] for n in levels},
+        name: {n: [] for n in levels} for name in names
     }
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-fstate-")))
         targets: dict[str, tuple[str, int | None]] = {}
         if args.only != "bookkeeper":
             targets["tablekeeper"] = (stack.enter_context(tablekeeper(work)), None)
+            if args.envoy:
+                envoy = tablekeeper(work, ("--runtime", "envoy"))
+                targets["tablekeeper-envoy"] = (stack.enter_context(envoy), None)
         if args.only != "tablekeeper":
             pid = stack.enter_context(bookkeeper_table_service(work))
             targets["bookkeeper"] = (f"bk://127.0.0.1:{STREAM_PORT}", pid)
@@ -278,13 +289,14 @@ def main() -> int:
                     )
     print(
         f"# done, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n"
-        f"| in flight | TableKeeper ops/s | p50 / p99 ms | BookKeeper ops/s | p50 / p99 ms |"
-        f" TK/BK |\n|---|---|---|---|---|---|"
+        f"| in flight | TableKeeper ops/s | p50 / p99 ms | TK envoy ops/s | p50 / p99 ms |"
+        f" BookKeeper ops/s | p50 / p99 ms | TK/BK | TK envoy/BK |\n"
+        f"|---|---|---|---|---|---|---|---|---|"
     )
     for n in levels:
         cells: list[str] = []
         ops: dict[str, float] = {}
-        for name in ("tablekeeper", "bookkeeper"):
+        for name in names:
             rows = results[name][n]
             if not rows:
                 cells += ["-", "-"]
@@ -293,8 +305,11 @@ def main() -> int:
             errors = sum(int(str(r["errors"])) for r in rows)
             cells.append(f"{ops[name]:.0f}" + (f" ({errors} errors)" if errors else ""))
             cells.append(f"{median(rows, 'p50_ms'):.2f} / {median(rows, 'p99_ms'):.2f}")
-        ratio = f"{ops['tablekeeper'] / ops['bookkeeper']:.2f}" if len(ops) == 2 else "-"
-        print(f"| {n} | {' | '.join(cells)} | {ratio} |")
+        ratios = [
+            f"{ops[name] / ops['bookkeeper']:.2f}" if name in ops and "bookkeeper" in ops else "-"
+            for name in ("tablekeeper", "tablekeeper-envoy")
+        ]
+        print(f"| {n} | {' | '.join(cells)} | {' | '.join(ratios)} |")
     print(json.dumps({"results": results}))
     return 0
 

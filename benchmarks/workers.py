@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranges", type=int, default=8, help="ranges of the TableKeeper table")
     parser.add_argument("--connections", type=int, default=4, help="ghz connections at most")
     parser.add_argument("--ghz", type=Path, default=Path(os.environ.get("GHZ", GHZ_DEFAULT)))
+    parser.add_argument("--server-args", default="", help="extra `tablekeeper server` flags")
     args = parser.parse_args(argv)
     if not args.ghz.exists() and shutil.which(str(args.ghz)) is None:
         parser.error(f"ghz not found at {args.ghz}: run `make ghz` (or pass --ghz)")
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             prefill(args, anchor)
             for count in counts:
                 server = ServerProcess(
-                    args.work / f"tk{count}", extra_args=["--workers", str(count)]
+                    args.work / f"tk{count}",
+                    extra_args=["--workers", str(count), *args.server_args.split()],
                 )
                 server.start(timeout_s=60)
                 try:

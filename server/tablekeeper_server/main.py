@@ -63,6 +63,7 @@ from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.frontends import FrontEndPeers
+from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder, RemoteCatalogClient
 from tablekeeper_server.rpc.server import SERVICE_NAMES, GrpcServer
 from tablekeeper_server.security.access import ACCESS_CACHE_S, AccessControl
@@ -201,12 +202,13 @@ async def serve(
     config: ServerConfig,
     *,
     stop: asyncio.Event | None = None,
-    on_started: Callable[[GrpcServer], None] | None = None,
+    on_port: Callable[[GrpcPort], None] | None = None,
 ) -> None:
     """Run the server until SIGTERM / SIGINT, or until `stop` is set when it is given (then no
     signal handlers are installed: the host that embeds it, whose event loop may not run on
-    the main thread, owns the process's signals). `on_started(server)` is called once calls
-    can be taken, before recovery (`rpc.envoy` serves them from then on)."""
+    the main thread, owns the process's signals). `on_port(port)` is called for each gRPC port
+    once it can take calls: the main port first, before recovery, then each etcd keyspace's and
+    Oxia's (`rpc.envoy` serves them from then on)."""
     # (A follower holds a store as an open range does.)
     files_limit = _raise_open_files_limit(config.max_open_ranges + config.max_followers)
     worker = config.worker
@@ -391,8 +393,8 @@ async def serve(
     # Listen before recovering: while containers open, requests get gRPC NOT_FOUND ("not open
     # yet"), which BookKeeper clients retry, instead of a refused connection, which they do not.
     await server.start(serving=False)
-    if on_started is not None:
-        on_started(server)
+    if on_port is not None:
+        on_port(server.grpc)
     etcds: list[EtcdServer] = []  # one per etcd keyspace
     try:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
@@ -422,6 +424,8 @@ async def serve(
             peers = _front_end_peers(name, coordinator, member, worker, server)
             port = _front_end_port(worker, name, port)
             etcds.append(await _start_etcd(config, registry, front, peers, keyspace, port))
+            if on_port is not None:
+                on_port(etcds[-1].grpc)
         oxia = (
             await _start_oxia(
                 config,
@@ -433,6 +437,8 @@ async def serve(
             if config.oxia_port
             else None
         )
+        if oxia is not None and on_port is not None:
+            on_port(oxia.grpc)
         if oxia is not None and member is not None:
             member.on_assignment_changed(oxia.leaders.assignment_changed)
     except BaseException:
@@ -522,7 +528,7 @@ def _enable_reflection(server: GrpcServer) -> None:
         HEALTH_SERVICE,
         reflection.SERVICE_NAME,
     )
-    reflection.enable_server_reflection(names, server._server)
+    reflection.enable_server_reflection(names, server.grpc.services)
 
 
 async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None:
@@ -605,6 +611,18 @@ def _front_end_port(worker: WorkerSlot | None, name: str, port: int) -> int:
     return given
 
 
+def front_end_ports_of(config: ServerConfig) -> list[int]:
+    """The ports this process serves its etcd keyspaces and Oxia on (as `serve` opens them)."""
+    worker = config.worker
+    ports = [
+        _front_end_port(worker, front_end_name(keyspace), port)
+        for keyspace, port in config.etcd_keyspace_ports.items()
+    ]
+    if config.oxia_port:
+        ports.append(_front_end_port(worker, OXIA_FRONT_END, config.oxia_port))
+    return ports
+
+
 def front_end_ports(config: ServerConfig) -> dict[str, int]:
     """Front-end name -> configured port, of every front-end this server serves."""
     ports = {front_end_name(ks): port for ks, port in config.etcd_keyspace_ports.items()}
@@ -669,6 +687,7 @@ async def _start_etcd(
         access_cache_s=front.cache_s,
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
+        runtime=config.runtime,
     )
     front.secured(etcd.security.access)
     await etcd.start()
@@ -698,6 +717,7 @@ async def _start_oxia(
         access_cache_s=front.cache_s,
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
+        runtime=config.runtime,
     )
     front.secured(oxia.security.access)
     await oxia.start()

@@ -1,6 +1,5 @@
 """The compat suite's `server`: a standalone server, or with `TABLEKEEPER_TEST_CLUSTER=N` one
 server of a fresh N-server cluster (deploy/cluster.sh on the session's ZooKeeper and Pulsar).
-With `TABLEKEEPER_TEST_RUNTIME=envoy` the standalone server serves its main port with Envoy.
 
 In the cluster pass every test talks to that one endpoint only; requests for containers owned
 by another server are forwarded server-side. Each test gets a cluster of its own (a new cluster
@@ -11,7 +10,6 @@ server's own life cycle) are skipped in the cluster pass.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -25,8 +23,6 @@ from tests.support.server import ServerProcess
 from tests.support.zookeeper import ZooKeeperProcess
 
 CLUSTER_KEY = pytest.StashKey[DeployedCluster]()
-RUNTIME_ENV_VAR = "TABLEKEEPER_TEST_RUNTIME"
-"""`envoy`: the standalone server runs with `--runtime envoy` (the main port on Envoy)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,8 +97,7 @@ def server(
     containers over), overlapping the next test; `cluster_base` checks every stop at the end."""
     n = cluster_size()
     if not n:
-        runtime = os.environ.get(RUNTIME_ENV_VAR)
-        s = ServerProcess(tmp_path / "data", extra_args=["--runtime", runtime] if runtime else [])
+        s = ServerProcess(tmp_path / "data")
         server_factory.append(s)
         yield s.start()
         return

@@ -66,6 +66,16 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {FREE_PORTS}")
 
 
+RUNTIME_ENV_VAR = "TABLEKEEPER_TEST_RUNTIME"
+"""`envoy`: every server a test starts serves its gRPC ports with `--runtime envoy` (unless the
+test chose a runtime itself): how `make test-compat` runs the real clients on that runtime."""
+
+
+def _runtime_args(extra_args: list[str]) -> list[str]:
+    runtime = os.environ.get(RUNTIME_ENV_VAR)
+    return ["--runtime", runtime] if runtime and "--runtime" not in extra_args else []
+
+
 @dataclass
 class ServerProcess:
     data_dir: Path
@@ -119,6 +129,7 @@ class ServerProcess:
                 "--metrics-port",
                 str(self.metrics_port),
                 *self.extra_args,
+                *_runtime_args(self.extra_args),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

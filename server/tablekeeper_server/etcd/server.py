@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
@@ -40,7 +39,7 @@ from tablekeeper_server.rpc.frontends import (
     Unavailable,
     method_kinds,
 )
-from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
+from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
@@ -84,6 +83,7 @@ class EtcdServer:
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
         keyspace: str = DEFAULT_KEYSPACE,
+        runtime: str = "grpc-aio",
     ) -> None:
         """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
         cluster mode or a worker (`forwarder` reaches the root range's owner, `peers` the other
@@ -113,18 +113,23 @@ class EtcdServer:
                 message_bytes_max=message_max,
             )
             interceptors.insert(0, self._pass_through)
-        self._server = grpc.aio.server(
+        self.grpc = GrpcPort(
+            bind_host,
+            port,
+            tls,
             interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ],
+            message_max=message_max,
+            runtime=runtime,
         )
-        self.port = listen(self._server, bind_host, port, tls)
+        self.port = self.grpc.port
         scheme = "https" if tls is not None else "http"
         client_url = f"{scheme}://{advertised_host}:{self.port}"
-        services = GenericHandlersOnly(self._server)
+        services = self.grpc.services
         rpc_pb2_grpc.add_KVServicer_to_server(KVServicer(self.keyspace, value_bytes_max), services)
         self._watch = WatchServicer(self.keyspace, progress_interval_s=progress_interval_s)
         rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, services)
@@ -144,14 +149,14 @@ class EtcdServer:
     async def start(self) -> None:
         """Open the keyspace (the registry must be serving), then accept calls."""
         await self.keyspace.open()
-        await self._server.start()
+        await self.grpc.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace_s: float) -> None:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self._watch.streams.shutdown()
         self._lease.streams.shutdown()
-        await self._server.stop(grace_s)
+        await self.grpc.stop(grace_s)
         await self.keyspace.close()
         if self._pass_through is not None:
             await self._pass_through.close()

