@@ -518,7 +518,7 @@ async def serve(
 def _enable_reflection(server: GrpcServer) -> None:
     """gRPC server reflection on the main port (`grpcurl -plaintext host:port list`)."""
     from grpc_health.v1.health import SERVICE_NAME as HEALTH_SERVICE
-    from grpc_reflection.v1alpha import reflection
+    from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
     from tablekeeper_proto.v1 import admin_pb2
 
@@ -528,7 +528,10 @@ def _enable_reflection(server: GrpcServer) -> None:
         HEALTH_SERVICE,
         reflection.SERVICE_NAME,
     )
-    reflection.enable_server_reflection(names, server.grpc.services)
+    # The asyncio servicer, added where the port's other services are (so Envoy serves it too).
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer(names), server.grpc.services
+    )
 
 
 async def _wait_for_workers(endpoints: list[str], tls: ServerTls | None) -> None:

@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+from tablekeeper_server.rpc import asgi
 from tablekeeper_server.rpc.asgi import GrpcAsgi, certificate_auth
 from tablekeeper_server.rpc.servicers import MalformedRequestInterceptor
 
@@ -31,23 +32,28 @@ def frame(message: bytes, *, compressed: int = 0) -> bytes:
 class Peer:
     """One call: the request body (in chunks), then the events the app sent back."""
 
-    def __init__(self, chunks: list[bytes], *, disconnect_after: bool = False) -> None:
+    def __init__(self, chunks: list[bytes], *, body_open: bool = False) -> None:
+        """`body_open`: the client keeps its request stream open (a bidirectional call) until
+        it goes away (`gone`)."""
         self.events: list[dict[str, Any]] = [
-            {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+            {"type": "http.request", "body": c, "more_body": body_open or i < len(chunks) - 1}
             for i, c in enumerate(chunks)
         ] or [{"type": "http.request", "body": b"", "more_body": False}]
-        self.disconnect_after = disconnect_after
+        self.body_open = body_open
         self.gone = asyncio.Event()
         self.sent: list[dict[str, Any]] = []
 
     async def receive(self) -> dict[str, Any]:
         if self.events:
             return self.events.pop(0)
-        if self.disconnect_after:
+        if self.body_open:
             await self.gone.wait()
+        await asyncio.sleep(0)
+        if self.gone.is_set():
             return {"type": "http.disconnect"}
-        await asyncio.Event().wait()  # a client that stays: ASGI's receive blocks
-        raise AssertionError("unreachable")
+        # After the request's end pyvoy answers at once with an empty body until the client
+        # goes away (a server following the ASGI spec would block instead).
+        return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(self, event: dict[str, Any]) -> None:
         self.sent.append(event)
@@ -143,6 +149,18 @@ async def echo_each(requests: AsyncIterator[bytes], context: Any) -> AsyncIterat
         yield r[::-1]
 
 
+async def echo_then_wait(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    """Answers the first request, then waits for events (a watch) whatever the client does."""
+    async for r in requests:
+        yield r
+        break
+    try:
+        await asyncio.Event().wait()
+    finally:
+        cancelled.set()
+    yield b"never"
+
+
 async def put(request: kv.PutRequest, context: Any) -> kv.PutResponse:
     return kv.PutResponse()
 
@@ -159,6 +177,7 @@ def app(**kwargs: Any) -> GrpcAsgi:
         "Written": grpc.unary_stream_rpc_method_handler(written, raw, raw),
         "Join": grpc.stream_unary_rpc_method_handler(join, raw, raw),
         "EchoEach": grpc.stream_stream_rpc_method_handler(echo_each, raw, raw),
+        "EchoThenWait": grpc.stream_stream_rpc_method_handler(echo_then_wait, raw, raw),
         "Put": grpc.unary_unary_rpc_method_handler(
             put, kv.PutRequest.FromString, kv.PutResponse.SerializeToString
         ),
@@ -264,9 +283,12 @@ async def test_streams_in_every_direction() -> None:
     assert peer.messages == [b"ba", b"dc"] and peer.status == (0, "")
 
 
-async def test_a_client_going_away_ends_a_server_stream_without_an_answer() -> None:
+async def test_a_client_going_away_ends_a_server_stream_without_an_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(asgi, "DISCONNECT_POLL_S", 0.01)
     cancelled.clear()
-    peer = Peer([frame(b"")], disconnect_after=True)
+    peer = Peer([frame(b"")])
     task = asyncio.ensure_future(app()(scope("Forever"), peer.receive, peer.send))
     while not peer.messages:
         await asyncio.sleep(0)
@@ -275,6 +297,32 @@ async def test_a_client_going_away_ends_a_server_stream_without_an_answer() -> N
     await asyncio.wait_for(task, 5)
     assert cancelled.is_set()
     assert not [e for e in peer.sent if e["type"] == "http.response.trailers"]
+
+
+async def test_a_client_going_away_ends_a_bidirectional_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(asgi, "DISCONNECT_POLL_S", 0.01)
+    for open_until_gone in (True, False):  # gone mid-stream, or after closing its side
+        cancelled.clear()
+        peer = Peer([frame(b"hello")], body_open=open_until_gone)
+        task = asyncio.ensure_future(app()(scope("EchoThenWait"), peer.receive, peer.send))
+        while not peer.messages:
+            await asyncio.sleep(0)
+        assert peer.messages == [b"hello"]
+        peer.gone.set()
+        await asyncio.wait_for(task, 5)
+        assert cancelled.is_set()
+
+
+async def test_a_send_that_fails_ends_the_call_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    async def gone(event: dict[str, Any]) -> None:
+        raise OSError("client disconnected")
+
+    peer = Peer([frame(b"3")])
+    await app()(scope("Count"), peer.receive, gone)  # no exception, nothing logged
+    await app()(scope("Echo"), Peer([frame(b"x")]).receive, gone)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
 
 
 async def test_interceptors_run_first_malformed_protobuf_is_invalid_argument() -> None:

@@ -57,6 +57,8 @@ _TRANSPORT_HEADERS = frozenset(
 )
 _RESPONSE_HEADERS = [(b"content-type", b"application/grpc")]
 _HEADER = struct.Struct(">BI")  # compressed flag, message length
+DISCONNECT_POLL_S = 1.0
+"""How often a server stream (a watch) looks for its client having gone away."""
 
 
 class HandlerCallDetails(NamedTuple):
@@ -143,15 +145,26 @@ class Context:
         raise _AbortError()
 
 
-class _Responder:
-    """Writes one call's response: headers once, a frame per message, then the trailers."""
+class _GoneError(Exception):
+    """The client went away: nothing more can be sent on the call."""
 
-    __slots__ = ("_send", "_serialize", "_started")
+
+class _Responder:
+    """Writes one call's response: headers once, a frame per message, then the trailers. A send
+    that fails (the ASGI server raises once the client is gone) raises `_GoneError`."""
+
+    __slots__ = ("_asgi_send", "_serialize", "_started")
 
     def __init__(self, send: Send, serialize: Callable[[Any], bytes] | None) -> None:
-        self._send = send
+        self._asgi_send = send
         self._serialize = serialize
         self._started = False
+
+    async def _send(self, event: Message) -> None:
+        try:
+            await self._asgi_send(event)
+        except Exception as exc:
+            raise _GoneError(str(exc)) from exc
 
     async def _start(self) -> None:
         if not self._started:
@@ -257,27 +270,39 @@ def call_deadline(headers: Sequence[tuple[bytes, bytes]], now: float) -> float |
 
 
 class _Requests:
-    """The request body as gRPC messages, read from ASGI's `receive` as they arrive."""
+    """The request body as gRPC messages, read from ASGI's `receive` as they arrive.
 
-    __slots__ = ("_receive", "_buffer", "_ended", "_message_max", "disconnected")
+    `receive` is called by one reader at a time (`_lock`): the handler reading its request
+    stream, or the disconnect watcher of a streaming call, which reads ahead into the buffer
+    while the handler does not read (so a client that goes away is noticed either way)."""
+
+    __slots__ = ("_receive", "_buffer", "_ended", "_lock", "_message_max", "disconnected")
 
     def __init__(self, receive: Receive, message_max: int) -> None:
         self._receive = receive
         self._buffer = bytearray()
-        self._ended = False
+        self._ended = False  # the body is over (or the client gone)
+        self._lock = asyncio.Lock()
         self._message_max = message_max
         self.disconnected = False
+
+    async def _read(self) -> None:
+        """One `receive` into the buffer (the caller holds the lock)."""
+        event = await self._receive()
+        if event["type"] == "http.disconnect":
+            self._ended = self.disconnected = True
+            return
+        self._buffer += event.get("body", b"")
+        if not event.get("more_body", False):
+            self._ended = True
 
     async def _fill(self, size: int) -> bool:
         while len(self._buffer) < size:
             if self._ended:
                 return False
-            event = await self._receive()
-            if event["type"] == "http.disconnect":
-                self._ended = self.disconnected = True
-                return False
-            self._buffer += event.get("body", b"")
-            self._ended = not event.get("more_body", False)
+            async with self._lock:
+                if len(self._buffer) < size and not self._ended:
+                    await self._read()
         return True
 
     async def next(self) -> bytes | None:
@@ -302,12 +327,28 @@ class _Requests:
         del self._buffer[: 5 + length]
         return message
 
-    async def wait_disconnect(self) -> None:
-        """Return when the client goes away (a request body arriving meanwhile is dropped)."""
-        while not self.disconnected:
-            event = await self._receive()
+    async def watch_disconnect(self, finished: asyncio.Event) -> None:
+        """Return when the client goes away (`disconnected`), or soon after `finished` is set.
+
+        While the request stream is open it reads ahead into the buffer (waiting for the
+        client's next message or its going away). Once the body is over, an ASGI server may
+        answer `receive` at once with an empty body (pyvoy does) until the client goes away,
+        or may block until then (the ASGI spec): this asks every `DISCONNECT_POLL_S`. It is
+        never cancelled while it waits in `receive` (a server may then try to complete a
+        cancelled future); it returns by itself once `finished` is set."""
+        while not finished.is_set() and not self.disconnected:
+            if not self._ended:
+                async with self._lock:
+                    if not self._ended and not finished.is_set():
+                        await self._read()
+                continue
+            async with self._lock:
+                event = await self._receive()
             if event["type"] == "http.disconnect":
-                self._ended = self.disconnected = True
+                self.disconnected = True
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_S)
 
 
 Continuation = Callable[[HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -390,6 +431,8 @@ class GrpcAsgi:
             pass
         except _StatusError as status:
             context.code, context.details = status.code, status.details
+        except _GoneError:
+            return  # nobody to answer
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -397,14 +440,17 @@ class GrpcAsgi:
             context.code, context.details = grpc.StatusCode.UNKNOWN, f"Unexpected {exc!r}"
         if requests.disconnected:
             return  # nobody to answer
-        await responder.finish(context)
+        with contextlib.suppress(_GoneError):
+            await responder.finish(context)
 
 
 async def refuse(send: Send, code: grpc.StatusCode, details: str) -> None:
     """Answer a call with `code` and `details` without serving it (nor reading its request)."""
-    context = Context((), "", None, _Responder(send, None))
+    responder = _Responder(send, None)
+    context = Context((), "", None, responder)
     context.code, context.details = code, details
-    await _Responder(send, None).finish(context)
+    with contextlib.suppress(_GoneError):
+        await responder.finish(context)
 
 
 def _through(interceptor: Any, continuation: Continuation) -> Continuation:
@@ -447,24 +493,18 @@ async def _run(
         return
     if handler.response_streaming and not handler.request_streaming:
         out = handler.unary_stream(await one_request(), context)
-        closing = requests.wait_disconnect  # a client going away ends the stream
     else:
         out = handler.stream_stream(request_stream(), context)
-        closing = None
-    await _stream_out(out, responder, requests, closing)
+    await _stream_out(out, responder, requests)
 
 
 async def _behave(result: Any) -> Any:
     return await result if asyncio.iscoroutine(result) else result
 
 
-async def _stream_out(
-    out: Any,
-    responder: _Responder,
-    requests: _Requests,
-    closing: Callable[[], Awaitable[None]] | None,
-) -> None:
-    """Send what a streaming behaviour yields (or writes), until it ends or the client goes."""
+async def _stream_out(out: Any, responder: _Responder, requests: _Requests) -> None:
+    """Send what a streaming behaviour yields (or writes) until it ends; end it (cancelled, as
+    grpc.aio would) when the client goes away meanwhile."""
 
     async def produce() -> None:
         if asyncio.iscoroutine(out):  # writes with context.write, returns None
@@ -473,18 +513,28 @@ async def _stream_out(
         async for message in out:
             await responder.message(message)
 
-    if closing is None:
-        await produce()
-        return
+    finished = asyncio.Event()
     producer = asyncio.ensure_future(produce())
-    watcher = asyncio.ensure_future(closing())
+    watcher = asyncio.ensure_future(requests.watch_disconnect(finished))
     try:
         await asyncio.wait([producer, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:  # the client went away, or this call was cancelled: stop what still runs
-        for task in (watcher, producer):
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    finally:
+        finished.set()  # the watcher returns by itself, soon: it is never cancelled
+        _unawaited.add(watcher)
+        watcher.add_done_callback(_watcher_done)
+        if not producer.done():  # the client went away, or this call was cancelled
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
     if not producer.cancelled():
         producer.result()  # what the stream ended with (an abort, an error) is the call's
+
+
+_unawaited: set[asyncio.Future[None]] = set()
+"""Disconnect watchers still finishing (kept referenced until they do)."""
+
+
+def _watcher_done(watcher: asyncio.Future[None]) -> None:
+    _unawaited.discard(watcher)
+    if not watcher.cancelled() and watcher.exception() is not None:
+        log.debug("a disconnect watcher ended with %r", watcher.exception())
