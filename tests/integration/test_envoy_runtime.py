@@ -145,7 +145,7 @@ def test_bad_requests_get_the_same_answers_as_on_grpc_aio(
     assert envoy_answers == plain_answers
 
 
-def test_sigterm_drains_and_exits_0_kill_9_loses_nothing_acknowledged(
+def test_sigterm_stops_cleanly_and_kill_9_loses_nothing_acknowledged(
     envoy_server: ServerProcess,
 ) -> None:
     _table_id(envoy_server)

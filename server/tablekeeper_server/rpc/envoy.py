@@ -14,7 +14,8 @@ pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; 
 lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
 flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
 server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
-`serve` then shuts down as it always does (in-flight calls drained, ranges closed). Envoy
+`serve` then shuts down as it always does (ranges closed, exit 0). Envoy has closed its client
+connections by then: calls in flight end UNAVAILABLE rather than being drained. Envoy
 listens on the etcd keyspaces' and Oxia's ports too, and `app` serves each call with the
 services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
 in the grpc.aio runtime, in the same process.
