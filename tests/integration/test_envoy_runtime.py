@@ -3,7 +3,8 @@ calls handed to the server's Python as ASGI requests (`rpc.envoy`, `rpc.asgi`).
 
 Real clients against a real Envoy: our SDK (unary calls, routing, a watch stream, a session's
 keep-alive stream) and raw gRPC for the bad inputs; SIGTERM drains and exits 0, kill -9 loses
-nothing acknowledged; TLS with tokens, and client certificates whose common names are roles.
+nothing acknowledged. TLS, tokens, permissions and client-certificate roles are
+tests/integration/test_security.py's, on both runtimes.
 The unmodified BookKeeper clients (Python and Java) run their whole compat suite on this
 runtime too (`make test-compat`, TABLEKEEPER_TEST_RUNTIME=envoy)."""
 
@@ -18,16 +19,10 @@ import pytest
 
 from tablekeeper import (
     Client,
-    PermissionDeniedError,
     RetryPolicy,
-    TlsConfig,
-    UnauthenticatedError,
-    UnavailableError,
 )
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2
-from tablekeeper_server.security.certs import issue, new_authority, write_authority
-from tablekeeper_server.security.tokens import create_token
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -167,92 +162,6 @@ def test_sigterm_stops_cleanly_and_kill_9_loses_nothing_acknowledged(
     envoy_server.start(timeout_s=60)
     with Client(envoy_server.service) as client:
         assert client.table("e", "t").get("p199", "k").value == b"v199"  # type: ignore[union-attr]
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("certs")
-    write_authority(directory, hosts=["127.0.0.1", "localhost"], clients=["alice", "admin"])
-    stranger = new_authority("some other CA")  # a client certificate the server must not trust
-    cert, key = issue(stranger, "mallory", client=True)
-    (directory / "mallory.pem").write_bytes(cert)
-    (directory / "mallory-key.pem").write_bytes(key)
-    return directory
-
-
-def _tls_args(certs: Path) -> list[str]:
-    return ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem")]
-
-
-def test_tls_and_tokens_on_envoy(
-    tmp_path: Path, certs: Path, server_factory: list[ServerProcess]
-) -> None:
-    server = ServerProcess(
-        tmp_path / "data",
-        extra_args=[
-            *("--runtime", "envoy", *_tls_args(certs)),
-            *("--auth-secret-key", str(certs / "secret.key"), "--superuser-roles", "admin"),
-        ],
-        tls_files=(certs / "ca.pem", None, None),
-    )
-    server_factory.append(server)
-    server.start(timeout_s=60)
-    secret = (certs / "secret.key").read_bytes().strip()
-    tls = TlsConfig(ca=certs / "ca.pem")
-    with Client(server.service, tls=tls, token=create_token(secret, "admin")) as client:
-        client.create_namespace("s")
-        client.create_table("s", "t", ranges=2)
-        table = client.table("s", "t")
-        table.put("p", "k", "v")
-        assert table.get("p", "k").value == b"v"  # type: ignore[union-attr]
-        with table.watch("p", start=b"") as watch:  # a server stream over TLS
-            table.put("p", "w", "x")
-            assert next(iter(watch)).lkey == b"w"
-    anonymous = Client(server.service, tls=tls, retry=FAST_FAIL)
-    with anonymous, pytest.raises(UnauthenticatedError, match="no credentials"):
-        anonymous.table("s", "t").get("p", "k")
-    plaintext = Client(server.service, retry=FAST_FAIL)  # no TLS: no connection
-    with plaintext, pytest.raises(UnavailableError):
-        plaintext.get_namespace("s")
-
-
-def test_mutual_tls_roles_on_envoy(
-    tmp_path: Path, certs: Path, server_factory: list[ServerProcess]
-) -> None:
-    server = ServerProcess(
-        tmp_path / "data",
-        extra_args=[
-            *("--runtime", "envoy", *_tls_args(certs)),
-            *("--tls-client-ca", str(certs / "ca.pem"), "--superuser-roles", "admin"),
-        ],
-        tls_files=(certs / "ca.pem", certs / "alice.pem", certs / "alice-key.pem"),
-    )
-    server_factory.append(server)
-    server.start(timeout_s=60)
-
-    def as_(role: str) -> TlsConfig:
-        return TlsConfig(
-            ca=certs / "ca.pem", cert=certs / f"{role}.pem", key=certs / f"{role}-key.pem"
-        )
-
-    # The certificate's common name is the role, as on grpc.aio.
-    with Client(server.service, tls=as_("admin")) as client:
-        client.create_namespace("m")
-        client.create_table("m", "t", ranges=2)
-        client.grant("m", "alice", ["read", "write"])
-    with Client(server.service, tls=as_("alice")) as client:
-        client.table("m", "t").put("p", "k", "v")
-        with pytest.raises(PermissionDeniedError, match="role 'alice'"):
-            client.create_namespace("n")
-    # No certificate, or one the server's CA did not sign: the handshake fails.
-    strangers = [
-        TlsConfig(ca=certs / "ca.pem"),
-        TlsConfig(ca=certs / "ca.pem", cert=certs / "mallory.pem", key=certs / "mallory-key.pem"),
-    ]
-    for tls in strangers:
-        stranger = Client(server.service, tls=tls, retry=FAST_FAIL)
-        with stranger, pytest.raises(UnavailableError):
-            stranger.get_namespace("m")
 
 
 def test_workers_on_envoy_share_the_containers_and_stop_on_sigterm(
