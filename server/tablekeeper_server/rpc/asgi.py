@@ -1,6 +1,6 @@
 """gRPC calls served as an ASGI application, for an HTTP/2 server other than grpc.aio's.
 
-`--runtime envoy` serves the main port from Envoy's HTTP/2 (pyvoy hosts this process's Python
+`--runtime envoy` serves the gRPC ports from Envoy's HTTP/2 (pyvoy hosts this process's Python
 inside an Envoy process): Envoy parses HTTP/2 in C++, and the call reaches Python as one ASGI
 request. This module is the gRPC part on top: it finds the method among the very handlers the
 grpc.aio server registered, runs the same interceptors (malformed requests, authentication),
