@@ -208,3 +208,16 @@ def test_cluster_features_name_the_extra_to_install(
         f"error: {message} not installed: {CLUSTER_HINT}"
     ]
     assert not data_dir.exists()  # refused before it started anything
+
+
+def test_the_envoy_runtime_names_its_extra(server_venv: Venv) -> None:
+    data_dir = server_venv.root.parent / "envoy-data"
+    refused = server_venv.tablekeeper(
+        *("server", "--runtime", "envoy", "--data-dir", str(data_dir)),
+        *("--port", str(free_port()), "--metrics-port", "0"),
+    )
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert refused.stderr.strip().splitlines() == [
+        "error: --runtime envoy: pyvoy is not installed: pip install 'tablekeeper[envoy]'"
+    ]
+    assert not data_dir.exists()  # refused before it started anything
