@@ -11,7 +11,9 @@ uncompressed (the clients we serve do not compress unless asked to).
 A client certificate's subject reaches `auth_context()` as grpc.aio gives it
 (`x509_common_name`), from the ASGI TLS extension's `client_cert_name`: certificate roles work
 as on grpc.aio. What it leaves out of grpc.aio's context: initial metadata sent ahead of a
-response, and per-call compression (compressed requests are refused).
+response, and per-call compression (compressed requests are refused). A call's `grpc-timeout`
+reaches handlers as `time_remaining()` (forwarding passes it on), but a unary call is not
+cancelled when it passes: the client stops waiting, and the answer, when it comes, is dropped.
 """
 
 from __future__ import annotations
