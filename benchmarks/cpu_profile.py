@@ -69,7 +69,6 @@ def main() -> int:
         try:
             assert server.process is not None
             target = tablekeeper_target(server, args.work, args)
-            pid = target.pid  # the server's process (its Envoy child with `--runtime envoy`)
             data = args.work / "data.json"
             data.write_text(json.dumps(target.messages["put"]))
             base = [str(args.ghz), "--insecure", "--protoset", str(target.protoset)]
@@ -79,16 +78,16 @@ def main() -> int:
             data.write_text(json.dumps(target.messages[args.op]))
             collapsed = OUT / f"profile-{args.op}.txt"
             spy = subprocess.Popen(
-                [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(args.rate)]
+                [str(PY_SPY), "record", "--pid", str(server.process.pid), "--rate", str(args.rate)]
                 + ["--format", "raw", "--output", str(collapsed), "--nonblocking"]
             )
             time.sleep(1.0)  # py-spy attaches
             load = [*base, "--call", target.calls[args.op], "--duration", f"{args.duration}s"]
-            before, started = thread_cpu(pid), time.monotonic()
+            before, started = thread_cpu(server.process.pid), time.monotonic()
             result = subprocess.run(
                 [*load, "--format", "json", server.target], capture_output=True, text=True
             )
-            after, elapsed = thread_cpu(pid), time.monotonic() - started
+            after, elapsed = thread_cpu(server.process.pid), time.monotonic() - started
             spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
             spy.wait(60)
         finally:

@@ -133,7 +133,7 @@ def tablekeeper_target(
     return Target(
         name="tablekeeper",
         address=server.target,
-        pid=served_by(server.process.pid),
+        pid=server.process.pid,
         protoset=protoset(
             work / "tablekeeper.protoset", REPO / "proto", "tablekeeper_proto/v1/tablekeeper.proto"
         ),
@@ -218,19 +218,15 @@ def ghz(
 
 
 def served_by(pid: int) -> int:
-    """The process whose CPU a server costs: `pid`, or the Envoy child it runs in (a server
-    started with `--runtime envoy`, or pyvoy's no-op floor)."""
-    if b"envoy" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    """The process whose CPU a server costs: `pid`, or the Envoy that pyvoy (`pid`) started."""
+    if b"pyvoy" not in Path(f"/proc/{pid}/cmdline").read_bytes():
         return pid
     deadline = time.monotonic() + 30
-    while True:
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            with contextlib.suppress(OSError):
-                if Path(f"/proc/{child}/exe").resolve().name == "envoy":
-                    return int(child)
+    while not (children := Path(f"/proc/{pid}/task/{pid}/children").read_text().split()):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"process {pid} started no Envoy")
+            raise RuntimeError("pyvoy started no Envoy process")
         time.sleep(0.05)
+    return int(children[0])
 
 
 @contextlib.contextmanager

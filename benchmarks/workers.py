@@ -42,7 +42,6 @@ from benchmarks.native import (  # noqa: E402
     ghz,
     prefill,
     run_cell,
-    served_by,
     tablekeeper_target,
 )
 from tablekeeper.routing import RangeInfo, RangeRouter  # noqa: E402
@@ -207,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     assert server.process is not None
                     pids = _children(server.process.pid) if count > 1 else [server.process.pid]
-                    pids = [served_by(pid) for pid in pids]  # Envoy's, with --runtime envoy
                     whole = tablekeeper_target(server, args.work, args)
                     parts = _split_by_worker(whole, server)
                     for part in parts:

