@@ -87,8 +87,8 @@ class ServerConfig:
     event_loop: str = "uvloop"
     """`uvloop` (if installed; else asyncio's, with a warning) or `asyncio`."""
     runtime: str = "grpc-aio"
-    """What serves the main port's HTTP/2: `grpc-aio` (grpcio's server) or `envoy` (Envoy's,
-    with the calls handed to Python as ASGI requests; `tablekeeper_server.rpc.envoy`)."""
+    """What serves the gRPC ports' HTTP/2 (main, etcd, Oxia): `grpc-aio` (grpcio's server) or
+    `envoy` (Envoy's, the calls handed to Python as ASGI requests; `rpc.envoy`)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
@@ -419,7 +419,7 @@ PROCESS_SETTINGS = (
         "runtime",
         choice(*RUNTIMES),
         "runtime",
-        "what serves the main port's HTTP/2: grpc-aio (grpcio's server), or envoy (Envoy's, "
+        "what serves the gRPC ports' HTTP/2: grpc-aio (grpcio's server), or envoy (Envoy's, "
         "calls handed to Python as ASGI requests: less CPU per call; SIGHUP does not reload "
         "its certificate)",
     ),

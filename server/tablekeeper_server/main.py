@@ -616,14 +616,9 @@ def _front_end_port(worker: WorkerSlot | None, name: str, port: int) -> int:
 
 def front_end_ports_of(config: ServerConfig) -> list[int]:
     """The ports this process serves its etcd keyspaces and Oxia on (as `serve` opens them)."""
-    worker = config.worker
-    ports = [
-        _front_end_port(worker, front_end_name(keyspace), port)
-        for keyspace, port in config.etcd_keyspace_ports.items()
+    return [
+        _front_end_port(config.worker, name, port) for name, port in front_end_ports(config).items()
     ]
-    if config.oxia_port:
-        ports.append(_front_end_port(worker, OXIA_FRONT_END, config.oxia_port))
-    return ports
 
 
 def front_end_ports(config: ServerConfig) -> dict[str, int]:

@@ -16,7 +16,6 @@ import grpc
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
-from tablekeeper_server.rpc import asgi
 from tablekeeper_server.rpc.asgi import GrpcAsgi, certificate_auth
 from tablekeeper_server.rpc.servicers import MalformedRequestInterceptor
 
@@ -42,13 +41,13 @@ class Peer:
         self.body_open = body_open
         self.gone = asyncio.Event()
         self.sent: list[dict[str, Any]] = []
+        self.answering = asyncio.Event()  # a response message was sent
 
     async def receive(self) -> dict[str, Any]:
         if self.events:
             return self.events.pop(0)
         if self.body_open:
             await self.gone.wait()
-        await asyncio.sleep(0)
         if self.gone.is_set():
             return {"type": "http.disconnect"}
         # After the request's end pyvoy answers at once with an empty body until the client
@@ -57,6 +56,8 @@ class Peer:
 
     async def send(self, event: dict[str, Any]) -> None:
         self.sent.append(event)
+        if event.get("body"):
+            self.answering.set()
 
     @property
     def messages(self) -> list[bytes]:
@@ -283,36 +284,27 @@ async def test_streams_in_every_direction() -> None:
     assert peer.messages == [b"ba", b"dc"] and peer.status == (0, "")
 
 
-async def test_a_client_going_away_ends_a_server_stream_without_an_answer(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("method", "body_open"),
+    [
+        ("Forever", False),  # a server stream, its request over
+        ("EchoThenWait", True),  # a bidirectional stream, gone mid-stream
+        ("EchoThenWait", False),  # ... or after closing its side
+    ],
+)
+async def test_a_client_going_away_ends_its_stream_without_an_answer(
+    method: str, body_open: bool
 ) -> None:
-    monkeypatch.setattr(asgi, "DISCONNECT_POLL_S", 0.01)
     cancelled.clear()
-    peer = Peer([frame(b"")])
-    task = asyncio.ensure_future(app()(scope("Forever"), peer.receive, peer.send))
-    while not peer.messages:
-        await asyncio.sleep(0)
-    assert peer.messages == [b"first"]
+    peer = Peer([frame(b"hello")], body_open=body_open)
+    grpc_app = app(disconnect_poll_s=0.01)
+    task = asyncio.ensure_future(grpc_app(scope(method), peer.receive, peer.send))
+    await asyncio.wait_for(peer.answering.wait(), 5)
+    assert peer.messages == [b"first" if method == "Forever" else b"hello"]
     peer.gone.set()
     await asyncio.wait_for(task, 5)
-    assert cancelled.is_set()
+    assert cancelled.is_set()  # the handler was cancelled, as grpc.aio does
     assert not [e for e in peer.sent if e["type"] == "http.response.trailers"]
-
-
-async def test_a_client_going_away_ends_a_bidirectional_stream(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(asgi, "DISCONNECT_POLL_S", 0.01)
-    for open_until_gone in (True, False):  # gone mid-stream, or after closing its side
-        cancelled.clear()
-        peer = Peer([frame(b"hello")], body_open=open_until_gone)
-        task = asyncio.ensure_future(app()(scope("EchoThenWait"), peer.receive, peer.send))
-        while not peer.messages:
-            await asyncio.sleep(0)
-        assert peer.messages == [b"hello"]
-        peer.gone.set()
-        await asyncio.wait_for(task, 5)
-        assert cancelled.is_set()
 
 
 async def test_a_send_that_fails_ends_the_call_quietly(caplog: pytest.LogCaptureFixture) -> None:
@@ -350,7 +342,6 @@ async def test_drain_waits_for_calls_in_flight_and_refuses_new_ones() -> None:
     in_flight = asyncio.ensure_future(grpc_app(scope("Slow"), peer.receive, peer.send))
     await started.wait()
     drained = asyncio.ensure_future(grpc_app.drain(30))
-    await asyncio.sleep(0)
     refused = await call(grpc_app, "Echo", [frame(b"x")])
     assert refused.status[0] == grpc.StatusCode.UNAVAILABLE.value[0]
     assert not drained.done()

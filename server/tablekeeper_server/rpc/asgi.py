@@ -60,7 +60,7 @@ _TRANSPORT_HEADERS = frozenset(
 _RESPONSE_HEADERS = [(b"content-type", b"application/grpc")]
 _HEADER = struct.Struct(">BI")  # compressed flag, message length
 DISCONNECT_POLL_S = 1.0
-"""How often a server stream (a watch) looks for its client having gone away."""
+"""How often a streaming call (a watch) looks for its client having gone away, by default."""
 
 
 class HandlerCallDetails(NamedTuple):
@@ -123,12 +123,6 @@ class Context:
 
     def set_trailing_metadata(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
         self.trailing = tuple(metadata)
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        self.code = code
-
-    def set_details(self, details: str) -> None:
-        self.details = details
 
     async def write(self, message: Any) -> None:
         await self._send.message(message)
@@ -278,10 +272,19 @@ class _Requests:
     stream, or the disconnect watcher of a streaming call, which reads ahead into the buffer
     while the handler does not read (so a client that goes away is noticed either way)."""
 
-    __slots__ = ("_receive", "_buffer", "_ended", "_lock", "_message_max", "disconnected")
+    __slots__ = (
+        "_receive",
+        "_buffer",
+        "_ended",
+        "_lock",
+        "_message_max",
+        "_poll_s",
+        "disconnected",
+    )
 
-    def __init__(self, receive: Receive, message_max: int) -> None:
+    def __init__(self, receive: Receive, message_max: int, poll_s: float) -> None:
         self._receive = receive
+        self._poll_s = poll_s
         self._buffer = bytearray()
         self._ended = False  # the body is over (or the client gone)
         self._lock = asyncio.Lock()
@@ -335,7 +338,7 @@ class _Requests:
         While the request stream is open it reads ahead into the buffer (waiting for the
         client's next message or its going away). Once the body is over, an ASGI server may
         answer `receive` at once with an empty body (pyvoy does) until the client goes away,
-        or may block until then (the ASGI spec): this asks every `DISCONNECT_POLL_S`. It is
+        or may block until then (the ASGI spec): this asks every `poll_s` seconds. It is
         never cancelled while it waits in `receive` (a server may then try to complete a
         cancelled future); it returns by itself once `finished` is set."""
         while not finished.is_set() and not self.disconnected:
@@ -350,7 +353,7 @@ class _Requests:
                 self.disconnected = True
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_S)
+                await asyncio.wait_for(finished.wait(), self._poll_s)
 
 
 Continuation = Callable[[HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]]
@@ -367,10 +370,12 @@ class GrpcAsgi:
         interceptors: Sequence[Any] = (),
         *,
         message_max: int = 4 * 1024 * 1024,
+        disconnect_poll_s: float = DISCONNECT_POLL_S,
     ) -> None:
         self._handlers = list(handlers)
         self._interceptors = list(interceptors)
         self._message_max = message_max
+        self._disconnect_poll_s = disconnect_poll_s
         self._found: dict[str, grpc.RpcMethodHandler | None] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -391,9 +396,13 @@ class GrpcAsgi:
             self._found[method] = found
         return self._found[method]
 
-    async def drain(self, grace_s: float) -> None:
-        """Refuse new calls (UNAVAILABLE) and wait up to `grace_s` for those in flight."""
+    def drain(self, grace_s: float) -> Awaitable[None]:
+        """Refuse new calls (UNAVAILABLE) from now on; what it returns waits up to `grace_s`
+        for those in flight."""
         self._draining = True
+        return self._until_idle(grace_s)
+
+    async def _until_idle(self, grace_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), grace_s)
 
@@ -410,7 +419,7 @@ class GrpcAsgi:
                 self._idle.set()
 
     async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        requests = _Requests(receive, self._message_max)
+        requests = _Requests(receive, self._message_max, self._disconnect_poll_s)
         responder = _Responder(send, None)
         host, port = scope.get("client") or ("unknown", 0)
         context = Context((), f"ipv4:{host}:{port}", None, responder)
