@@ -2,9 +2,9 @@
 calls handed to the server's Python as ASGI requests (`rpc.envoy`, `rpc.asgi`).
 
 Real clients against a real Envoy: our SDK (unary calls, routing, a watch stream, a session's
-keep-alive stream) and raw gRPC for the bad inputs; SIGTERM drains and exits 0, kill -9 loses
-nothing acknowledged. TLS, tokens, permissions and client-certificate roles are
-tests/integration/test_security.py's, on both runtimes.
+keep-alive stream) and raw gRPC for the bad inputs; SIGTERM drains and exits 0 (a call in flight
+is answered, on either runtime), kill -9 loses nothing acknowledged. TLS, tokens, permissions
+and client-certificate roles are tests/integration/test_security.py's, on both runtimes.
 The unmodified BookKeeper clients (Python and Java) run their whole compat suite on this
 runtime too (`make test-compat`, TABLEKEEPER_TEST_RUNTIME=envoy)."""
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +25,7 @@ from tablekeeper import (
 )
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2
+from tablekeeper_server.core.failpoints import ENV_VAR as FAILPOINTS
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -184,3 +187,64 @@ def test_workers_on_envoy_share_the_containers_and_stop_on_sigterm(
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(TIMEOUT_S) == 0
     assert server.log_path.read_text().count("stopped cleanly") == 2
+
+
+def _wait_logged(server: ServerProcess, text: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in server.log_path.read_text(errors="replace"):
+        assert server.running, f"the server exited:\n{server.log_tail()}"
+        assert time.monotonic() < deadline, f"never logged {text!r}:\n{server.log_tail()}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("runtime", ["grpc-aio", "envoy"])
+def test_sigterm_answers_the_call_in_flight_then_stops_cleanly(
+    runtime: str, tmp_path: Path, server_factory: list[ServerProcess]
+) -> None:
+    """A call in flight when SIGTERM comes is answered, not cut (Envoy alone would close its
+    connections at once: `rpc.envoy` takes the signal first); a call that comes after the
+    drain began is refused UNAVAILABLE; then the server exits 0. The call held in flight is
+    an admin Checkpoint, stopped by a failpoint inside its upload until the test lets it go."""
+    release = tmp_path / "release"
+    server = ServerProcess(
+        tmp_path / "data",
+        extra_args=["--runtime", runtime, "--shutdown-grace", "120"],
+        env={FAILPOINTS: f"checkpoint.during_upload=wait:{release}"},
+    )
+    server_factory.append(server)
+    server.start(timeout_s=60)
+    table_id = _table_id(server)
+    with Client(server.service) as client:
+        table = client.table("e", "t")
+        for i in range(20):
+            table.put(f"p{i}", "k", f"v{i}")
+    outcome: dict[str, Any] = {}
+
+    def checkpoint() -> None:
+        with Client(server.service) as client:
+            try:
+                outcome["result"] = client.checkpoint("e", "t")
+            except Exception as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+    in_flight = threading.Thread(target=checkpoint, daemon=True)
+    in_flight.start()
+    _wait_logged(server, "failpoint checkpoint.during_upload: waiting")
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    _wait_logged(server, "shutting down: draining in-flight requests")
+    with grpc.insecure_channel(server.target) as channel:
+        stub = kv_rpc_pb2_grpc.TableServiceStub(channel)
+        get = kv.RangeRequest(header=kv.RoutingHeader(stream_id=table_id, r_key=b"p1"), key=b"k")
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Range(get, timeout=TIMEOUT_S)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert server.running and in_flight.is_alive()  # the drain waits for the checkpoint
+    release.touch()
+    in_flight.join(TIMEOUT_S)
+    assert "error" not in outcome, outcome
+    assert outcome["result"] is not None
+    assert server.process.wait(TIMEOUT_S) == 0
+    log = server.log_path.read_text()
+    assert "stopped cleanly" in log
+    assert "Traceback" not in log

@@ -12,13 +12,19 @@ with Envoy (same pid: kill -9 kills the server, and a worker keeps its superviso
 parent-death signal), configured with one listener on the server's gRPC ports whose only HTTP
 filter is pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
 lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
-flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread, so the
-server installs no signal handlers: Envoy takes SIGTERM / SIGINT and ends the lifespan, and
-`serve` then shuts down as it always does (ranges closed, exit 0). Envoy has closed its client
-connections by then: calls in flight end UNAVAILABLE rather than being drained. Envoy
+flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread. Envoy
 listens on the etcd keyspaces' and Oxia's ports too, and `app` serves each call with the
 services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
 in the grpc.aio runtime, in the same process.
+
+SIGTERM / SIGINT: Envoy's own handling closes every client connection at once (it drains only
+when told to through its admin interface), which would cut the calls in flight and, in a
+cluster, hand the containers over only after that. So `exec_envoy` blocks both signals before
+the exec: the mask is inherited by Envoy and every thread it starts, the signals stay pending,
+and a thread of the server takes them with `sigwait` (`_StopSignals`). The server then stops as
+on grpc.aio: containers handed over, new calls refused, calls in flight answered (up to
+`--shutdown-grace`), ranges closed, "stopped cleanly"; only then is SIGTERM let through to
+Envoy's handler, which ends the lifespan and the process (exit 0).
 
 TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
 CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
@@ -33,7 +39,9 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
@@ -49,6 +57,10 @@ log = logging.getLogger(__name__)
 
 ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
 """The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+"""Blocked across the exec into Envoy, taken by the server (see the module docstring)."""
+ENVOY_EXIT_WAIT_S = 30.0
+"""How long the server waits for Envoy to end the process after a graceful stop."""
 
 
 def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
@@ -132,7 +144,12 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(envoy, argv, env)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        os.execve(envoy, argv, env)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        raise
 
 
 class _EnvoyApp:
@@ -143,6 +160,7 @@ class _EnvoyApp:
         self._ports: dict[int, GrpcAsgi] = {}
         self._stop = asyncio.Event()
         self._server: asyncio.Task[None] | None = None
+        self._signals: _StopSignals | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -193,6 +211,7 @@ class _EnvoyApp:
                 started.set_result(None)
 
         self._server = asyncio.create_task(self._serve(config, on_port))
+        self._signals = _StopSignals.start(self._stop)
         await asyncio.wait([self._server, started], return_when=asyncio.FIRST_COMPLETED)
 
     async def _serve(self, config: ServerConfig, on_port: Callable[[GrpcPort], None]) -> None:
@@ -211,6 +230,54 @@ class _EnvoyApp:
             _exit(1)
         if not self._stop.is_set():
             _exit(0)
+        if self._signals is not None and self._signals.received is not None:
+            self._signals.end_envoy()  # the server has stopped: now Envoy may end the process
+
+
+class _StopSignals:
+    """Takes SIGTERM / SIGINT, which `exec_envoy` left blocked and so pending, on a thread of
+    its own (`sigwait`), and stops the server gracefully through `stop`; `end_envoy` then lets
+    SIGTERM through to Envoy's handler."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        self._loop = asyncio.get_running_loop()
+        self.received: signal.Signals | None = None
+
+    @classmethod
+    def start(cls, stop: asyncio.Event) -> _StopSignals | None:
+        """Start taking the signals; None when they are not blocked here (an Envoy that was
+        not started by `exec_envoy`: its own handling applies)."""
+        if not STOP_SIGNALS.issubset(signal.pthread_sigmask(signal.SIG_BLOCK, ())):
+            log.warning("SIGTERM is not blocked: Envoy will cut calls in flight when it stops")
+            return None
+        signals = cls(stop)
+        threading.Thread(target=signals._take, name="stop-signals", daemon=True).start()
+        return signals
+
+    def _take(self) -> None:
+        while True:
+            received = signal.Signals(signal.sigwait(STOP_SIGNALS))
+            if self.received is not None:
+                log.info("%s: already stopping", received.name)
+                continue
+            self.received = received
+            log.info("%s: stopping gracefully", received.name)
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def end_envoy(self) -> None:
+        """Deliver SIGTERM to Envoy's handler (from a thread that unblocks it for itself), which
+        ends the lifespan and the process; exit 0 directly if that has not happened within
+        `ENVOY_EXIT_WAIT_S`."""
+
+        def deliver() -> None:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            threading.Event().wait(ENVOY_EXIT_WAIT_S)
+            log.warning("Envoy did not end the process after SIGTERM: exiting")
+            _exit(0)
+
+        threading.Thread(target=deliver, name="end-envoy", daemon=True).start()
 
 
 def _exit(code: int) -> NoReturn:
