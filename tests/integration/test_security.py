@@ -330,8 +330,9 @@ def test_permissions_per_namespace_and_role(tmp_path: Path, certs: Path) -> None
         server.stop()
 
 
+@pytest.mark.parametrize("runtime", ["grpc-aio", "envoy"])
 def test_sighup_reloads_the_certificate_without_dropping_the_server(
-    tmp_path: Path, certs: Path
+    runtime: str, tmp_path: Path, certs: Path
 ) -> None:
     live = tmp_path / "live"
     live.mkdir()
@@ -340,8 +341,7 @@ def test_sighup_reloads_the_certificate_without_dropping_the_server(
     server = ServerProcess(
         tmp_path / "data",
         extra_args=[
-            # grpc.aio's: on Envoy the certificate is read at start (README, "A cheaper call").
-            *("--runtime", "grpc-aio"),
+            *("--runtime", runtime),
             "--tls-cert",
             str(live / "server.pem"),
             "--tls-key",

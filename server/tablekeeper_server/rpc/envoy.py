@@ -28,21 +28,27 @@ Envoy's handler, which ends the lifespan and the process (exit 0).
 
 TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
 CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
-The certificate is read when the server starts: on this runtime SIGHUP does not reload it
-(Envoy takes the signal), so a new certificate takes a restart. Envoy's admin interface is off.
+Envoy reads the certificate, its key and the client CA from secret files the server writes
+(`write_tls_secrets`: under the data directory, mode 0600) and watches their directory; SIGHUP,
+blocked and taken like SIGTERM, makes the server re-read the configured files and rewrite the
+secrets, so new connections get the new certificate while open ones go on, as on grpc.aio.
+Envoy's admin interface is off.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import grpc
@@ -52,6 +58,7 @@ from tablekeeper_server.rpc.asgi import GrpcAsgi, Receive, Scope, Send, refuse
 if TYPE_CHECKING:
     from tablekeeper_server.config import ServerConfig
     from tablekeeper_server.rpc.listen import GrpcPort
+    from tablekeeper_server.security.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,11 @@ ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
 """The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 """Blocked across the exec into Envoy, taken by the server (see the module docstring)."""
+RELOAD_SIGNAL = signal.SIGHUP
+"""Blocked too when the server serves TLS: re-read the certificate files."""
+CERTIFICATE_SECRET = "certificate"
+CLIENT_CA_SECRET = "client-ca"
+_SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
 ENVOY_EXIT_WAIT_S = 30.0
 """How long the server waits for Envoy to end the process after a graceful stop."""
 
@@ -108,10 +120,84 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
                 manager["stream_idle_timeout"] = "0s"
                 manager["max_request_headers_kb"] = min(metadata_kib, 8192)
                 manager["http2_protocol_options"] = {"max_header_field_size_kb": metadata_kib}
+    tls = tls_files(config)
+    if tls is not None:
+        _secrets_from_files(doc, tls_dir(config), client_ca=tls.client_ca is not None)
+        doc["node"] = {"id": "tablekeeper", "cluster": "tablekeeper"}  # SDS needs a node
     # The field limit above is nghttp2's: the HTTP/2 codec it applies to, chosen explicitly.
     runtime = {"envoy.reloadable_features.http2_use_oghttp2": False}
     doc["layered_runtime"] = {"layers": [{"name": "static", "static_layer": runtime}]}
     return doc
+
+
+def tls_files(config: ServerConfig) -> TlsFiles | None:
+    from tablekeeper_server.security.tls import TlsFiles
+
+    security = config.security
+    if security.tls_cert is None or security.tls_key is None:
+        return None
+    return TlsFiles(security.tls_cert, security.tls_key, security.tls_client_ca)
+
+
+def tls_dir(config: ServerConfig) -> Path:
+    """Where the server writes the secrets Envoy reads (one directory per Envoy: its port)."""
+    port = config.worker.port if config.worker is not None else config.port
+    return config.data_dir / "envoy-tls" / str(port)
+
+
+def _secrets_from_files(doc: dict[str, Any], directory: Path, *, client_ca: bool) -> None:
+    """Point every TLS context of `doc` at the secret files in `directory` (SDS from the file
+    system, the directory watched) instead of the certificate pyvoy inlined."""
+
+    def secret(name: str) -> dict[str, Any]:
+        source = {
+            "path_config_source": {
+                "path": str(directory / f"{name}.json"),
+                "watched_directory": {"path": str(directory)},
+            },
+            "resource_api_version": "V3",
+        }
+        return {"name": name, "sds_config": source}
+
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            context = chain["transport_socket"]["typed_config"]["common_tls_context"]
+            context.pop("tls_certificates", None)
+            context["tls_certificate_sds_secret_configs"] = [secret(CERTIFICATE_SECRET)]
+            if client_ca:
+                context.pop("validation_context", None)
+                context["validation_context_sds_secret_config"] = secret(CLIENT_CA_SECRET)
+
+
+def write_tls_secrets(files: TlsFiles, directory: Path) -> None:
+    """Read the certificate, its key and the client CA from their files, check that the key is
+    the certificate's, and (re)write them as Envoy's secret files in `directory` (each
+    replaced atomically, so Envoy's watch sees a whole new file). Raises `OSError` or
+    `ValueError` (nothing rewritten) for files that cannot be used."""
+    key, cert, client_ca = files.read()
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(files.cert, files.key)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{files.cert} / {files.key}: {exc}") from exc
+    secrets = {
+        CERTIFICATE_SECRET: {
+            "tls_certificate": {
+                "certificate_chain": {"inline_bytes": base64.b64encode(cert).decode()},
+                "private_key": {"inline_bytes": base64.b64encode(key).decode()},
+            }
+        }
+    }
+    if client_ca is not None:
+        trusted = {"trusted_ca": {"inline_bytes": base64.b64encode(client_ca).decode()}}
+        secrets[CLIENT_CA_SECRET] = {"validation_context": trusted}
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name, body in secrets.items():
+        resource = {"@type": _SECRET_TYPE, "name": name, **body}
+        temp = directory / f".{name}.json.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"resources": [resource]}, out)
+        os.replace(temp, directory / f"{name}.json")
 
 
 def _has_uvloop() -> bool:
@@ -144,7 +230,15 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
     sys.stdout.flush()
     sys.stderr.flush()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    tls = tls_files(config)
+    if tls is not None:
+        try:
+            write_tls_secrets(tls, tls_dir(config))
+        except (OSError, ValueError) as exc:
+            log.error("cannot start: TLS: %s", exc)
+            sys.exit(2)
+    taken = STOP_SIGNALS | ({RELOAD_SIGNAL} if tls is not None else set())
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, taken)
     try:
         os.execve(envoy, argv, env)
     except BaseException:
@@ -160,7 +254,7 @@ class _EnvoyApp:
         self._ports: dict[int, GrpcAsgi] = {}
         self._stop = asyncio.Event()
         self._server: asyncio.Task[None] | None = None
-        self._signals: _StopSignals | None = None
+        self._signals: _Signals | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -211,7 +305,7 @@ class _EnvoyApp:
                 started.set_result(None)
 
         self._server = asyncio.create_task(self._serve(config, on_port))
-        self._signals = _StopSignals.start(self._stop)
+        self._signals = _Signals.start(self._stop, config)
         await asyncio.wait([self._server, started], return_when=asyncio.FIRST_COMPLETED)
 
     async def _serve(self, config: ServerConfig, on_port: Callable[[GrpcPort], None]) -> None:
@@ -234,36 +328,52 @@ class _EnvoyApp:
             self._signals.end_envoy()  # the server has stopped: now Envoy may end the process
 
 
-class _StopSignals:
-    """Takes SIGTERM / SIGINT, which `exec_envoy` left blocked and so pending, on a thread of
-    its own (`sigwait`), and stops the server gracefully through `stop`; `end_envoy` then lets
-    SIGTERM through to Envoy's handler."""
+class _Signals:
+    """Takes SIGTERM / SIGINT (and SIGHUP with TLS), which `exec_envoy` left blocked and so
+    pending, on a thread of its own (`sigwait`): the first stop signal stops the server
+    gracefully through `stop` (`end_envoy` then lets SIGTERM through to Envoy's handler);
+    SIGHUP rewrites the TLS secrets from the configured files."""
 
-    def __init__(self, stop: asyncio.Event) -> None:
+    def __init__(self, stop: asyncio.Event, tls: tuple[TlsFiles, Path] | None) -> None:
         self._stop = stop
+        self._tls = tls
         self._loop = asyncio.get_running_loop()
         self.received: signal.Signals | None = None
 
     @classmethod
-    def start(cls, stop: asyncio.Event) -> _StopSignals | None:
+    def start(cls, stop: asyncio.Event, config: ServerConfig) -> _Signals | None:
         """Start taking the signals; None when they are not blocked here (an Envoy that was
         not started by `exec_envoy`: its own handling applies)."""
         if not STOP_SIGNALS.issubset(signal.pthread_sigmask(signal.SIG_BLOCK, ())):
             log.warning("SIGTERM is not blocked: Envoy will cut calls in flight when it stops")
             return None
-        signals = cls(stop)
-        threading.Thread(target=signals._take, name="stop-signals", daemon=True).start()
+        files = tls_files(config)
+        signals = cls(stop, (files, tls_dir(config)) if files is not None else None)
+        threading.Thread(target=signals._take, name="signals", daemon=True).start()
         return signals
 
     def _take(self) -> None:
+        taken = STOP_SIGNALS | ({RELOAD_SIGNAL} if self._tls is not None else set())
         while True:
-            received = signal.Signals(signal.sigwait(STOP_SIGNALS))
-            if self.received is not None:
+            received = signal.Signals(signal.sigwait(taken))
+            if received == RELOAD_SIGNAL:
+                self._reload()
+            elif self.received is not None:
                 log.info("%s: already stopping", received.name)
-                continue
-            self.received = received
-            log.info("%s: stopping gracefully", received.name)
-            self._loop.call_soon_threadsafe(self._stop.set)
+            else:
+                self.received = received
+                log.info("%s: stopping gracefully", received.name)
+                self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _reload(self) -> None:
+        assert self._tls is not None
+        files, directory = self._tls
+        try:
+            write_tls_secrets(files, directory)
+        except (OSError, ValueError) as exc:
+            log.error("TLS reload failed, keeping the current certificate: %s", exc)
+            return
+        log.info("TLS: certificate files re-read (%s)", files.cert)
 
     def end_envoy(self) -> None:
         """Deliver SIGTERM to Envoy's handler (from a thread that unblocks it for itself), which
