@@ -4,6 +4,7 @@ default), its /metrics labelled by namespace and table within `metrics-max-table
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -168,6 +169,18 @@ def _worker_endpoint(target: str, container: int) -> str:
     return f"{endpoint.rw_endpoint.hostname}:{endpoint.rw_endpoint.port}"
 
 
+def _worker_flags(pid: int) -> list[bytes]:
+    """A worker's command line; on `--runtime envoy` (the process is Envoy) the flags the
+    server inside it runs with."""
+    if Path(f"/proc/{pid}/exe").resolve().name == "envoy":
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        [flags] = [
+            v.partition(b"=")[2] for v in environ if v.startswith(b"TABLEKEEPER_ENVOY_ARGV=")
+        ]
+        return [flag.encode() for flag in json.loads(flags)]
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
 def test_workers_run_with_the_supervisors_configuration(
     tmp_path: Path, server_factory: list[ServerProcess]
 ) -> None:
@@ -185,7 +198,7 @@ def test_workers_run_with_the_supervisors_configuration(
     workers = _children(pid)
     assert len(workers) == 2
     for worker in workers:
-        argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+        argv = _worker_flags(worker)
         assert b"--checkpoint-interval=7m" in argv and b"--max-open-ranges=33" in argv
         assert b"--config" not in argv
         environ = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
@@ -206,7 +219,7 @@ def test_workers_run_with_the_supervisors_configuration(
     with Client(f"bk://{second}") as client:
         assert client.status().checkpoint_interval_s == 420
     restarted = next(w for w in _children(pid) if w not in workers)  # exec'd by now
-    assert b"--checkpoint-interval=7m" in Path(f"/proc/{restarted}/cmdline").read_bytes()
+    assert b"--checkpoint-interval=7m" in _worker_flags(restarted)
     assert supervisor.stop() == 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ SCRIPT = REPO / "deploy" / "pulsar-functions.sh"
 READBACK_SOURCE = REPO / "tests" / "support" / "java" / "StateReadbackFunction.java"
 READBACK_CLASS = "tablekeeper.functions.StateReadbackFunction"
 START_TIMEOUT_S = 900  # a first run downloads Pulsar's jars (~260 MB) and pulsar-admin's
+LEADER_NOT_READY = "Leader not yet ready"
 _EXECUTING = re.compile(r"^\[(\d+)/(\d+)\] Executing ", re.MULTILINE)
 
 
@@ -61,8 +63,19 @@ class FunctionsDeployment:
         return (self.directory / "broker" / "broker.log").read_text(errors="replace")
 
     def admin(self, *args: str, timeout_s: float = 180) -> str:
-        """One pulsar-admin command; its stdout. Raises with its output if it fails."""
-        done = _run([str(SCRIPT), "--dir", str(self.directory), "admin", *args], timeout_s)
+        """One pulsar-admin command; its stdout. Raises with its output if it fails.
+
+        A functions worker answers a change (create, update, delete) with 503 "Leader not yet
+        ready. Please retry again" until it has become the leader and read the functions'
+        metadata, which can come after its admin API answers (what `start` waits for): such a
+        command is sent again, until `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = _run([str(SCRIPT), "--dir", str(self.directory), "admin", *args], timeout_s)
+            not_led = LEADER_NOT_READY in done.stdout + done.stderr
+            if done.returncode == 0 or not not_led or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
         if done.returncode != 0:
             raise AssertionError(
                 f"pulsar-admin {' '.join(args)} exited {done.returncode}:\n"
