@@ -162,6 +162,15 @@ async def echo_then_wait(requests: AsyncIterator[bytes], context: Any) -> AsyncI
     yield b"never"
 
 
+big_progress: list[int] = []
+
+
+async def big(request: bytes, context: Any) -> AsyncIterator[bytes]:
+    for i in range(3):
+        big_progress.append(i)
+        yield b"%d" % i * 600_000
+
+
 async def put(request: kv.PutRequest, context: Any) -> kv.PutResponse:
     return kv.PutResponse()
 
@@ -174,6 +183,7 @@ def app(**kwargs: Any) -> GrpcAsgi:
     handlers = {
         **unary,
         "Count": grpc.unary_stream_rpc_method_handler(count, raw, raw),
+        "Big": grpc.unary_stream_rpc_method_handler(big, raw, raw),
         "Forever": grpc.unary_stream_rpc_method_handler(forever, raw, raw),
         "Written": grpc.unary_stream_rpc_method_handler(written, raw, raw),
         "Join": grpc.stream_unary_rpc_method_handler(join, raw, raw),
@@ -206,6 +216,45 @@ async def test_a_unary_call_in_any_chunking_answers_one_message_and_ok() -> None
         start = peer.sent[0]
         assert start["type"] == "http.response.start" and start["trailers"] is True
         assert (b"content-type", b"application/grpc") in start["headers"]
+
+
+def bodies(peer: Peer) -> list[tuple[bytes, bool]]:
+    return [(e["body"], e["more_body"]) for e in peer.sent if e["type"] == "http.response.body"]
+
+
+async def test_an_answer_takes_few_sends_messages_made_together_go_out_together() -> None:
+    # Each send crosses to the HTTP/2 server's thread: a unary answer's message goes with the
+    # end of the body, and what a stream yields at once goes in one body.
+    peer = await call(app(), "Echo", [frame(b"x")])
+    assert [e["type"] for e in peer.sent] == [
+        "http.response.start",
+        "http.response.body",
+        "http.response.trailers",
+    ]
+    assert bodies(peer) == [(frame(b"X"), False)]
+    peer = await call(app(), "Count", [frame(b"5")])
+    assert bodies(peer) == [(b"".join(frame(b"%d" % i) for i in range(5)), True), (b"", False)]
+    assert peer.status == (0, "")
+
+
+async def test_a_stream_waits_for_its_sends_past_the_buffer_bound() -> None:
+    big_progress.clear()
+    peer = Peer([frame(b"")])
+    sending, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(event: dict[str, Any]) -> None:
+        if event["type"] == "http.response.body" and not release.is_set():
+            sending.set()
+            await release.wait()
+        await peer.send(event)
+
+    task = asyncio.ensure_future(app()(scope("Big"), peer.receive, slow))
+    await asyncio.wait_for(sending.wait(), 5)
+    assert big_progress == [0, 1]  # 1.2 MB queued: the stream waits for the send under way
+    release.set()
+    await asyncio.wait_for(task, 5)
+    assert big_progress == [0, 1, 2]
+    assert peer.messages == [b"%d" % i * 600_000 for i in range(3)] and peer.status == (0, "")
 
 
 async def test_metadata_deadline_and_peer_reach_the_handler() -> None:

@@ -58,6 +58,9 @@ _TRANSPORT_HEADERS = frozenset(
     }
 )
 _RESPONSE_HEADERS = [(b"content-type", b"application/grpc")]
+STREAM_BUFFER_BYTES = 1 << 20
+"""A stream's messages waiting for the writer beyond this many bytes make the next `write`
+(or yield) wait for them to be sent."""
 _HEADER = struct.Struct(">BI")  # compressed flag, message length
 DISCONNECT_POLL_S = 1.0
 """How often a streaming call (a watch) looks for its client having gone away, by default."""
@@ -146,15 +149,24 @@ class _GoneError(Exception):
 
 
 class _Responder:
-    """Writes one call's response: headers once, a frame per message, then the trailers. A send
-    that fails (the ASGI server raises once the client is gone) raises `_GoneError`."""
+    """Writes one call's response: headers once, the messages' frames, then the trailers. A send
+    that fails (the ASGI server raises once the client is gone) raises `_GoneError`.
 
-    __slots__ = ("_asgi_send", "_serialize", "_started")
+    Every ASGI send crosses from Python to the HTTP/2 server's thread, so a response takes as
+    few as it can: a unary call's message goes out with the end of the body (`hold`), and a
+    stream's messages produced while a send is under way go out together in the next one (a
+    writer task sends what has piled up; `message` waits for it only past
+    `STREAM_BUFFER_BYTES`, as a transport's write would)."""
+
+    __slots__ = ("_asgi_send", "_serialize", "_started", "_frames", "_buffered", "_writer")
 
     def __init__(self, send: Send, serialize: Callable[[Any], bytes] | None) -> None:
         self._asgi_send = send
         self._serialize = serialize
         self._started = False
+        self._frames: list[bytes] = []
+        self._buffered = 0
+        self._writer: asyncio.Future[None] | None = None
 
     async def _send(self, event: Message) -> None:
         try:
@@ -174,15 +186,51 @@ class _Responder:
                 }
             )
 
-    async def message(self, message: Any) -> None:
+    def _frame(self, message: Any) -> bytes:
         raw = self._serialize(message) if self._serialize is not None else message
+        return _HEADER.pack(0, len(raw)) + raw
+
+    def hold(self, message: Any) -> None:
+        """A unary call's response: sent with the end of the body by `finish`."""
+        self._frames.append(self._frame(message))
+
+    async def message(self, message: Any) -> None:
+        """A stream's next message: queued for the writer task (started if idle)."""
+        frame = self._frame(message)
+        writer = self._writer
+        if writer is not None and writer.done():
+            writer.result()  # raises _GoneError once a send failed
+        self._frames.append(frame)
+        self._buffered += len(frame)
+        if writer is None or writer.done():
+            self._writer = writer = asyncio.ensure_future(self._write())
+        if self._buffered > STREAM_BUFFER_BYTES:
+            await asyncio.shield(writer)
+
+    async def _write(self) -> None:
         await self._start()
-        body = _HEADER.pack(0, len(raw)) + raw
-        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        while self._frames:
+            body = b"".join(self._frames)
+            self._frames.clear()
+            self._buffered = 0
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    def close(self) -> None:
+        """The call is over: nothing more is queued, and a send under way completes or fails by
+        itself (never cancelled mid-send: the ASGI server would be left with it)."""
+        self._frames.clear()
+        writer = self._writer
+        if writer is not None:
+            _unawaited.add(writer)
+            writer.add_done_callback(_background_done)
 
     async def finish(self, context: Context) -> None:
+        if self._writer is not None:
+            await asyncio.shield(self._writer)  # raises _GoneError if a send failed
         await self._start()
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        body = b"".join(self._frames)
+        self._frames.clear()
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
         trailers = [(b"grpc-status", b"%d" % context.code.value[0])]
         if context.details:
             trailers.append((b"grpc-message", urllib.parse.quote(context.details).encode()))
@@ -421,6 +469,12 @@ class GrpcAsgi:
     async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
         requests = _Requests(receive, self._message_max, self._disconnect_poll_s)
         responder = _Responder(send, None)
+        try:
+            await self._answer(scope, requests, responder)
+        finally:
+            responder.close()
+
+    async def _answer(self, scope: Scope, requests: _Requests, responder: _Responder) -> None:
         host, port = scope.get("client") or ("unknown", 0)
         context = Context((), f"ipv4:{host}:{port}", None, responder)
         try:
@@ -495,12 +549,12 @@ async def _run(
         request = await one_request()
         response = await _behave(handler.unary_unary(request, context))
         if response is not None:
-            await responder.message(response)
+            responder.hold(response)
         return
     if handler.request_streaming and not handler.response_streaming:
         response = await _behave(handler.stream_unary(request_stream(), context))
         if response is not None:
-            await responder.message(response)
+            responder.hold(response)
         return
     if handler.response_streaming and not handler.request_streaming:
         out = handler.unary_stream(await one_request(), context)
@@ -532,7 +586,7 @@ async def _stream_out(out: Any, responder: _Responder, requests: _Requests) -> N
     finally:
         finished.set()  # the watcher returns by itself, soon: it is never cancelled
         _unawaited.add(watcher)
-        watcher.add_done_callback(_watcher_done)
+        watcher.add_done_callback(_background_done)
         if not producer.done():  # the client went away, or this call was cancelled
             producer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -542,10 +596,10 @@ async def _stream_out(out: Any, responder: _Responder, requests: _Requests) -> N
 
 
 _unawaited: set[asyncio.Future[None]] = set()
-"""Disconnect watchers still finishing (kept referenced until they do)."""
+"""Disconnect watchers and response writers still finishing (kept referenced until they do)."""
 
 
-def _watcher_done(watcher: asyncio.Future[None]) -> None:
-    _unawaited.discard(watcher)
-    if not watcher.cancelled() and watcher.exception() is not None:
-        log.debug("a disconnect watcher ended with %r", watcher.exception())
+def _background_done(task: asyncio.Future[None]) -> None:
+    _unawaited.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("%r ended with %r", task, task.exception())
