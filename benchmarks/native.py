@@ -9,8 +9,10 @@ For every cell it prints ops/s, p50/p99 latency, server CPU per op (from /proc o
 process), the errors, and the TableKeeper/etcd ratio of ops/s. A third target, the *gRPC floor*
 (benchmarks/grpc_floor.py: the same Python gRPC server runtime answering empty responses), gets
 the same calls: what a TableKeeper call costs beyond it is TableKeeper's own path
-(`--no-floor` leaves it out). `--envoy` adds a TableKeeper run with `--runtime envoy` (the main
-port's HTTP/2 in Envoy) and that runtime's no-op floor, so both runtimes meet in one run.
+(`--no-floor` leaves it out). The first TableKeeper runs `--runtime grpc-aio` (grpcio's server)
+unless `--server-args` names a runtime; `--envoy` adds one with `--runtime envoy` (the main
+port's HTTP/2 in Envoy: the server's default where pyvoy is installed) and that runtime's
+no-op floor, so both runtimes meet in one run.
 
     make ghz                                   # go install of ghz into .deploy/bin (once)
     .venv/bin/python benchmarks/native.py      # starts both servers on free loopback ports
@@ -381,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="tk-native-") as tmp:
         args.work = Path(tmp)
-        server = ServerProcess(args.work / "tk", extra_args=args.server_args.split())
+        extra = args.server_args.split()
+        if "--runtime" not in extra:
+            extra += ["--runtime", "grpc-aio"]
+        server = ServerProcess(args.work / "tk", extra_args=extra)
         server.start(timeout_s=60)
         try:
             with contextlib.ExitStack() as stack:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,7 +42,8 @@ from tablekeeper_server.workers import WorkerSlot, resolve_workers
 
 LOG_BACKENDS = ("local", "pulsar")
 EVENT_LOOPS = ("uvloop", "asyncio")
-RUNTIMES = ("grpc-aio", "envoy")
+RUNTIMES = ("auto", "envoy", "grpc-aio")
+"""`auto` is resolved when the configuration is made (`resolve_runtime`)."""
 CHECKPOINT_STORES = ("dir", "pulsar")
 CHECKPOINT_RECORDS_DEFAULT = 10_000
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -87,8 +89,12 @@ class ServerConfig:
     event_loop: str = "uvloop"
     """`uvloop` (if installed; else asyncio's, with a warning) or `asyncio`."""
     runtime: str = "grpc-aio"
-    """What serves the gRPC ports' HTTP/2 (main, etcd, Oxia): `grpc-aio` (grpcio's server) or
-    `envoy` (Envoy's, the calls handed to Python as ASGI requests; `rpc.envoy`)."""
+    """What serves the gRPC ports' HTTP/2 (main, etcd, Oxia): `envoy` (Envoy's, the calls
+    handed to Python as ASGI requests; `rpc.envoy`) or `grpc-aio` (grpcio's server). The
+    `--runtime` setting's default, `auto`, is `envoy` when pyvoy is installed, else
+    `grpc-aio` (a configuration made in code, without settings, runs in-process)."""
+    runtime_fell_back: bool = False
+    """`auto` became `grpc-aio` because pyvoy is not installed (the server says so)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000
@@ -415,13 +421,14 @@ PROCESS_SETTINGS = (
         "event_loop",
         "the event loop: uvloop (asyncio's if uvloop is not installed) or asyncio",
     ),
-    _s(
+    Setting(
         "runtime",
         choice(*RUNTIMES),
+        "auto",
+        "what serves the gRPC ports' HTTP/2: envoy (Envoy's, from pyvoy: the calls reach "
+        "Python as ASGI requests, at less CPU per call), grpc-aio (grpcio's server), or auto: "
+        "envoy if pyvoy is installed (tablekeeper[envoy]), else grpc-aio",
         "runtime",
-        "what serves the gRPC ports' HTTP/2: grpc-aio (grpcio's server), or envoy (Envoy's, "
-        "calls handed to Python as ASGI requests: less CPU per call; SIGHUP does not reload "
-        "its certificate)",
     ),
     _s(
         "max-open-ranges",
@@ -596,6 +603,12 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Re
     )
 
 
+def resolve_runtime() -> str:
+    """What `--runtime auto` is: `envoy` when pyvoy (`tablekeeper[envoy]`) is installed, else
+    `grpc-aio`."""
+    return "envoy" if importlib.util.find_spec("pyvoy") is not None else "grpc-aio"
+
+
 def config_from_settings(resolved: Resolved, worker: WorkerSlot | None = None) -> ServerConfig:
     """The validated configuration; a `ValueError` names the source of each setting involved
     (`--containers must be at least 1 (--containers from tk.toml: containers)`)."""
@@ -610,6 +623,9 @@ def config_from_settings(resolved: Resolved, worker: WorkerSlot | None = None) -
         if top["workers"] < 0:
             raise ValueError("--workers must be at least 1 (0 = one per core)")
         top["workers"] = resolve_workers(top["workers"])
+        if top["runtime"] == "auto":
+            top["runtime"] = resolve_runtime()
+            top["runtime_fell_back"] = top["runtime"] != "envoy"
         config = ServerConfig(
             **top,
             worker=worker,

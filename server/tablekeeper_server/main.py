@@ -780,6 +780,11 @@ def run(config: ServerConfig) -> int:
     configure_logging(
         config.log_level, config.log_format, worker.index if worker is not None else None
     )
+    if config.runtime_fell_back and worker is None:
+        log.warning(
+            "--runtime auto: pyvoy is not installed (pip install 'tablekeeper[envoy]'): the "
+            "gRPC ports are served by grpc-aio"
+        )
     if config.workers > 1 and worker is None:
         lock_fd = _lock_data_dir(config.data_dir)
         server_args, worker_env = worker_command(config, os.environ)

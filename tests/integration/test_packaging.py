@@ -164,6 +164,8 @@ def test_the_server_extra_runs_a_standalone_server(server_venv: Venv) -> None:
         assert (got.returncode, got.stdout) == (0, "hello\n"), got.stderr
     finally:
         server.stop()
+    # Without the envoy extra the default runtime falls back to grpc.aio, and says so.
+    assert "--runtime auto: pyvoy is not installed" in server.log_path.read_text()
     loaded = venv.run(venv.bin("python"), "-c", "import kazoo")
     assert loaded.returncode != 0 and "No module named 'kazoo'" in loaded.stderr
 

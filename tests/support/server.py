@@ -67,8 +67,9 @@ def free_port() -> int:
 
 
 RUNTIME_ENV_VAR = "TABLEKEEPER_TEST_RUNTIME"
-"""`envoy`: every server a test starts serves its gRPC ports with `--runtime envoy` (unless the
-test chose a runtime itself): how `make test-compat` runs the real clients on that runtime."""
+"""`grpc-aio` or `envoy`: every server a test starts serves its gRPC ports with that `--runtime`
+(unless the test chose one itself; by default the server's `auto`, Envoy where pyvoy is
+installed): how `make test-compat` runs the real clients on grpcio's server too."""
 
 
 def _runtime_args(extra_args: list[str]) -> list[str]:

@@ -5,7 +5,10 @@ kind of value from every source, `--print-config`, the workers' command line, an
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,7 @@ from tablekeeper_server.config import (
     config_from_settings,
     effective_values,
     printed_config,
+    resolve_runtime,
     resolve_settings,
     worker_command,
 )
@@ -71,8 +75,28 @@ def _error(
 # ------------------------------------------------------------------------------- precedence
 
 
-def test_defaults_are_the_dataclass_defaults() -> None:
-    assert _config() == ServerConfig()
+def test_defaults_are_the_dataclass_defaults_but_the_runtime() -> None:
+    # `--runtime auto`, the setting's default, is resolved where the settings are read; a
+    # configuration made in code runs in-process (grpc-aio).
+    assert _config() == dataclasses.replace(ServerConfig(), runtime=resolve_runtime())
+
+
+def test_runtime_auto_is_envoy_when_pyvoy_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    for installed in (True, False):
+
+        def find_spec(name: str, *args: Any, installed: bool = installed) -> Any:
+            if name == "pyvoy":
+                return real_find_spec("json") if installed else None
+            return real_find_spec(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        config = _config()
+        assert config.runtime == ("envoy" if installed else "grpc-aio")
+        assert config.runtime_fell_back is not installed
+        assert _config(argv=["--runtime", "grpc-aio"]).runtime == "grpc-aio"
+        assert not _config(argv=["--runtime", "grpc-aio"]).runtime_fell_back
+        assert _config(argv=["--runtime", "envoy"]).runtime == "envoy"
 
 
 def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -103,6 +104,9 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
     # One listener on every port (the front-ends' as additional addresses): one pyvoy filter,
     # so one application and one lifespan; `app` tells the ports apart.
     [listener] = doc["static_resources"]["listeners"]
+    # As on grpc.aio (grpc.so_reuseport 0): a port another process listens on is an error, not
+    # a port shared with it.
+    listener["enable_reuse_port"] = False
     listener["additional_addresses"] = [
         {"address": {"socket_address": {"address": config.bind_host, "port_value": port}}}
         for port in ports[1:]
@@ -128,6 +132,18 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
     runtime = {"envoy.reloadable_features.http2_use_oghttp2": False}
     doc["layered_runtime"] = {"layers": [{"name": "static", "static_layer": runtime}]}
     return doc
+
+
+def check_bindable(host: str, port: int) -> None:
+    """`OSError` naming the address if a listener cannot be bound there now (Envoy's own bind
+    failure would end the process only after the exec, without saying which port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Envoy binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen on {host}:{port} ({exc.strerror})") from exc
 
 
 def tls_files(config: ServerConfig) -> TlsFiles | None:
@@ -227,9 +243,12 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         *("--config-yaml", json.dumps(envoy_config(config, ports))),
         *("--use-dynamic-base-id", "--log-level", "error"),
     ]
-    log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for each in ports:
+        try:
+            check_bindable(config.bind_host, each)
+        except OSError as exc:
+            log.error("cannot start: %s", exc)
+            sys.exit(2)
     tls = tls_files(config)
     if tls is not None:
         try:
@@ -237,6 +256,9 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         except (OSError, ValueError) as exc:
             log.error("cannot start: TLS: %s", exc)
             sys.exit(2)
+    log.info("gRPC ports %s are served by Envoy (%s); the server runs inside it", ports, envoy)
+    sys.stdout.flush()
+    sys.stderr.flush()
     taken = STOP_SIGNALS | ({RELOAD_SIGNAL} if tls is not None else set())
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, taken)
     try:

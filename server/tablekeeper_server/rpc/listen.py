@@ -72,7 +72,7 @@ class GrpcPort:
     ) -> None:
         self._interceptors = list(interceptors)
         self._message_max = message_max
-        self._listening = runtime == "grpc-aio"
+        self._listening = runtime != "envoy"
         self._asgi: GrpcAsgi | None = None
         self.server = grpc.aio.server(interceptors=self._interceptors, options=list(options))
         self.services = GenericHandlersOnly(self.server)

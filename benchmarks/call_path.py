@@ -1,0 +1,252 @@
+"""The server's own Python per call, without a gRPC runtime or a network: a standalone server
+runs in this process and unary calls go straight into its handlers, through its interceptors,
+as `--runtime envoy` hands them over (`rpc.asgi.GrpcAsgi`), from closed-loop tasks on the
+server's event loop.
+
+    .venv/bin/python benchmarks/call_path.py                       # put,get,batch-put at 1,16,64
+    .venv/bin/python benchmarks/call_path.py --ops put --concurrency 16 --calls 20000
+
+For each (op, in flight) it prints calls/s, CPU µs per op of the whole process (the event
+loop's thread, the WAL's append thread, fdatasync's system time) and of the loop's thread
+alone, and the calls' p50 / p99 latency. Against `native.py`'s CPU per op for the same cell,
+the difference is what the runtime (grpc.aio, or Envoy and the crossing into Python) costs per
+call; what is here is ours.
+The requests are `native.py`'s: 100-byte values over 2,000 keys in a table of 4 ranges, a
+batch-put is one `Batch` of 100 puts. Raw figures go to benchmarks/out/call_path-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "client"), str(REPO / "server"), str(REPO / "proto" / "gen")]
+
+from benchmarks._common import git_info, percentile  # noqa: E402
+
+OUT = REPO / "benchmarks" / "out"
+PATHS = {
+    "put": "/bookkeeper.proto.kv.rpc.TableService/Put",
+    "get": "/bookkeeper.proto.kv.rpc.TableService/Range",
+    "batch-put": "/tablekeeper.v1.TableKeeper/Batch",
+}
+BATCH = 100
+OK = (b"grpc-status", b"0")
+
+App = Callable[[dict[str, Any], Any, Any], Any]
+
+
+def frame(message: bytes) -> bytes:
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+async def call(app: App, path: str, body: bytes) -> list[dict[str, Any]]:
+    """One unary call as the runtime hands it over: the whole request body, then the events
+    the server sends back."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        # After the body, as pyvoy does: an empty body at once (the client is still there).
+        return (
+            pending.pop() if pending else {"type": "http.request", "body": b"", "more_body": False}
+        )
+
+    async def send(event: dict[str, Any]) -> None:
+        sent.append(event)
+
+    scope = {
+        "type": "http",
+        "path": path,
+        "headers": [(b"content-type", b"application/grpc")],
+        "client": ("127.0.0.1", 1),
+    }
+    await app(scope, receive, send)
+    return sent
+
+
+def bodies(op: str, table_id: int, keys: list[bytes], value: bytes) -> list[bytes]:
+    from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+    from tablekeeper_proto.v1 import tablekeeper_pb2 as tk
+
+    def header(key: bytes) -> Any:
+        return kv.RoutingHeader(stream_id=table_id, r_key=key)
+
+    if op == "put":
+        return [
+            frame(kv.PutRequest(header=header(k), key=k, value=value).SerializeToString())
+            for k in keys
+        ]
+    if op == "get":
+        return [frame(kv.RangeRequest(header=header(k), key=k).SerializeToString()) for k in keys]
+    batches = []
+    for i in range(max(1, len(keys) // BATCH)):
+        ops = [
+            tk.BatchOp(put=kv.PutRequest(header=header(k), key=k, value=value))
+            for k in (keys[(i * BATCH + j) % len(keys)] for j in range(BATCH))
+        ]
+        batches.append(frame(tk.BatchRequest(ops=ops).SerializeToString()))
+    return batches
+
+
+def thread_cpu_s(thread_id: int) -> float:
+    fields = Path(f"/proc/self/task/{thread_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_cell(
+    app: App, op: str, requests: list[bytes], in_flight: int, calls: int
+) -> dict[str, Any]:
+    path = PATHS[op]
+    left = calls
+
+    latencies: list[float] = []
+
+    async def worker(start: int) -> None:
+        nonlocal left
+        i = start
+        clock = time.perf_counter
+        while left > 0:
+            left -= 1
+            began = clock()
+            sent = await call(app, path, requests[i % len(requests)])
+            latencies.append(clock() - began)
+            if OK not in sent[-1].get("headers", ()):
+                raise RuntimeError(f"{op} failed: {sent[-1]}")
+            i += in_flight
+
+    await asyncio.gather(*(worker(w) for w in range(in_flight)))  # warm up: as many calls
+    left = calls
+    latencies.clear()
+    loop_thread = threading.get_native_id()
+    cpu0, loop0, t0 = time.process_time(), thread_cpu_s(loop_thread), time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(in_flight)))
+    seconds = time.perf_counter() - t0
+    cpu, loop_cpu = time.process_time() - cpu0, thread_cpu_s(loop_thread) - loop0
+    ops = calls * (BATCH if op == "batch-put" else 1)
+    return {
+        "op": op,
+        "in_flight": in_flight,
+        "calls": calls,
+        "ops_per_s": ops / seconds,
+        "cpu_us_per_op": cpu / ops * 1e6,
+        "loop_cpu_us_per_op": loop_cpu / ops * 1e6,
+        "p50_ms": percentile(sorted(latencies), 50) * 1e3,
+        "p99_ms": percentile(sorted(latencies), 99) * 1e3,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from tablekeeper_server.config import (
+        add_server_arguments,
+        config_from_settings,
+        resolve_settings,
+    )
+    from tablekeeper_server.main import serve
+    from tablekeeper_server.rpc.listen import GrpcPort
+
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    flags = ["--data-dir", args.data_dir, "--port", str(free_port()), "--log-level", "warning"]
+    flags += ["--runtime", "grpc-aio"]  # listening, for the SDK that makes the table
+    config = config_from_settings(resolve_settings(parser.parse_args(flags), {}), None)
+    ports: list[GrpcPort] = []
+    listening = asyncio.Event()
+
+    def on_port(port: GrpcPort) -> None:
+        ports.append(port)
+        listening.set()
+
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(config, stop=stop, on_port=on_port))
+    try:
+        await asyncio.wait(
+            [server, asyncio.ensure_future(listening.wait())], return_when="FIRST_COMPLETED"
+        )
+        if server.done():
+            server.result()
+        app = ports[0].asgi()
+
+        def create_table() -> int:  # through the port, as any client: it waits for recovery
+            from tablekeeper import Client
+
+            with Client(f"127.0.0.1:{config.port}") as client:
+                client.create_namespace("bench")
+                return int(client.create_table("bench", "t", ranges=4).table_id)
+
+        table_id = await asyncio.to_thread(create_table)
+        keys = [b"key-%06d" % i for i in range(args.keys)]
+        value = b"v" * args.value_size
+        requests = {op: bodies(op, table_id, keys, value) for op in args.ops}
+        for body in requests.get("put", requests.get("batch-put", [])):  # prefill
+            await call(app, PATHS["put" if "put" in requests else "batch-put"], body)
+        cells = []
+        for op in args.ops:
+            for in_flight in args.concurrency:
+                calls = max(in_flight, args.calls // (BATCH if op == "batch-put" else 1))
+                cell = await run_cell(app, op, requests[op], in_flight, calls)
+                print(
+                    f"{op:>9} {in_flight:>4} in flight: {cell['ops_per_s']:>9,.0f} ops/s  "
+                    f"CPU {cell['cpu_us_per_op']:6.1f} µs/op  "
+                    f"(event loop's thread {cell['loop_cpu_us_per_op']:5.1f})  "
+                    f"p50 / p99 {cell['p50_ms']:.2f} / {cell['p99_ms']:.2f} ms",
+                    flush=True,
+                )
+                cells.append(cell)
+        return cells
+    finally:
+        stop.set()
+        await server
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="put,get,batch-put", help="put,get,batch-put")
+    parser.add_argument("--concurrency", default="1,16,64", help="calls in flight, per cell")
+    parser.add_argument(
+        "--calls", type=int, default=20000, help="ops per cell (and as many to warm up)"
+    )
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="uvloop")
+    args = parser.parse_args()
+    args.ops = [op for op in args.ops.split(",") if op]
+    if unknown := set(args.ops) - set(PATHS):
+        parser.error(f"unknown ops: {', '.join(sorted(unknown))}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    with tempfile.TemporaryDirectory(prefix="call-path-") as data_dir:
+        args.data_dir = data_dir
+        if args.event_loop == "uvloop":
+            import uvloop
+
+            cells = uvloop.run(main_async(args))
+        else:
+            cells = asyncio.run(main_async(args))
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT / f"call_path-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    config = {k: v for k, v in vars(args).items() if k != "data_dir"}
+    out.write_text(json.dumps({"config": config, "git": git_info(), "cells": cells}, indent=2))
+    print(f"raw: {out.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
