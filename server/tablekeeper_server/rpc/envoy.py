@@ -242,6 +242,9 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         envoy,
         *("--config-yaml", json.dumps(envoy_config(config, ports))),
         *("--use-dynamic-base-id", "--log-level", "error"),
+        # What was started, as started, stays on the process's command line (`ps`, and the
+        # deploy scripts' check that a pid is still their server): Envoy takes it as its name.
+        *("--service-node", " ".join(sys.argv)),
     ]
     for each in ports:
         try:
@@ -266,6 +269,23 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         raise
+
+
+def _parent_death_signal_as_on_grpc_aio() -> None:
+    """Envoy's main thread starts with a parent-death signal (SIGTERM) set, so a server started
+    by a script would stop when the script exits, which grpc.aio's does not (found with
+    deploy/cluster.sh). Called on that thread as Envoy imports this module: cleared, except in a
+    worker of `--workers`, whose supervisor asks for SIGTERM when it dies (`workers`)."""
+    import ctypes
+
+    from tablekeeper_server.workers import WorkerSlot
+
+    wanted = signal.SIGTERM if WorkerSlot.from_env() is not None else 0
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, wanted, 0, 0, 0) != 0:
+        log.warning("cannot set the parent-death signal: errno %d", ctypes.get_errno())
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 class _EnvoyApp:
@@ -419,4 +439,6 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+if os.environ.get(ARGV_ENV_VAR) and threading.current_thread() is threading.main_thread():
+    _parent_death_signal_as_on_grpc_aio()  # inside Envoy, on its main thread
 app = _EnvoyApp()
