@@ -10,7 +10,9 @@ runtime too (`make test-compat`, TABLEKEEPER_TEST_RUNTIME=envoy)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tablekeeper import (
     Client,
@@ -26,7 +29,7 @@ from tablekeeper import (
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2_grpc, storage_pb2
 from tablekeeper_server.core.failpoints import ENV_VAR as FAILPOINTS
-from tests.support.server import ServerProcess
+from tests.support.server import SERVER_COMMAND, ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -248,3 +251,65 @@ def test_sigterm_answers_the_call_in_flight_then_stops_cleanly(
     log = server.log_path.read_text()
     assert "stopped cleanly" in log
     assert "Traceback" not in log
+
+
+def test_a_server_started_by_a_script_outlives_it(tmp_path: Path) -> None:
+    """Envoy's main thread starts with a parent-death signal (SIGTERM): a server started by a
+    script that then exits (deploy/cluster.sh) would stop with it. It goes on, as on grpc.aio,
+    and the command it was started with stays on its command line."""
+    server = ServerProcess(tmp_path / "data", extra_args=["--runtime", "envoy"])
+    command = [
+        str(SERVER_COMMAND),
+        *("server", "--runtime", "envoy", "--data-dir", str(server.data_dir)),
+        *("--port", str(server.port), "--metrics-port", str(server.metrics_port)),
+    ]
+    release = tmp_path / "script-may-exit"
+    # The script starts the server, then exits once it serves (Envoy has started by then).
+    script = (
+        'release="$1"; shift; setsid "$@" </dev/null >>"$0" 2>&1 & echo $!; '
+        'until [ -e "$release" ]; do sleep 0.05; done'
+    )
+    launcher = subprocess.Popen(
+        ["bash", "-c", script, str(server.log_path), str(release), *command],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    pid = int(launcher.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        with grpc.insecure_channel(server.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                assert _state(pid) != b"Z", server.log_tail()
+                assert time.monotonic() < deadline, server.log_tail()
+                try:
+                    answer = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.RpcError:
+                    time.sleep(0.1)
+                    continue
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+        release.touch()
+        assert launcher.wait(TIMEOUT_S) == 0  # the parent is gone: its death was signalled
+        _table_id(server)
+        with Client(server.service) as client:
+            client.table("e", "t").put("p", "k", "v")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        assert b" server --runtime envoy --data-dir " + str(server.data_dir).encode() in cmdline
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + TIMEOUT_S
+        while Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid):
+            assert time.monotonic() < deadline, "the server did not stop"
+            time.sleep(0.05)
+    log = server.log_path.read_text()
+    assert log.count("SIGTERM: stopping gracefully") == 1, log  # ours, not the parent's death
+    assert "already stopping" not in log and "stopped cleanly" in log
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return b"Z"
