@@ -21,7 +21,7 @@ SIGTERM / SIGINT: Envoy's own handling closes every client connection at once (i
 when told to through its admin interface), which would cut the calls in flight and, in a
 cluster, hand the containers over only after that. So `exec_envoy` blocks both signals before
 the exec: the mask is inherited by Envoy and every thread it starts, the signals stay pending,
-and a thread of the server takes them with `sigwait` (`_StopSignals`). The server then stops as
+and a thread of the server takes them with `sigwait` (`_Signals`). The server then stops as
 on grpc.aio: containers handed over, new calls refused, calls in flight answered (up to
 `--shutdown-grace`), ranges closed, "stopped cleanly"; only then is SIGTERM let through to
 Envoy's handler, which ends the lifespan and the process (exit 0).
