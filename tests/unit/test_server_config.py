@@ -78,7 +78,11 @@ def _error(
 def test_defaults_are_the_dataclass_defaults_but_the_runtime() -> None:
     # `--runtime auto`, the setting's default, is resolved where the settings are read; a
     # configuration made in code runs in-process (grpc-aio).
-    assert _config() == dataclasses.replace(ServerConfig(), runtime=resolve_runtime())
+    runtime = resolve_runtime()
+    expected = dataclasses.replace(
+        ServerConfig(), runtime=runtime, runtime_fell_back=runtime != "envoy"
+    )
+    assert _config() == expected
 
 
 def test_runtime_auto_is_envoy_when_pyvoy_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
