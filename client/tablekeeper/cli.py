@@ -788,6 +788,7 @@ def _admin(ctx: CommandContext) -> int:
             line(
                 f"{status.num_storage_containers} storage containers; checkpoints: "
                 f"{status.checkpoint_store}, {' or '.join(when) or 'only on demand'}"
+                + (f"; runtime: {status.runtime}" if status.runtime else "")
             )
             _print_ranges(status.ranges)
     return EXIT_OK

@@ -320,6 +320,7 @@ async def serve(
         checkpoint_store=checkpoint_store.describe(),
         interval_s=config.checkpoint_interval_s,
         records=config.checkpoint_records,
+        runtime=config.runtime,
     )
     access = (
         AccessControl(admin.access, config.security.is_superuser)

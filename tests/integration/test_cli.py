@@ -555,6 +555,8 @@ def test_output_formats_on_every_command(svc: str) -> None:
     assert doc == {"namespace": "cli_fmt", "deleted": True, "tables_deleted": []}
     status = json.loads(ok(tk("admin", "status", "-o", "json", service=svc)))
     assert status["num_storage_containers"] > 0 and status["ranges"]
+    assert status["runtime"] in ("envoy", "grpc-aio")  # --runtime auto, resolved
+    assert f"; runtime: {status['runtime']}\n" in ok(tk("admin", "status", service=svc))
 
 
 def test_whole_table_scan(svc: str) -> None:

@@ -66,6 +66,7 @@ def test_the_process_is_envoy_and_the_sdk_works_through_it(envoy_server: ServerP
         assert table.delete("p7", "k") == 1
         assert table.get("p7", "k") is None
         assert table.delete("p7", "k") == 0
+        assert client.status().runtime == "envoy"
 
 
 def test_a_watch_stream_and_a_session_stream_through_envoy(envoy_server: ServerProcess) -> None:

@@ -132,8 +132,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         checkpoint_store: str,
         interval_s: float,
         records: int = 0,
+        runtime: str = "",
     ) -> None:
         self._registry = registry
+        self._runtime = runtime
         self._checkpoint_store = checkpoint_store
         self._interval_s = interval_s
         self._records = records
@@ -199,6 +201,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             checkpoint_store=self._checkpoint_store,
             checkpoint_interval_s=self._interval_s,
             checkpoint_records=self._records,
+            runtime=self._runtime,
         )
         for other in await self._siblings("Status", request, admin_pb2.StatusResponse, context):
             response.ranges.extend(other.ranges)

@@ -151,11 +151,14 @@ class StatusResponse(_message.Message):
     CHECKPOINT_STORE_FIELD_NUMBER: _builtins.int
     CHECKPOINT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     CHECKPOINT_RECORDS_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
     num_storage_containers: _builtins.int
     checkpoint_store: _builtins.str
     checkpoint_interval_s: _builtins.float
     checkpoint_records: _builtins.int
     """--checkpoint-records: a range is also checkpointed after this many commands (0 = not)."""
+    runtime: _builtins.str
+    """What serves the server's gRPC ports (--runtime, resolved): "envoy" or "grpc-aio"."""
     @_builtins.property
     def ranges(self) -> _containers.RepeatedCompositeFieldContainer[Global___RangeStatus]: ...
     def __init__(
@@ -166,10 +169,11 @@ class StatusResponse(_message.Message):
         checkpoint_store: _builtins.str = ...,
         checkpoint_interval_s: _builtins.float = ...,
         checkpoint_records: _builtins.int = ...,
+        runtime: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_interval_s", b"checkpoint_interval_s", "checkpoint_records", b"checkpoint_records", "checkpoint_store", b"checkpoint_store", "num_storage_containers", b"num_storage_containers", "ranges", b"ranges"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_interval_s", b"checkpoint_interval_s", "checkpoint_records", b"checkpoint_records", "checkpoint_store", b"checkpoint_store", "num_storage_containers", b"num_storage_containers", "ranges", b"ranges", "runtime", b"runtime"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
