@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +194,8 @@ def test_workers_on_envoy_share_the_containers_and_stop_on_sigterm(
     assert server.log_path.read_text().count("stopped cleanly") == 2
 
 
-def _wait_logged(server: ServerProcess, text: str, timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in server.log_path.read_text(errors="replace"):
-        assert server.running, f"the server exited:\n{server.log_tail()}"
-        assert time.monotonic() < deadline, f"never logged {text!r}:\n{server.log_tail()}"
-        time.sleep(0.05)
+def _logged(server: ServerProcess, text: str) -> Callable[[], bool]:
+    return lambda: text in server.log_path.read_text(errors="replace")
 
 
 @pytest.mark.parametrize("runtime", ["grpc-aio", "envoy"])
@@ -233,10 +230,10 @@ def test_sigterm_answers_the_call_in_flight_then_stops_cleanly(
 
     in_flight = threading.Thread(target=checkpoint, daemon=True)
     in_flight.start()
-    _wait_logged(server, "failpoint checkpoint.during_upload: waiting")
+    server.wait_for(_logged(server, "failpoint checkpoint.during_upload: waiting"), "the failpoint")
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
-    _wait_logged(server, "shutting down: draining in-flight requests")
+    server.wait_for(_logged(server, "shutting down: draining in-flight requests"), "the drain")
     with grpc.insecure_channel(server.target) as channel:
         stub = kv_rpc_pb2_grpc.TableServiceStub(channel)
         get = kv.RangeRequest(header=kv.RoutingHeader(stream_id=table_id, r_key=b"p1"), key=b"k")
@@ -278,19 +275,18 @@ def test_a_server_started_by_a_script_outlives_it(tmp_path: Path) -> None:
     assert launcher.stdout is not None
     pid = int(launcher.stdout.readline())
     try:
-        deadline = time.monotonic() + 60
         with grpc.insecure_channel(server.target) as channel:
             health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert _state(pid) != b"Z", server.log_tail()
-                assert time.monotonic() < deadline, server.log_tail()
+
+            def serving() -> bool:
+                assert _state(pid) != b"Z", server.log_tail()  # (gone reads as a zombie)
                 try:
                     answer = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 except grpc.RpcError:
-                    time.sleep(0.1)
-                    continue
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    break
+                    return False
+                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+            _until(serving, "the server serving")
         release.touch()
         assert launcher.wait(TIMEOUT_S) == 0  # the parent is gone: its death was signalled
         _table_id(server)
@@ -300,16 +296,22 @@ def test_a_server_started_by_a_script_outlives_it(tmp_path: Path) -> None:
         assert b" server --runtime envoy --data-dir " + str(server.data_dir).encode() in cmdline
     finally:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + TIMEOUT_S
-        while Path(f"/proc/{pid}").exists() and b"Z" not in _state(pid):
-            assert time.monotonic() < deadline, "the server did not stop"
-            time.sleep(0.05)
+        _until(lambda: _state(pid) == b"Z", "the server stopped")
     log = server.log_path.read_text()
     assert log.count("SIGTERM: stopping gracefully") == 1, log  # ours, not the parent's death
     assert "already stopping" not in log and "stopped cleanly" in log
 
 
+def _until(condition: Callable[[], bool], what: str) -> None:
+    """For a server that is not this test's child (`ServerProcess.wait_for` needs that)."""
+    deadline = time.monotonic() + 2 * TIMEOUT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.05)
+
+
 def _state(pid: int) -> bytes:
+    """The process's state letter; Z for a zombie and for a process that is gone."""
     try:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
     except FileNotFoundError:

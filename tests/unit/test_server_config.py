@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -85,22 +84,16 @@ def test_defaults_are_the_dataclass_defaults_but_the_runtime() -> None:
     assert _config() == expected
 
 
-def test_runtime_auto_is_envoy_when_pyvoy_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_find_spec = importlib.util.find_spec
-    for installed in (True, False):
-
-        def find_spec(name: str, *args: Any, installed: bool = installed) -> Any:
-            if name == "pyvoy":
-                return real_find_spec("json") if installed else None
-            return real_find_spec(name, *args)
-
-        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-        config = _config()
-        assert config.runtime == ("envoy" if installed else "grpc-aio")
-        assert config.runtime_fell_back is not installed
-        assert _config(argv=["--runtime", "grpc-aio"]).runtime == "grpc-aio"
-        assert not _config(argv=["--runtime", "grpc-aio"]).runtime_fell_back
-        assert _config(argv=["--runtime", "envoy"]).runtime == "envoy"
+def test_runtime_auto_is_envoy_when_pyvoy_is_installed() -> None:
+    # (Without pyvoy: grpc-aio and the warning, in a real server-only environment,
+    # tests/integration/test_packaging.py.)
+    installed = importlib.util.find_spec("pyvoy") is not None
+    config = _config()
+    assert config.runtime == ("envoy" if installed else "grpc-aio")
+    assert config.runtime_fell_back is not installed
+    assert _config(argv=["--runtime", "grpc-aio"]).runtime == "grpc-aio"
+    assert not _config(argv=["--runtime", "grpc-aio"]).runtime_fell_back
+    assert _config(argv=["--runtime", "envoy"]).runtime == "envoy"
 
 
 def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
                 manager["stream_idle_timeout"] = "0s"
                 manager["max_request_headers_kb"] = min(metadata_kib, 8192)
                 manager["http2_protocol_options"] = {"max_header_field_size_kb": metadata_kib}
-    tls = tls_files(config)
+    tls = config.security.tls_files()
     if tls is not None:
         _secrets_from_files(doc, tls_dir(config), client_ca=tls.client_ca is not None)
         doc["node"] = {"id": "tablekeeper", "cluster": "tablekeeper"}  # SDS needs a node
@@ -144,15 +144,6 @@ def check_bindable(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen on {host}:{port} ({exc.strerror})") from exc
-
-
-def tls_files(config: ServerConfig) -> TlsFiles | None:
-    from tablekeeper_server.security.tls import TlsFiles
-
-    security = config.security
-    if security.tls_cert is None or security.tls_key is None:
-        return None
-    return TlsFiles(security.tls_cert, security.tls_key, security.tls_client_ca)
 
 
 def tls_dir(config: ServerConfig) -> Path:
@@ -252,7 +243,7 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         except OSError as exc:
             log.error("cannot start: %s", exc)
             sys.exit(2)
-    tls = tls_files(config)
+    tls = config.security.tls_files()
     if tls is not None:
         try:
             write_tls_secrets(tls, tls_dir(config))
@@ -389,7 +380,7 @@ class _Signals:
         if not STOP_SIGNALS.issubset(signal.pthread_sigmask(signal.SIG_BLOCK, ())):
             log.warning("SIGTERM is not blocked: Envoy will cut calls in flight when it stops")
             return None
-        files = tls_files(config)
+        files = config.security.tls_files()
         signals = cls(stop, (files, tls_dir(config)) if files is not None else None)
         threading.Thread(target=signals._take, name="signals", daemon=True).start()
         return signals

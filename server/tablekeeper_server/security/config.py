@@ -61,10 +61,15 @@ class SecurityConfig:
 
         return role == SERVER_ROLE or role in self.superuser_roles
 
-    def server_tls(self) -> ServerTls | None:
+    def tls_files(self) -> TlsFiles | None:
+        """The server's TLS files; None without TLS."""
         if self.tls_cert is None or self.tls_key is None:
             return None
-        return ServerTls(TlsFiles(self.tls_cert, self.tls_key, self.tls_client_ca, self.tls_ca))
+        return TlsFiles(self.tls_cert, self.tls_key, self.tls_client_ca, self.tls_ca)
+
+    def server_tls(self) -> ServerTls | None:
+        files = self.tls_files()
+        return None if files is None else ServerTls(files)
 
     def authenticator(self) -> Authenticator | None:
         if not self.auth_on:
