@@ -41,6 +41,7 @@ from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.server import EtcdServer, front_end_name
+from tablekeeper_server.gc_tuning import tune_garbage_collector
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.logging_setup import configure_logging
@@ -805,6 +806,7 @@ def run(config: ServerConfig) -> int:
         from tablekeeper_server.rpc.envoy import exec_envoy
 
         exec_envoy(config)  # this process becomes Envoy, which runs `serve` (never returns)
+    tune_garbage_collector()
     try:
         _run_loop(serve(config), config.event_loop)
     except (CorruptionError, ClusterError, OSError) as exc:

@@ -319,9 +319,11 @@ class _EnvoyApp:
             config_from_settings,
             resolve_settings,
         )
+        from tablekeeper_server.gc_tuning import tune_garbage_collector
         from tablekeeper_server.logging_setup import configure_logging
         from tablekeeper_server.workers import WorkerSlot
 
+        tune_garbage_collector()  # Envoy's process: its Python is the server's
         parser = argparse.ArgumentParser(prog="tablekeeper server")
         add_server_arguments(parser)
         args = parser.parse_args(json.loads(os.environ[ARGV_ENV_VAR]))
