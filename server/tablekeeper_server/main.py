@@ -505,6 +505,7 @@ async def serve(
         await oxia.stop(config.shutdown_grace_s)
     await server.stop(config.shutdown_grace_s)
     table_names.close()
+    metrics.close()
     if standby is not None:
         await standby.stop()
     if followers is not None:

@@ -16,16 +16,19 @@ ranges all closed (deleted, idle and evicted, moved away) has no series and give
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.metadata
 import logging
 import platform
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    GCCollector,
     Histogram,
     Info,
     PlatformCollector,
@@ -42,9 +45,25 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 log = logging.getLogger(__name__)
 
 
+class _GcPauses:
+    """A `gc.callbacks` hook: times each collection into the histogram of its generation.
+    (No collection starts while one, with its callbacks, is running, so it never reenters.)"""
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._generations = [histogram.labels(str(generation)) for generation in range(3)]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._generations[info["generation"]].observe(time.perf_counter() - self._started)
+
+
 class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._gc_pauses: _GcPauses | None = None
         self.requests = Counter(
             "tablekeeper_requests",
             "gRPC requests served, by method and application status code",
@@ -124,12 +143,32 @@ class ServerMetrics:
 
     def register_process(self, version: str | None = None) -> None:
         """The process's CPU, memory, file descriptors and start time (`process_*`), the Python
-        platform (`python_info`), and `tablekeeper_build_info{version=...}`."""
+        platform (`python_info`), `tablekeeper_build_info{version=...}`, and the cyclic garbage
+        collector: its collections and what they freed (`python_gc_*`) and how long each one
+        held the process (`tablekeeper_gc_pause_seconds{generation}`: the event loop stands
+        still for that long). `close` stops the timing."""
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         Info("tablekeeper_build", "The server's build", registry=self.registry).info(
             {"version": version or package_version(), "python": platform.python_version()}
         )
+        pauses = Histogram(
+            "tablekeeper_gc_pause_seconds",
+            "How long each collection of Python's cyclic garbage collector held the process, "
+            "by generation (2: a full collection)",
+            ["generation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._gc_pauses = _GcPauses(pauses)
+        gc.callbacks.append(self._gc_pauses)
+
+    def close(self) -> None:
+        """Stop timing collections (the server stopped; its registry is no longer scraped)."""
+        if self._gc_pauses is not None:
+            gc.callbacks.remove(self._gc_pauses)
+            self._gc_pauses = None
 
     def register_followers(self, stats: Callable[[], FollowerStats]) -> None:
         """`stats()` returns the followers' counts and staleness at scrape time."""

@@ -1,4 +1,5 @@
-"""The server's collector thresholds keep full collections rare under a serving load."""
+"""The server's collector thresholds keep full collections rare under a serving load, and its
+metrics say how long each collection held the process."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from tablekeeper_server import gc_tuning
+from tablekeeper_server.metrics import ServerMetrics
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
@@ -85,3 +90,27 @@ def test_calls_in_flight_no_longer_drive_full_collections(thresholds: None) -> N
     tuned = _full_collections_while_serving(200_000)
     assert with_defaults >= 20, "the simulation no longer shows the defaults' churn"
     assert tuned * 10 <= with_defaults, (with_defaults, tuned)
+
+
+def test_metrics_time_each_collection_until_closed() -> None:
+    registry = CollectorRegistry()
+    metrics = ServerMetrics(registry)
+    metrics.register_process()
+
+    def full_collections() -> float:
+        value = registry.get_sample_value("tablekeeper_gc_pause_seconds_count", {"generation": "2"})
+        assert value is not None
+        return value
+
+    try:
+        gc.collect()
+        gc.collect()
+        assert full_collections() == 2
+        pause = registry.get_sample_value("tablekeeper_gc_pause_seconds_sum", {"generation": "2"})
+        assert pause is not None and pause > 0
+        assert registry.get_sample_value("python_gc_collections_total", {"generation": "2"})
+    finally:
+        metrics.close()
+    gc.collect()
+    assert full_collections() == 2
+    metrics.close()  # again: nothing to stop
