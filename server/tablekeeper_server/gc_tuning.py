@@ -13,10 +13,11 @@ second, and it walks every tracked object of the process while the event loop st
 Measured on the 2-core development machine (ghz, unary puts, 64 in flight, Envoy runtime):
 with the defaults a full collection every ~0.28 s, each pausing the loop 15 ms at first and
 45-65 ms once the rings were full (~100,000 tracked objects); every call in flight waited for
-it, which made the p99 latency 51-61 ms against a p50 of 7 ms. With the youngest generation
+it, which made the p99 latency 51-67 ms against a p50 of 7 ms. With the youngest generation
 collected every 50,000 allocations, the calls in flight are mostly answered and freed before a
-collection sees them: no full collection in an 8 s run, p99 13-16 ms, 8.0-9.4k puts/s instead
-of 7.1-7.4k (benchmarks/RESULTS.md, "The collector's pauses").
+collection sees them: no full collection in an 8 s run, p99 13-16 ms, 8.0-9.7k puts/s instead
+of 6.6-7.4k (benchmarks/RESULTS.md, "The collector's pauses"). `tablekeeper_gc_pause_seconds`
+shows each collection's pause.
 
 Reference cycles are still collected: young cycles at each young collection (every 50,000
 allocations, a few MiB of objects), older ones at the rarer full collections.
