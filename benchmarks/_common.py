@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
+import itertools
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -33,6 +36,34 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
         return float("nan")
     index = min(len(sorted_values) - 1, max(0, int(q / 100.0 * len(sorted_values) + 0.5) - 1))
     return float(sorted_values[index])
+
+
+_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def rfc3339_s(text: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time with any number of fraction digits (ghz
+    writes nanoseconds, which `datetime.fromisoformat` does not take)."""
+    match = _RFC3339.match(text)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    whole, fraction, zone = match.groups()
+    stamp = dt.datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    return stamp.timestamp() + (float("0." + fraction) if fraction else 0.0)
+
+
+def longest_stall_ms(details: Sequence[dict[str, Any]]) -> float:
+    """The longest time in which none of a ghz run's calls completed, in ms, from its
+    `--format json` details (each call's start `timestamp` and `latency` in ns). With calls in
+    flight, a stall far above the usual gap between completions is the server answering nothing
+    at all for that long (a pause of its event loop, say); with one call in flight it is the
+    slowest call. NaN without details."""
+    ends = sorted(rfc3339_s(d["timestamp"]) + d["latency"] / 1e9 for d in details)
+    if not ends:
+        return float("nan")
+    starts = min(rfc3339_s(d["timestamp"]) for d in details)
+    gaps = [ends[0] - starts, *(b - a for a, b in itertools.pairwise(ends))]
+    return float(max(gaps)) * 1000.0
 
 
 def proc_cpu_s(pid: int | None) -> float | None:

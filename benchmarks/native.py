@@ -5,8 +5,10 @@ Both servers get identical work from the same client: unary puts and linearizabl
 TableKeeper `Batch` RPC or one etcd `Txn` carrying `--batch` puts). The client's language and
 our SDK are out of the picture: what is measured is each server's per-call path.
 
-For every cell it prints ops/s, p50/p99 latency, server CPU per op (from /proc of the server
-process), the errors, and the TableKeeper/etcd ratio of ops/s. A third target, the *gRPC floor*
+For every cell it prints ops/s, p50/p99 latency, the longest stall (the longest time in which
+no call completed: with calls in flight, far above the usual gap it is a server that answered
+nothing for that long), server CPU per op (from /proc of the server process), the errors, and
+the TableKeeper/etcd ratio of ops/s. A third target, the *gRPC floor*
 (benchmarks/grpc_floor.py: the same Python gRPC server runtime answering empty responses), gets
 the same calls: what a TableKeeper call costs beyond it is TableKeeper's own path
 (`--no-floor` leaves it out). The first TableKeeper runs `--runtime grpc-aio` (grpcio's server)
@@ -43,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._common import longest_stall_ms  # noqa: E402
 from tests.support.etcd import EtcdProcess  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
@@ -75,6 +78,8 @@ class Cell:
     p99_ms: float
     cpu_us_per_op: float | None
     errors: int
+    stall_ms: float | None = None
+    """The longest time in which no call completed (`_common.longest_stall_ms`)."""
 
 
 def b64(data: bytes) -> str:
@@ -299,6 +304,7 @@ def run_cell(args: argparse.Namespace, target: Target, op: str, concurrency: int
         p99_ms=latencies.get(99, float("nan")),
         cpu_us_per_op=cpu_used / ops * 1e6 if ops else None,
         errors=errors,
+        stall_ms=longest_stall_ms(result.get("details") or []),
     )
 
 
@@ -313,14 +319,16 @@ def prefill(args: argparse.Namespace, target: Target) -> None:
 def cell_rows(cells: list[Cell]) -> list[str]:
     """The cells as a Markdown table, one row each."""
     rows = [
-        "| op | in flight | target | ops/s | p50 ms | p99 ms | server CPU µs/op | errors |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "| op | in flight | target | ops/s | p50 ms | p99 ms | longest stall ms "
+        "| server CPU µs/op | errors |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         cpu = f"{c.cpu_us_per_op:.0f}" if c.cpu_us_per_op is not None else "-"
+        stall = f"{c.stall_ms:.1f}" if c.stall_ms is not None else "-"
         rows.append(
             f"| {c.op} | {c.concurrency} | {c.target} | {c.ops_per_s:,.0f} | {c.p50_ms:.2f} | "
-            f"{c.p99_ms:.2f} | {cpu} | {c.errors} |"
+            f"{c.p99_ms:.2f} | {stall} | {cpu} | {c.errors} |"
         )
     return rows
 

@@ -19,3 +19,27 @@ def test_no_benchmark_script_shadows_a_standard_library_module() -> None:
     assert names, BENCHMARKS
     shadowing = sorted(names & set(sys.stdlib_module_names))
     assert shadowing == [], f"rename benchmarks/{shadowing[0]}.py: it shadows the stdlib module"
+
+
+def test_the_longest_stall_is_the_longest_time_without_a_completed_call() -> None:
+    sys.path.insert(0, str(BENCHMARKS.parent))
+    try:
+        from benchmarks._common import longest_stall_ms, rfc3339_s
+    finally:
+        sys.path.remove(str(BENCHMARKS.parent))
+
+    assert rfc3339_s("2026-11-27T16:30:19.488858121Z") == pytest.approx(1795797019.488858121)
+    assert rfc3339_s("2026-11-27T17:30:19+01:00") == rfc3339_s("2026-11-27T16:30:19Z")
+    with pytest.raises(ValueError, match="RFC 3339"):
+        rfc3339_s("yesterday")
+
+    def call(start_ms: float, latency_ms: float) -> dict[str, object]:
+        whole, fraction = divmod(start_ms, 1000.0)
+        stamp = f"2026-11-27T16:30:{int(whole):02d}.{int(fraction * 1e6):09d}Z"
+        return {"timestamp": stamp, "latency": int(latency_ms * 1e6)}
+
+    # Two calls in flight at a time; nothing completes from 12 ms (4 + 8) to 52 ms (5 + 47).
+    details = [call(0, 2), call(1, 2), call(3, 2), call(4, 8), call(5, 47), call(12, 40)]
+    assert longest_stall_ms(details) == pytest.approx(40.0, abs=0.01)
+    assert longest_stall_ms([call(0, 7.5)]) == pytest.approx(7.5, abs=0.01)  # its latency
+    assert longest_stall_ms([]) != longest_stall_ms([])  # NaN
