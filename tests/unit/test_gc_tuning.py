@@ -103,14 +103,16 @@ def test_metrics_time_each_collection_until_closed() -> None:
         return value
 
     try:
+        before = full_collections()  # (the process may have collected on its own meanwhile)
         gc.collect()
         gc.collect()
-        assert full_collections() == 2
+        assert full_collections() >= before + 2
         pause = registry.get_sample_value("tablekeeper_gc_pause_seconds_sum", {"generation": "2"})
         assert pause is not None and pause > 0
         assert registry.get_sample_value("python_gc_collections_total", {"generation": "2"})
     finally:
         metrics.close()
+    timed = full_collections()
     gc.collect()
-    assert full_collections() == 2
+    assert full_collections() == timed
     metrics.close()  # again: nothing to stop
