@@ -232,7 +232,10 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     argv = [
         envoy,
         *("--config-yaml", json.dumps(envoy_config(config, ports))),
-        *("--use-dynamic-base-id", "--log-level", "error"),
+        # No hot restart (the server is restarted, not Envoy under it): Envoy's hot-restart
+        # machinery would arm a parent-death SIGTERM on its main thread and coordinate with
+        # other Envoys of the host through shared memory and a base id.
+        *("--disable-hot-restart", "--log-level", "error"),
         # What was started, as started, stays on the process's command line (`ps`, and the
         # deploy scripts' check that a pid is still their server): Envoy takes it as its name.
         *("--service-node", " ".join(sys.argv)),
@@ -260,23 +263,6 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         raise
-
-
-def _parent_death_signal_as_on_grpc_aio() -> None:
-    """Envoy's main thread starts with a parent-death signal (SIGTERM) set, so a server started
-    by a script would stop when the script exits, which grpc.aio's does not (found with
-    deploy/cluster.sh). Called on that thread as Envoy imports this module: cleared, except in a
-    worker of `--workers`, whose supervisor asks for SIGTERM when it dies (`workers`)."""
-    import ctypes
-
-    from tablekeeper_server.workers import WorkerSlot
-
-    wanted = signal.SIGTERM if WorkerSlot.from_env() is not None else 0
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, wanted, 0, 0, 0) != 0:
-        log.warning("cannot set the parent-death signal: errno %d", ctypes.get_errno())
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 class _EnvoyApp:
@@ -390,14 +376,15 @@ class _Signals:
     def _take(self) -> None:
         taken = STOP_SIGNALS | ({RELOAD_SIGNAL} if self._tls is not None else set())
         while True:
-            received = signal.Signals(signal.sigwait(taken))
+            info = signal.sigwaitinfo(taken)
+            received = signal.Signals(info.si_signo)
             if received == RELOAD_SIGNAL:
                 self._reload()
             elif self.received is not None:
-                log.info("%s: already stopping", received.name)
+                log.info("%s (from %s): already stopping", received.name, _sender(info))
             else:
                 self.received = received
-                log.info("%s: stopping gracefully", received.name)
+                log.info("%s (from %s): stopping gracefully", received.name, _sender(info))
                 self._loop.call_soon_threadsafe(self._stop.set)
 
     def _reload(self) -> None:
@@ -425,6 +412,19 @@ class _Signals:
         threading.Thread(target=deliver, name="end-envoy", daemon=True).start()
 
 
+def _sender(info: signal.struct_siginfo) -> str:
+    """Who sent a signal, for the log: its pid and command, as far as /proc still tells."""
+    if info.si_pid <= 0:
+        return "the kernel"
+    try:
+        command = Path(f"/proc/{info.si_pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+    except OSError:
+        command = b""
+    if not command:  # gone, or exiting
+        return f"pid {info.si_pid}, exited"
+    return f"pid {info.si_pid}: {command.decode(errors='replace')[:200]}"
+
+
 def _exit(code: int) -> NoReturn:
     logging.shutdown()
     sys.stdout.flush()
@@ -432,6 +432,4 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-if os.environ.get(ARGV_ENV_VAR) and threading.current_thread() is threading.main_thread():
-    _parent_death_signal_as_on_grpc_aio()  # inside Envoy, on its main thread
 app = _EnvoyApp()
