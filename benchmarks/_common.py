@@ -58,11 +58,11 @@ def longest_stall_ms(details: Sequence[dict[str, Any]]) -> float:
     flight, a stall far above the usual gap between completions is the server answering nothing
     at all for that long (a pause of its event loop, say); with one call in flight it is the
     slowest call. NaN without details."""
-    ends = sorted(rfc3339_s(d["timestamp"]) + d["latency"] / 1e9 for d in details)
-    if not ends:
+    if not details:
         return float("nan")
-    starts = min(rfc3339_s(d["timestamp"]) for d in details)
-    gaps = [ends[0] - starts, *(b - a for a, b in itertools.pairwise(ends))]
+    starts = [rfc3339_s(d["timestamp"]) for d in details]
+    ends = sorted(start + d["latency"] / 1e9 for start, d in zip(starts, details, strict=True))
+    gaps = [ends[0] - min(starts), *(b - a for a, b in itertools.pairwise(ends))]
     return float(max(gaps)) * 1000.0
 
 

@@ -21,10 +21,10 @@ SIGTERM / SIGINT: Envoy's own handling closes every client connection at once (i
 when told to through its admin interface), which would cut the calls in flight and, in a
 cluster, hand the containers over only after that. So `exec_envoy` blocks both signals before
 the exec: the mask is inherited by Envoy and every thread it starts, the signals stay pending,
-and a thread of the server takes them with `sigwait` (`_Signals`). The server then stops as
-on grpc.aio: containers handed over, new calls refused, calls in flight answered (up to
-`--shutdown-grace`), ranges closed, "stopped cleanly"; only then is SIGTERM let through to
-Envoy's handler, which ends the lifespan and the process (exit 0).
+and a thread of the server takes them with `sigwaitinfo` (`_Signals`, which logs the sender).
+The server then stops as on grpc.aio: containers handed over, new calls refused, calls in
+flight answered (up to `--shutdown-grace`), ranges closed, "stopped cleanly"; only then is
+SIGTERM let through to Envoy's handler, which ends the lifespan and the process (exit 0).
 
 TLS: Envoy terminates it on the main port with the server's certificate (and, with a client
 CA, requires and verifies client certificates; their common names are roles as on grpc.aio).
@@ -351,7 +351,7 @@ class _EnvoyApp:
 
 class _Signals:
     """Takes SIGTERM / SIGINT (and SIGHUP with TLS), which `exec_envoy` left blocked and so
-    pending, on a thread of its own (`sigwait`): the first stop signal stops the server
+    pending, on a thread of its own (`sigwaitinfo`): the first stop signal stops the server
     gracefully through `stop` (`end_envoy` then lets SIGTERM through to Envoy's handler);
     SIGHUP rewrites the TLS secrets from the configured files."""
 
