@@ -47,6 +47,14 @@ live_pid() {
     is_uint "$pid" || return 1
     pid_alive "$pid" || return 1
     cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    # A process in the middle of an exec (a server becoming Envoy) shows an empty command line
+    # for a moment: read it again until it has one (or has gone), up to a second.
+    local tries=0
+    while [[ -z "$cmdline" ]] && ((tries < 50)) && pid_alive "$pid"; do
+        sleep 0.02
+        tries=$((tries + 1))
+        cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    done
     for mark in "$@"; do
         [[ "$cmdline" == *"$mark"* ]] || return 1
     done
