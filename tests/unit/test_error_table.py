@@ -402,17 +402,25 @@ class _Ops:
     def __init__(self, error: server.TableKeeperError, *, path: str) -> None:
         self.limits = Limits()
         self.error = error
-        self.queued = path == "queued"
+        self.path = path
         # "forwarded": the ops' ranges are on another server, which cannot be reached.
         self.forwarder = _FailingForwarder(error) if path == "forwarded" else None
         self.registry = _Elsewhere()
 
-    def submit_write(self, kind: str, stream_id: int, request: Any) -> Any:
-        """A write the Batch queues at once (`queued`) fails the same as one it awaits."""
-        if not self.queued:
-            return None
+    def open_range_for_write(self, kind: str, stream_id: int, request: Any) -> Any:
+        """A write the Batch queues at once on its range fails the same as one it awaits,
+        whether the range refuses it before queueing (`refused`), the queued entry fails
+        (`queued`: the log) or the write's own outcome is the error (`rejected`: the apply)."""
+        return None if self.path in ("awaited", "forwarded") else self
+
+    def submit_many(self, commands: list[Any]) -> Any:
+        if self.path == "refused":
+            raise self.error
         future = asyncio.get_running_loop().create_future()
-        future.set_exception(self.error)
+        if self.path == "queued":
+            future.set_exception(self.error)
+        else:
+            future.set_result([self.error for _ in commands])
         return future
 
     async def put(self, stream_id: int, request: Any, context: Any = None) -> Any:
@@ -421,7 +429,7 @@ class _Ops:
     range = increment = delete = txn = put
 
 
-@pytest.mark.parametrize("path", ["awaited", "queued", "forwarded"])
+@pytest.mark.parametrize("path", ["awaited", "refused", "queued", "rejected", "forwarded"])
 @pytest.mark.parametrize("cls", list(ROWS), ids=lambda cls: cls.__name__)
 def test_a_batch_op_answers_the_body_code_and_retryable(
     cls: type[server.TableKeeperError], path: str

@@ -10,7 +10,12 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.clock import ManualClock
-from tablekeeper_server.errors import IndeterminateError, UnavailableError
+from tablekeeper_server.errors import (
+    IndeterminateError,
+    RangeMovedError,
+    ResourceLimitError,
+    UnavailableError,
+)
 from tablekeeper_server.log.api import LogRecord, LogWriter
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range.replica import Range, RangeName
@@ -87,6 +92,69 @@ async def test_concurrent_writes_share_group_commits() -> None:
     assert sum(backend.appends) == 500
     assert len(backend.appends) < 50, backend.appends  # many commands per fsync
     assert range_.applied_sequence == 500
+    await range_.close()
+
+
+async def test_submit_many_is_one_queue_entry_answered_per_command_in_order() -> None:
+    """A Batch's writes on one range go in as one entry: one future with each command's own
+    outcome in order (a refusal before queueing, a response, an apply's rejection), and they
+    share group commits with the range's single writes."""
+    backend = CountingBackend()
+    store = MemoryKvStore()
+    range_ = Range(NAME, backend, lambda: store, ManualClock(), response_bytes_max=600)  # type: ignore[arg-type]
+    await range_.open()
+    await range_.execute(put(b"big", b"x" * 500))
+    await range_.execute(put(b"big2", b"y" * 500))
+    span = wal_pb2.WalCommand(
+        delete_range=kv.DeleteRangeRequest(
+            key=b"big", range_end=b"big3", prev_kv=True, header=kv.RoutingHeader(r_key=b"p")
+        )
+    )
+    single = asyncio.ensure_future(range_.execute(put(b"solo")))
+    future = range_.submit_many([put(b"a", b"1"), span, incr(b"n"), put(b"a", b"2")])
+    assert future is not None
+    outcomes, solo = await future, await single
+    assert solo.header.code == 0
+    assert isinstance(outcomes[1], ResourceLimitError)  # its prev_kvs: refused, never logged
+    first, third, fourth = outcomes[0], outcomes[2], outcomes[3]
+    assert not isinstance(first, Exception) and not isinstance(fourth, Exception)
+    assert not isinstance(third, Exception)
+    assert (first.header.code, third.header.code, fourth.header.code) == (0, 0, 0)
+    assert read(range_, b"a").kvs[0].value == b"2"  # applied in the order given
+    assert read(range_, b"a").kvs[0].version == 1
+    assert read(range_, b"big").count == 1  # the refused delete changed nothing
+    assert sum(backend.appends) == range_.applied_sequence == 2 + 1 + 3
+    await range_.close()
+
+
+async def test_submit_many_after_a_queued_seal_is_refused_per_command() -> None:
+    """Commands queued behind a split's seal reach the log after it: the apply refuses each
+    (range moved), and each command of the entry is answered so."""
+    range_ = await open_range(MemoryLogBackend(), MemoryKvStore())
+    sealing = asyncio.ensure_future(
+        range_.execute(wal_pb2.WalCommand(seal=wal_pb2.RangeSeal(children=[7, 8])))
+    )
+    await asyncio.sleep(0)  # the seal is queued
+    future = range_.submit_many([put(b"a"), put(b"b")])
+    assert future is not None
+    outcomes = await future
+    await sealing
+    assert [type(outcome) for outcome in outcomes] == [RangeMovedError, RangeMovedError]
+    with pytest.raises(RangeMovedError):
+        range_.submit_many([put(b"c")])  # sealed now: the range refuses before queueing
+    await range_.close()
+
+
+async def test_submit_many_fails_as_a_whole_when_the_log_fails() -> None:
+    backend = MemoryLogBackend()
+    range_ = await open_range(backend, MemoryKvStore())
+    backend.fail_next_append(NAME.log_name, persist=True)
+    future = range_.submit_many([put(b"a"), put(b"b")])
+    assert future is not None
+    with pytest.raises(IndeterminateError):
+        await future
+    with pytest.raises(UnavailableError):
+        range_.submit_many([put(b"c")])
     await range_.close()
 
 

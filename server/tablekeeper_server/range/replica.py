@@ -115,6 +115,30 @@ class _Pending:
     future: asyncio.Future[Response]
 
 
+Outcome = Response | TableKeeperError
+"""One command's outcome in `Range.submit_many`: its response, or the error it is refused with."""
+
+
+@dataclass(slots=True)
+class _PendingMany:
+    """Several commands queued as one entry (`Range.submit_many`): one future for all of them."""
+
+    payloads: list[bytes]
+    commands: list[wal_pb2.WalCommand]
+    future: asyncio.Future[list[Outcome]]
+    refused: dict[int, TableKeeperError]
+    """Positions (among the commands submitted) refused before queueing, with their errors."""
+
+    def outcomes(self, answers: list[Outcome]) -> list[Outcome]:
+        """The submitted commands' outcomes in order: `answers` (one per queued command) with
+        the refused ones put back in their places."""
+        if not self.refused:
+            return answers
+        queued = iter(answers)
+        total = len(answers) + len(self.refused)
+        return [self.refused[i] if i in self.refused else next(queued) for i in range(total)]
+
+
 class Range:
     """One range of a table (or the root / a meta range). Lives on one event loop."""
 
@@ -140,7 +164,8 @@ class Range:
         self._clock = clock
         self._ttl_seconds = ttl_seconds
         self._metrics = metrics or NullMetrics()
-        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue(maxsize=queue_depth_max)
+        self._queue: asyncio.Queue[_Pending | _PendingMany | None]
+        self._queue = asyncio.Queue(maxsize=queue_depth_max)
         self._writer: LogWriter | None = None
         self._store: KvStore | None = None
         self._sm: RangeStateMachine | None = None
@@ -496,29 +521,58 @@ class Range:
         await self._queue.put(_Pending(command.SerializeToString(), command, future))
         return await self._queued(future)
 
-    def submit(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response] | None:
-        """`execute` without waiting: queue `command` now and return the future of its response
-        (the same outcomes as `execute`), or None when the queue is full (nothing queued: call
-        `execute`, which waits for room). Raises what `execute` raises before queueing."""
+    def submit_many(
+        self, commands: list[wal_pb2.WalCommand]
+    ) -> asyncio.Future[list[Outcome]] | None:
+        """Queue `commands` now, in order, as one entry of the write queue (they join one group
+        commit, or consecutive ones) without waiting, and return the future of their outcomes
+        in order: each command's response, or the error `execute` would raise for it alone (its
+        prev_kvs over the bound: not queued; a rejection by the apply). None when the queue is
+        full (nothing queued: `execute` each, which waits for room). Raises what `execute`
+        raises for the range itself (not serving, split) before queueing anything; a failure
+        of the log fails the future (every command's outcome unknown, as for `execute`)."""
         if self._queue.full():
             return None
-        future = self._prepare(command)
-        self._queue.put_nowait(_Pending(command.SerializeToString(), command, future))
+        self._check_serving()
+        now = self._clock.now_ms()
+        sm = self._sm
+        queued: list[wal_pb2.WalCommand] = []
+        refused: dict[int, TableKeeperError] = {}
+        for position, command in enumerate(commands):
+            command.timestamp_ms = now
+            if sm is not None:
+                try:
+                    sm.check_prev_kvs(command)
+                except TableKeeperError as exc:
+                    refused[position] = exc
+                    continue
+            queued.append(command)
+        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        pending = _PendingMany(
+            [command.SerializeToString() for command in queued], queued, future, refused
+        )
+        if not queued:
+            future.set_result(pending.outcomes([]))
+            return future
+        self._queue.put_nowait(pending)
         self._queued(future)
         return future
 
-    def _prepare(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response]:
+    def _check_serving(self) -> None:
         self._notice_damage()
         if not self._accepting:
             raise UnavailableError(self._failure or f"range {self.name.log_name} is not serving")
         if self._sm is not None and self._sm.sealed is not None:
             raise self._moved()
+
+    def _prepare(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response]:
+        self._check_serving()
         command.timestamp_ms = self._clock.now_ms()
         if self._sm is not None:
             self._sm.check_prev_kvs(command)  # ResourceLimitError before anything is logged
         return asyncio.get_running_loop().create_future()
 
-    def _queued(self, future: asyncio.Future[Response]) -> asyncio.Future[Response]:
+    def _queued(self, future: asyncio.Future[_T]) -> asyncio.Future[_T]:
         self._in_flight += 1
         future.add_done_callback(self._answered)
         if self._writer_exited:
@@ -610,13 +664,16 @@ class Range:
             if first is None:
                 break
             group = [first]
-            while len(group) < GROUP_RECORDS_MAX and not self._queue.empty():
+            payloads: list[bytes] = []
+            commands: list[wal_pb2.WalCommand] = []
+            _add_to_group(first, payloads, commands)
+            while len(payloads) < GROUP_RECORDS_MAX and not self._queue.empty():
                 item = self._queue.get_nowait()
                 if item is None:
                     stopping = True
                     break
                 group.append(item)
-            payloads = [p.payload for p in group]
+                _add_to_group(item, payloads, commands)
             started = time.perf_counter()
             try:
                 last = await writer.append(payloads)
@@ -639,9 +696,9 @@ class Range:
                 self._fail(group, f"log append failed: {exc}", indeterminate=True)
                 return
             self._metrics.wal_appended(
-                time.perf_counter() - started, len(group), sum(map(len, payloads))
+                time.perf_counter() - started, len(payloads), sum(map(len, payloads))
             )
-            first_sequence = last - len(group) + 1
+            first_sequence = last - len(payloads) + 1
             if first_sequence != sm.applied_sequence + 1:
                 # The log numbered this group so that it does not continue what was applied:
                 # applying it would answer SUCCESS for commands at the wrong positions.
@@ -654,7 +711,7 @@ class Range:
                 return
             try:
                 responses = sm.apply_batch(
-                    [(first_sequence + i, p.command) for i, p in enumerate(group)]
+                    [(first_sequence + i, command) for i, command in enumerate(commands)]
                 )
             except StoreCorruptionError as exc:
                 # The group is in the log: rebuilding the store (on reopen) applies it.
@@ -667,15 +724,29 @@ class Range:
                 return
             self.watch.publish(sm.last_events, sm.applied_sequence)
             rejected = sm.last_rejections  # commands that changed nothing, answered with an error
-            for index, (pending, response) in enumerate(zip(group, responses, strict=True)):
-                if pending.future.done():
+            index = 0
+            for pending in group:
+                if isinstance(pending, _Pending):
+                    if not pending.future.done():
+                        if index in rejected:
+                            pending.future.set_exception(rejected[index])
+                        else:
+                            pending.future.set_result(responses[index])
+                    index += 1
                     continue
-                if index in rejected:
-                    pending.future.set_exception(rejected[index])
-                else:
-                    pending.future.set_result(response)
+                end = index + len(pending.commands)
+                answers: list[Outcome] = list(responses[index:end])
+                if rejected:
+                    for at in range(index, end):
+                        if at in rejected:
+                            answers[at - index] = rejected[at]
+                if not pending.future.done():
+                    pending.future.set_result(pending.outcomes(answers))
+                index = end
 
-    def _fail(self, group: list[_Pending], reason: str, *, indeterminate: bool) -> None:
+    def _fail(
+        self, group: list[_Pending | _PendingMany], reason: str, *, indeterminate: bool
+    ) -> None:
         """Stop the range: answer the in-flight group and everything queued behind it."""
         self._accepting = False
         self._failure = f"range {self.name.log_name} failed: {reason}"
@@ -691,7 +762,7 @@ class Range:
                 pending.future.set_exception(error)
         self._refuse_queued()
 
-    def _answered(self, _: asyncio.Future[Response]) -> None:
+    def _answered(self, _: asyncio.Future[Any]) -> None:
         self._in_flight -= 1
 
     @property
@@ -761,3 +832,14 @@ def _flush_and_close(store: KvStore) -> None:
         store.flush()
     finally:
         store.close()  # a failed flush (full disk) must not keep the store and its lock open
+
+
+def _add_to_group(
+    item: _Pending | _PendingMany, payloads: list[bytes], commands: list[wal_pb2.WalCommand]
+) -> None:
+    if isinstance(item, _Pending):
+        payloads.append(item.payload)
+        commands.append(item.command)
+    else:
+        payloads.extend(item.payloads)
+        commands.extend(item.commands)

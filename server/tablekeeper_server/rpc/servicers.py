@@ -38,6 +38,7 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range import scan, validation
+from tablekeeper_server.range.replica import Outcome, Range
 from tablekeeper_server.rpc import follower_reads
 from tablekeeper_server.rpc.proxy import (
     META_SERVICE,
@@ -355,16 +356,12 @@ class TableOps:
     ) -> kv_rpc_pb2.PutResponse:
         return await self._write(stream_id, req, "put", context, kv_rpc_pb2.PutResponse)
 
-    def submit_write(self, kind: str, stream_id: int, req: Any) -> asyncio.Future[Any] | None:
-        """A write's local path when nothing needs waiting for (the range open here, room in its
-        queue): queue it as `WalCommand.<kind>` and return the future of its response; None
-        when `put` / `increment` / `delete` / `txn` must serve it (nothing queued). Raises
-        what those raise for a bad request."""
+    def open_range_for_write(self, kind: str, stream_id: int, req: Any) -> Range | None:
+        """Where a write's local path needs no waiting: the range of `req`, open on this server
+        (queue `WalCommand.<kind>` there); None when `put` / `increment` / `delete` / `txn`
+        must serve it. Raises what those raise for a bad request."""
         self._check_write(kind, req)
-        range_ = self.registry.open_table_range(stream_id, req.header.r_key, req.header.range_id)
-        if range_ is None:
-            return None
-        return range_.submit(wal_pb2.WalCommand(**{kind: req}))
+        return self.registry.open_table_range(stream_id, req.header.r_key, req.header.range_id)
 
     async def increment(
         self, stream_id: int, req: kv_rpc_pb2.IncrementRequest, context: Context = None
@@ -573,7 +570,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         async def handle() -> tablekeeper_pb2.BatchResponse:
             budget = _BatchBudget.of(request, self._ops.limits)
             ops = list(request.ops)
-            queued, rest = self._submit_writes(ops, context)
+            queued, refused, rest = self._submit_writes(ops, context)
             elsewhere = await self._writes_elsewhere(ops, rest, context)
             forwarded = {i for indices in elsewhere.values() for i in indices}
             here = [i for i in rest if i not in forwarded]
@@ -585,30 +582,42 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 ),
             )
             try:
-                # In order: a range answers its queued writes together, so once one is done
-                # the rest of its group usually is too (no wait, no callback per op).
-                for future in (*queued.values(), later):
+                waits: list[asyncio.Future[Any]] = [group.future for group in queued]
+                for future in (*waits, later):
                     if not future.done():
                         await asyncio.wait((future,))
             except asyncio.CancelledError:
-                for future in queued.values():
-                    future.cancel()
+                for group in queued:
+                    group.future.cancel()
                 later.cancel()
                 raise
-            results: list[tablekeeper_pb2.BatchResult | None] = [None] * len(ops)
-            for i, future in queued.items():
-                kind = ops[i].WhichOneof("op")
-                assert kind is not None
-                results[i] = _batch_result(kind, getattr(ops[i], kind), future)
+            # Each op's result: a queued write's outcome, a refusal, or a BatchResult made by
+            # `_one` / `_forward_writes`.
+            outcomes: list[Any] = [None] * len(ops)
+            for group in queued:
+                group.place(outcomes)
+            for i, exc in refused.items():
+                outcomes[i] = exc
             answers: list[Any] = later.result()
             for i, result in zip(here, answers[: len(here)], strict=True):
-                results[i] = result
+                outcomes[i] = result
             for indices, sub_results in zip(elsewhere.values(), answers[len(here) :], strict=True):
                 for i, result in zip(indices, sub_results, strict=True):
-                    results[i] = result
-            answered = [r for r in results if r is not None]
-            assert len(answered) == len(ops), "every op of the Batch is answered"
-            return tablekeeper_pb2.BatchResponse(results=answered)
+                    outcomes[i] = result
+            response = tablekeeper_pb2.BatchResponse()
+            results = response.results
+            for op, outcome in zip(ops, outcomes, strict=True):
+                assert outcome is not None, "every op of the Batch is answered"
+                if isinstance(outcome, tablekeeper_pb2.BatchResult):
+                    results.append(outcome)
+                    continue
+                kind = op.WhichOneof("op")
+                assert kind is not None
+                if isinstance(outcome, BaseException):
+                    _fill_result(results.add(), kind, getattr(op, kind), None, outcome)
+                else:
+                    _fill_result(results.add(), kind, getattr(op, kind), outcome, None)
+            return response
 
         return await serve_admin("Batch", context, handle)
 
@@ -625,16 +634,18 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
 
     def _submit_writes(
         self, ops: list[tablekeeper_pb2.BatchOp], context: Context
-    ) -> tuple[dict[int, asyncio.Future[Any]], list[int]]:
-        """Queue the Batch's writes that need no waiting on their ranges at once, without a
-        task each (what most of a bulk load's Batch is): the future of each one's outcome, by
-        op index, and the indices of the other ops. Once a write needs more (a range to open or
-        forward to, a full queue), every later write goes the general way too, after it, so
-        each range gets the Batch's writes in their order. Reads always go the general way (a
-        read in a Batch sees what is applied when it runs, as before)."""
-        queued: dict[int, asyncio.Future[Any]] = {}
+    ) -> tuple[list[_QueuedWrites], dict[int, BaseException], list[int]]:
+        """Queue the Batch's writes that need no waiting on their ranges at once, each range's
+        as one entry of its write queue (what most of a bulk load's Batch is): the queued
+        groups, the ops refused on the way (by op index: a bad request, a range that refuses),
+        and the indices of the other ops, in order. Once a write needs more (a range to open
+        or forward to), every later write goes the general way too, after it; a range whose
+        queue is full sends all its writes of the Batch that way. So each range gets the
+        Batch's writes in their order. Reads always go the general way (a read in a Batch sees
+        what is applied when it runs, as before)."""
+        by_range: dict[int, tuple[Range, _QueuedWrites]] = {}
+        refused: dict[int, BaseException] = {}
         rest: list[int] = []
-        loop = asyncio.get_running_loop()
         blocked = False
         for i, op in enumerate(ops):
             kind = op.WhichOneof("op")
@@ -642,18 +653,36 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 rest.append(i)
                 continue
             request = getattr(op, kind)
-            future: asyncio.Future[Any] | None
             try:
-                future = self._ops.submit_write(kind, _stream_id(request.header, context), request)
+                range_ = self._ops.open_range_for_write(
+                    kind, _stream_id(request.header, context), request
+                )
             except Exception as exc:  # the write's own outcome, as `_one` would report it
-                future = loop.create_future()
-                future.set_exception(exc)
-            if future is None:
+                refused[i] = exc
+                continue
+            if range_ is None:
                 blocked = True
                 rest.append(i)
-            else:
-                queued[i] = future
-        return queued, rest
+                continue
+            entry = by_range.get(id(range_))
+            if entry is None:
+                entry = by_range[id(range_)] = (range_, _QueuedWrites())
+            entry[1].indices.append(i)
+            entry[1].commands.append(wal_pb2.WalCommand(**{kind: request}))
+        queued: list[_QueuedWrites] = []
+        for range_, group in by_range.values():
+            try:
+                future = range_.submit_many(group.commands)
+            except Exception as exc:  # the range refuses them all (not serving, split)
+                refused.update((i, exc) for i in group.indices)
+                continue
+            if future is None:  # its queue is full: the general way waits for room
+                rest.extend(group.indices)
+                continue
+            group.future = future
+            queued.append(group)
+        rest.sort()
+        return queued, refused, rest
 
     async def _writes_elsewhere(
         self, ops: list[tablekeeper_pb2.BatchOp], indices: list[int], context: Context
@@ -757,10 +786,22 @@ def _batch_result(
 ) -> tablekeeper_pb2.BatchResult:
     """One Batch op's result from its (done) outcome: the response, or the error it raised."""
     result = tablekeeper_pb2.BatchResult()
-    target = getattr(result, kind)
     exc = outcome.exception()
+    _fill_result(result, kind, request, None if exc is not None else outcome.result(), exc)
+    return result
+
+
+def _fill_result(
+    result: tablekeeper_pb2.BatchResult,
+    kind: str,
+    request: Any,
+    response: Any,
+    exc: BaseException | None,
+) -> None:
+    """Fill an empty Batch op's result: the response, or the error `exc` the op raised."""
+    target = getattr(result, kind)
     if exc is None:
-        target.CopyFrom(outcome.result())
+        target.CopyFrom(response)
         if code := target.header.code:
             result.error = command_status_reason(_BATCH_METHODS[kind], code) or ""
     elif isinstance(exc, TableKeeperError):
@@ -774,7 +815,28 @@ def _batch_result(
         target.header.code = Code.INTERNAL_SERVER_ERROR
         result.error = f"internal error: {exc}"
     target.header.routing_header.CopyFrom(request.header)
-    return result
+
+
+class _QueuedWrites:
+    """A Batch's writes queued on one range as one entry (`Range.submit_many`)."""
+
+    __slots__ = ("commands", "future", "indices")
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+        """The ops' indices in the Batch, in order."""
+        self.commands: list[wal_pb2.WalCommand] = []
+        self.future: asyncio.Future[list[Outcome]]
+
+    def place(self, outcomes: list[Any]) -> None:
+        """Put each op's outcome (its response, or the error it got) at its index."""
+        exc = self.future.exception()
+        if exc is not None:  # the whole entry failed (the log, the range closing)
+            for i in self.indices:
+                outcomes[i] = exc
+            return
+        for i, outcome in zip(self.indices, self.future.result(), strict=True):
+            outcomes[i] = outcome
 
 
 class _BatchBudget:
