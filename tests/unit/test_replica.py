@@ -127,6 +127,23 @@ async def test_submit_many_is_one_queue_entry_answered_per_command_in_order() ->
     await range_.close()
 
 
+async def test_a_one_command_entry_is_answered_as_a_list() -> None:
+    """Alone in its group or beside single writes, an entry of one command is still an entry:
+    its future carries a list."""
+    range_ = await open_range(MemoryLogBackend(), MemoryKvStore())
+    alone = range_.submit_many([put(b"a")])
+    assert alone is not None
+    [response] = await alone
+    assert not isinstance(response, Exception) and response.header.code == 0
+    single = asyncio.ensure_future(range_.execute(put(b"b")))
+    await asyncio.sleep(0)
+    beside = range_.submit_many([put(b"c")])
+    assert beside is not None
+    assert [type(outcome) for outcome in await beside] == [kv.PutResponse]
+    assert (await single).header.code == 0
+    await range_.close()
+
+
 async def test_submit_many_after_a_queued_seal_is_refused_per_command() -> None:
     """Commands queued behind a split's seal reach the log after it: the apply refuses each
     (range moved), and each command of the entry is answered so."""
