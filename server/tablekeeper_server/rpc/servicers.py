@@ -643,7 +643,7 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         queue is full sends all its writes of the Batch that way. So each range gets the
         Batch's writes in their order. Reads always go the general way (a read in a Batch sees
         what is applied when it runs, as before)."""
-        by_range: dict[int, tuple[Range, _QueuedWrites]] = {}
+        by_range: dict[Range, _QueuedWrites] = {}  # in the order of their first write
         refused: dict[int, BaseException] = {}
         rest: list[int] = []
         blocked = False
@@ -664,13 +664,13 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
                 blocked = True
                 rest.append(i)
                 continue
-            entry = by_range.get(id(range_))
-            if entry is None:
-                entry = by_range[id(range_)] = (range_, _QueuedWrites())
-            entry[1].indices.append(i)
-            entry[1].commands.append(wal_pb2.WalCommand(**{kind: request}))
+            group = by_range.get(range_)
+            if group is None:
+                group = by_range[range_] = _QueuedWrites()
+            group.indices.append(i)
+            group.commands.append(wal_pb2.WalCommand(**{kind: request}))
         queued: list[_QueuedWrites] = []
-        for range_, group in by_range.values():
+        for range_, group in by_range.items():
             try:
                 future = range_.submit_many(group.commands)
             except Exception as exc:  # the range refuses them all (not serving, split)
