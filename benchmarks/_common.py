@@ -78,6 +78,31 @@ def proc_cpu_s(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_times(pid: int) -> dict[str, tuple[str, float, float]]:
+    """Each thread of `pid` as the scheduler counts it: thread id -> (name, seconds it ran,
+    seconds it was ready to run but waited for a core). From /proc/PID/task/TID/schedstat; a
+    thread that ended meanwhile is left out. Waiting means the host's cores were all busy: a
+    server whose threads wait is CPU-bound, whatever each one's own share."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ran, waited = parse_schedstat((task / "schedstat").read_text())
+        except OSError:
+            continue
+        found[task.name] = (name, ran, waited)
+    return found
+
+
+def parse_schedstat(text: str) -> tuple[float, float]:
+    """(seconds on a core, seconds waiting in the run queue) of a /proc schedstat line:
+    three numbers, the first two in nanoseconds (the third, time slices, is not used)."""
+    fields = text.split()
+    if len(fields) != 3 or not all(field.isdigit() for field in fields):
+        raise ValueError(f"not a schedstat line: {text!r}")
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
+
 def fmt(x: float | None, digits: int = 2) -> str:
     """`x` with `digits` decimals; "-" for None or NaN."""
     if x is None or x != x:

@@ -1,6 +1,6 @@
 """Where a server spends its CPU under a native load: py-spy samples a standalone server while
-ghz sends unary calls, then prints how busy each of the server's threads was and the hottest
-functions.
+ghz sends unary calls, then prints how much of the time each of the server's threads ran and
+waited for a core (the host's cores all busy), and the hottest functions.
 
     make profile                                   # put, 64 in flight, 15 s
     .venv/bin/python benchmarks/cpu_profile.py --server-args "--runtime envoy"
@@ -26,24 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._common import thread_times  # noqa: E402
 from benchmarks.native import GHZ_DEFAULT, tablekeeper_target  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 PY_SPY = Path(sys.executable).parent / "py-spy"
 OUT = REPO / "benchmarks" / "out"
-
-
-def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
-    """CPU seconds (user + system) of each thread of `pid`: thread id -> (name, seconds)."""
-    found = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            name = (task / "comm").read_text().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        found[task.name] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
-    return found
 
 
 def main() -> int:
@@ -83,11 +71,11 @@ def main() -> int:
             )
             time.sleep(1.0)  # py-spy attaches
             load = [*base, "--call", target.calls[args.op], "--duration", f"{args.duration}s"]
-            before, started = thread_cpu(server.process.pid), time.monotonic()
+            before, started = thread_times(server.process.pid), time.monotonic()
             result = subprocess.run(
                 [*load, "--format", "json", server.target], capture_output=True, text=True
             )
-            after, elapsed = thread_cpu(server.process.pid), time.monotonic() - started
+            after, elapsed = thread_times(server.process.pid), time.monotonic() - started
             spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
             spy.wait(60)
         finally:
@@ -101,13 +89,17 @@ def main() -> int:
         frames = stack.split(";")
         total += int(count)
         self_time[frames[-1]] += int(count)
-    print("server threads busy during the load (share of one core, over 2 %):")
-    busy = [
-        (cpu - before.get(tid, (name, 0.0))[1], name, tid) for tid, (name, cpu) in after.items()
-    ]
-    for cpu, name, tid in sorted(busy, reverse=True):
-        if cpu / elapsed > 0.02:
-            print(f"  {100 * cpu / elapsed:5.1f}%  {name} ({tid})")
+    print(
+        "server threads during the load (share of the time running on a core / ready but "
+        "waiting for one; threads running over 2 %):"
+    )
+    busy = []
+    for tid, (name, ran, waited) in after.items():
+        _, ran0, waited0 = before.get(tid, (name, 0.0, 0.0))
+        busy.append((ran - ran0, waited - waited0, name, tid))
+    for ran, waited, name, tid in sorted(busy, reverse=True):
+        if ran / elapsed > 0.02:
+            print(f"  {100 * ran / elapsed:5.1f}% / {100 * waited / elapsed:5.1f}%  {name} ({tid})")
     print(f"{total} samples; hottest functions (self time):")
     for frame, samples in self_time.most_common(args.top):
         print(f"  {100 * samples / max(total, 1):5.1f}%  {frame}")

@@ -4,6 +4,7 @@ script (a `profile.py` there broke `import cProfile`, and with it pyspark, in sp
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -43,3 +44,18 @@ def test_the_longest_stall_is_the_longest_time_without_a_completed_call() -> Non
     assert longest_stall_ms(details) == pytest.approx(40.0, abs=0.01)
     assert longest_stall_ms([call(0, 7.5)]) == pytest.approx(7.5, abs=0.01)  # its latency
     assert longest_stall_ms([]) != longest_stall_ms([])  # NaN
+
+
+def test_thread_times_read_the_schedulers_run_and_wait_times() -> None:
+    sys.path.insert(0, str(BENCHMARKS.parent))
+    try:
+        from benchmarks._common import parse_schedstat, thread_times
+    finally:
+        sys.path.remove(str(BENCHMARKS.parent))
+
+    assert parse_schedstat("2500000000 750000000 1234\n") == (2.5, 0.75)
+    with pytest.raises(ValueError, match="schedstat"):
+        parse_schedstat("1 2")
+    mine = thread_times(os.getpid())
+    name, ran, waited = mine[str(os.getpid())]  # this process's main thread
+    assert name and ran > 0 and waited >= 0
