@@ -135,9 +135,8 @@ async def test_a_one_command_entry_is_answered_as_a_list() -> None:
     assert alone is not None
     [response] = await alone
     assert not isinstance(response, Exception) and response.header.code == 0
-    single = asyncio.ensure_future(range_.execute(put(b"b")))
-    await asyncio.sleep(0)
-    beside = range_.submit_many([put(b"c")])
+    single = asyncio.ensure_future(range_.execute(put(b"b")))  # queued when it first runs,
+    beside = range_.submit_many([put(b"c")])  # after this entry: one group holds both
     assert beside is not None
     assert [type(outcome) for outcome in await beside] == [kv.PutResponse]
     assert (await single).header.code == 0
@@ -148,14 +147,13 @@ async def test_submit_many_after_a_queued_seal_is_refused_per_command() -> None:
     """Commands queued behind a split's seal reach the log after it: the apply refuses each
     (range moved), and each command of the entry is answered so."""
     range_ = await open_range(MemoryLogBackend(), MemoryKvStore())
-    sealing = asyncio.ensure_future(
-        range_.execute(wal_pb2.WalCommand(seal=wal_pb2.RangeSeal(children=[7, 8])))
-    )
-    await asyncio.sleep(0)  # the seal is queued
+    sealing = range_.submit_many([wal_pb2.WalCommand(seal=wal_pb2.RangeSeal(children=[7, 8]))])
+    assert sealing is not None  # queued, not applied yet
     future = range_.submit_many([put(b"a"), put(b"b")])
     assert future is not None
     outcomes = await future
-    await sealing
+    [sealed] = await sealing
+    assert not isinstance(sealed, Exception) and sealed.header.code == 0
     assert [type(outcome) for outcome in outcomes] == [RangeMovedError, RangeMovedError]
     with pytest.raises(RangeMovedError):
         range_.submit_many([put(b"c")])  # sealed now: the range refuses before queueing

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
@@ -664,24 +664,16 @@ class Range:
             if first is None:
                 break
             group = [first]
-            singles = True  # no `submit_many` entry: the usual case
-            records = 0
-            item: _Pending | _PendingMany | None = first
-            while True:
-                assert item is not None
-                if isinstance(item, _Pending):
-                    records += 1
-                else:
-                    singles = False
-                    records += len(item.commands)
-                if records >= GROUP_RECORDS_MAX or self._queue.empty():
-                    break
+            payloads: list[bytes] = []
+            commands: list[wal_pb2.WalCommand] = []
+            _add_records(first, payloads, commands)
+            while len(payloads) < GROUP_RECORDS_MAX and not self._queue.empty():
                 item = self._queue.get_nowait()
                 if item is None:
                     stopping = True
                     break
                 group.append(item)
-            payloads, commands = _group_records(group, singles)
+                _add_records(item, payloads, commands)
             started = time.perf_counter()
             try:
                 last = await writer.append(payloads)
@@ -732,18 +724,6 @@ class Range:
                 return
             self.watch.publish(sm.last_events, sm.applied_sequence)
             rejected = sm.last_rejections  # commands that changed nothing, answered with an error
-            if singles:
-                only_singles = cast(list[_Pending], group)
-                for index, (single, response) in enumerate(
-                    zip(only_singles, responses, strict=True)
-                ):
-                    if single.future.done():
-                        continue
-                    if index in rejected:
-                        single.future.set_exception(rejected[index])
-                    else:
-                        single.future.set_result(response)
-                continue
             index = 0
             for pending in group:
                 if isinstance(pending, _Pending):
@@ -854,19 +834,13 @@ def _flush_and_close(store: KvStore) -> None:
         store.close()  # a failed flush (full disk) must not keep the store and its lock open
 
 
-def _group_records(
-    group: list[_Pending | _PendingMany], singles: bool
-) -> tuple[list[bytes], list[wal_pb2.WalCommand]]:
-    """The payloads and commands of a group's entries, in order (`singles`: all `_Pending`)."""
-    if singles:
-        return [p.payload for p in group], [p.command for p in group]  # type: ignore[union-attr]
-    payloads: list[bytes] = []
-    commands: list[wal_pb2.WalCommand] = []
-    for item in group:
-        if isinstance(item, _Pending):
-            payloads.append(item.payload)
-            commands.append(item.command)
-        else:
-            payloads.extend(item.payloads)
-            commands.extend(item.commands)
-    return payloads, commands
+def _add_records(
+    item: _Pending | _PendingMany, payloads: list[bytes], commands: list[wal_pb2.WalCommand]
+) -> None:
+    """Add a queue entry's payloads and commands to its group's."""
+    if isinstance(item, _Pending):
+        payloads.append(item.payload)
+        commands.append(item.command)
+    else:
+        payloads.extend(item.payloads)
+        commands.extend(item.commands)

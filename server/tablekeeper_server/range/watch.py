@@ -318,18 +318,9 @@ class WatchHub:
         ring.extend(events)
         self._ring_sizes.extend(sizes)
         added = sum(sizes)
-        ring_bytes = self.ring_bytes + added
-        if len(ring) > self._ring_events or ring_bytes > self.ring_bytes_max:
-            # What `drop_oldest` does, in one loop (a busy range drops as many as it adds).
-            ring_sizes, floor, freed = self._ring_sizes, self._ring_floor, 0
-            while ring and (len(ring) > self._ring_events or ring_bytes > self.ring_bytes_max):
-                floor = max(floor, ring.popleft().revision)
-                cost = ring_sizes.popleft()
-                ring_bytes -= cost
-                freed += cost
-            self._ring_floor = floor
-            added -= freed
-        self.ring_bytes = ring_bytes
+        self.ring_bytes += added
+        while ring and (len(ring) > self._ring_events or self.ring_bytes > self.ring_bytes_max):
+            self.drop_oldest()
         if self._budget is not None:
             self._budget.used += added
             self._budget.make_room()
