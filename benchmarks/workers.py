@@ -114,11 +114,11 @@ def _routed_cell(
     args: argparse.Namespace, parts: list[Target], pids: list[int], op: str, concurrency: int
 ) -> Cell:
     """One cell against every worker at once: the calls in flight split between them."""
-    shares = [max(1, concurrency // len(parts))] * len(parts)
+    shares = [concurrency // len(parts)] * len(parts)
     for part in parts:  # warm-up, and the data files
         data = args.work / f"{part.name}-{op}.json"
         data.write_text(json.dumps(part.messages[op]))
-        ghz(args, part, op, max(1, concurrency // len(parts)), data, total=200)
+        ghz(args, part, op, shares[0], data, total=200)
     before = sum(cpu_s(pid) for pid in pids)
     with ThreadPoolExecutor(len(parts)) as pool:
         results = list(
@@ -191,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(w) for w in args.workers.split(",")]
     ops = args.ops.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
+    uneven = [c for c in levels if any(c % n for n in counts)]
+    if uneven:
+        # Each worker gets its own generator and an equal share of the calls in flight; a
+        # level that does not divide would compare more calls in flight against fewer.
+        parser.error(
+            f"--concurrency {','.join(map(str, uneven))}: each level must divide by every "
+            f"--workers count ({args.workers})"
+        )
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="tk-workers-") as tmp:
         args.work = Path(tmp)

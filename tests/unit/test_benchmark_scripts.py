@@ -59,3 +59,21 @@ def test_thread_times_read_the_schedulers_run_and_wait_times() -> None:
     mine = thread_times(os.getpid())
     name, ran, waited = mine[str(os.getpid())]  # this process's main thread
     assert name and ran > 0 and waited >= 0
+
+
+def test_workers_refuses_calls_in_flight_that_do_not_split_evenly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One call in flight over two workers would run one per worker: two against one.
+    sys.path.insert(0, str(BENCHMARKS.parent))
+    try:
+        from benchmarks.workers import main
+    finally:
+        sys.path.remove(str(BENCHMARKS.parent))
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--workers", "1,2", "--concurrency", "1,16,3", "--ghz", sys.executable])
+    assert exit_.value.code == 2
+    assert "--concurrency 1,3: each level must divide by every --workers count" in (
+        capsys.readouterr().err
+    )
