@@ -693,8 +693,8 @@ def test_a_frozen_server_is_fenced_by_the_server_that_takes_over(
     # Or, for the writes of a group the resumed server was appending when Pulsar refused it as
     # fenced, UnexpectedError: a fenced producer's send may have reached the topic before the
     # fence, so the server cannot say whether they were applied (`check` below shows that no
-    # put of theirs was). Which one an op gets depends on where the resumed server first finds out that it
-    # lost the range, so each is accepted.
+    # put of theirs was). Which one an op gets depends on where the resumed server first finds
+    # out that it lost the range, so each is accepted.
     errors = Counter(_error_kind(op) for op in after_resume)
     allowed = {"UnavailableError", "OutcomeUnknownError", "InternalServerError"}
     assert set(errors) <= allowed | {"UnexpectedError"}, errors
