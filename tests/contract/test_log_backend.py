@@ -356,6 +356,25 @@ def test_fenced_error_is_an_unavailable_error(harness: Harness) -> None:
     run(scenario())
 
 
+def test_an_append_after_the_takeover_is_known_not_to_be_in_the_log(harness: Harness) -> None:
+    # The next owner (a new backend over the same state: another client for Pulsar) has fenced
+    # the log before the old writer's append: that append fails, and says that none of its
+    # records is in the log, so its callers may retry them with the new owner.
+    async def scenario() -> None:
+        old = harness.backend.open_writer(LOG)
+        assert await old.append([b"a", b"b"]) == 2
+        new = harness.restart().open_writer(LOG)
+        with pytest.raises(LogFencedError) as fenced:
+            await old.append([b"lost"])
+        assert not fenced.value.maybe_persisted, fenced.value
+        assert await new.append([b"c"]) == 3
+        await old.close()
+        await new.close()
+
+    run(scenario())
+    assert [r.payload for r in harness.backend.read(LOG, 1)] == [b"a", b"b", b"c"]
+
+
 def test_payload_sizes_round_trip(harness: Harness) -> None:
     big = bytes(range(256)) * 4096  # 1 MiB
     payloads = [b"", big, b"\x00", b"", bytes(range(256)), big[:-1]]

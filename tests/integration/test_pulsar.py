@@ -116,8 +116,11 @@ def test_a_writer_of_another_client_is_fenced_by_the_broker(
         assert await old.append([b"a", b"b"]) == 2
         new = second.open_writer(LOG)  # no shared process state: only the broker fences
         assert new.last_sequence == 2 and new.epoch > old.epoch
-        with pytest.raises(LogFencedError):
+        with pytest.raises(LogFencedError) as fenced:
             await old.append([b"lost"])
+        # Sent after the new FENCE: it reads on to that FENCE and finds none of its records.
+        assert not fenced.value.maybe_persisted, fenced.value
+        assert "none of them is in the log before its fence" in str(fenced.value)
         with pytest.raises(LogFencedError):
             await old.append([b"lost again"])
         assert await new.append([b"c"]) == 3
@@ -127,6 +130,49 @@ def test_a_writer_of_another_client_is_fenced_by_the_broker(
 
     run(scenario())
     assert payloads_of(list(backends().read(LOG, 1))) == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_fenced_writer_whose_record_slipped_in_before_the_fence_says_it_may_be_there(
+    backends: Callable[[], PulsarLogBackend],
+) -> None:
+    first, second = backends(), backends()
+
+    async def scenario() -> None:
+        old = first.open_writer(LOG)
+        assert await old.append([b"a", b"b"]) == 2
+        # Record 3 of the old writer reaches the topic, its acknowledgement never comes back
+        # to the append (sent here on the writer's own producer, as an append in flight would).
+        assert old._producer is not None
+        send_and_wait(old._producer, [encode_header(KIND_DATA, old.epoch, 3) + b"slipped"], 10)
+        new = second.open_writer(LOG)  # counts record 3: it precedes the new FENCE
+        assert new.last_sequence == 3
+        with pytest.raises(LogFencedError) as fenced:
+            await old.append([b"slipped"])  # its sequence 3 is in the log before the FENCE
+        assert fenced.value.maybe_persisted, fenced.value
+        assert "may have reached the log before its fence" in str(fenced.value)
+        await old.close()
+        await new.close()
+
+    run(scenario())
+    assert payloads_of(list(backends().read(LOG, 1))) == [b"a", b"b", b"slipped"]
+
+
+def test_a_fenced_writer_that_cannot_see_the_new_fence_says_its_group_may_be_there(
+    backends: Callable[[], PulsarLogBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = backends()
+    monkeypatch.setattr(pulsar_log, "FENCED_OUTCOME_WAIT_S", 0.5)
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        assert await writer.append([b"a"]) == 1
+        # No FENCE of a newer writer follows (nobody took the log over): nothing can be told.
+        assert backend._fenced_group_reached_log(LOG, writer.epoch, 2, 2, None) is None
+        assert backend._fenced_group_reached_log(LOG, writer.epoch, 1, 1, None) is True
+        assert backend._fenced_group_reached_log("no-such-log", writer.epoch, 1, 1, None) is None
+        await writer.close()
+
+    run(scenario())
 
 
 def test_writers_taking_turns_keep_exactly_the_acknowledged_records(

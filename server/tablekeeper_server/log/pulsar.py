@@ -67,7 +67,11 @@ Group commit: `append` sends all messages of the group with `send_async` on a pr
 batching enabled, flushes, and returns when the broker has acknowledged every message, i.e. once
 BookKeeper has persisted them. Any failure makes the writer unusable (a later group must not
 follow a partly persisted one); it must be reopened, and the new writer's replay decides which
-records of the failed group exist.
+records of the failed group exist. An append refused because a newer writer fenced this one
+(`LogFencedError`) is settled where it can be: the writer reads on from its last acknowledged
+message, and if the newer writer's FENCE comes before any record of the group, none of them can
+ever be counted (`maybe_persisted` False: its callers may retry elsewhere); if one comes first,
+or the FENCE does not show up within `FENCED_OUTCOME_WAIT_S`, they may be (`maybe_persisted`).
 
 Truncation (`truncate`): the truncation cursor is reset (admin `resetcursor`) to the entry that
 starts the last record at or below `before_sequence` that the backend knows of; entries before it
@@ -102,6 +106,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -141,6 +146,10 @@ hold (`mark_recovery_start`): where the next writer's recovery scan begins."""
 INDEX_STRIDE: Final = 64
 """Record one truncation point per this many records (at most): truncation is that coarse."""
 
+FENCED_OUTCOME_WAIT_S: Final = 3.0
+"""How long a fenced writer looks for the new owner's FENCE to tell whether its unacknowledged
+group reached the log before it (see `PulsarLogWriter.append`)."""
+_FENCED_OUTCOME_POLL_S: Final = 0.05
 RECOVERED_TAIL_BYTES_MAX: Final = 16 * MiB
 """A writer's recovery scan keeps the records it read, up to this many payload bytes, for the
 first `read` after the open (the caller's replay): the tail is then read from Pulsar once."""
@@ -426,6 +435,8 @@ class PulsarLogWriter:
         self._recovered_from = recovered_from
         """The first sequence the recovery scan read (0: from the truncation cursor)."""
         self._opened_at = last_sequence
+        self._last_start: Position | None = None
+        """The position of the first message of the last acknowledged append."""
 
     @property
     def log_name(self) -> str:
@@ -500,7 +511,17 @@ class PulsarLogWriter:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(exc, first, last)
+            reached: bool | None = True
+            if self._fenced or is_fenced(exc):  # fenced here or by another process's writer
+                reached = await asyncio.to_thread(
+                    self._backend._fenced_group_reached_log,
+                    self._log_name,
+                    self._epoch,
+                    first,
+                    last,
+                    self._scan_start(),
+                )
+            self._fail(exc, first, last, maybe_persisted=reached is not False)
         if injected:
             self._broken = "injected append failure (after persisting)"
             raise UnavailableError(
@@ -508,19 +529,32 @@ class PulsarLogWriter:
             )
         self._last = last
         if tally.first_id is not None:
+            self._last_start = message_position(tally.first_id)
             with self._state.lock:
-                self._state.add_index(first, message_position(tally.first_id))
+                self._state.add_index(first, self._last_start)
         return last
 
-    def _fail(self, exc: BaseException, first: int, last: int) -> None:
-        if self._fenced:
-            self._check_usable()
-        if is_fenced(exc):
+    def _scan_start(self) -> Position | None:
+        """Where a look for this writer's unacknowledged messages may begin: the first message
+        of its last acknowledged append (its later messages can only follow), else the last
+        record start indexed here; None: from the truncation cursor."""
+        if self._last_start is not None:
+            return self._last_start
+        with self._state.lock:
+            return self._state.index[-1].position if self._state.index else None
+
+    def _fail(self, exc: BaseException, first: int, last: int, *, maybe_persisted: bool) -> None:
+        if self._fenced or is_fenced(exc):
             self._fenced = True
+            outcome = (
+                "they may have reached the log before its fence"
+                if maybe_persisted
+                else "none of them is in the log before its fence"
+            )
             raise LogFencedError(
                 f"log {self._log_name!r}: fenced, another writer opened the log (epoch "
-                f"{self._epoch}, sequences {first}..{last} not acknowledged): {exc}",
-                maybe_persisted=True,
+                f"{self._epoch}, sequences {first}..{last} not acknowledged; {outcome}): {exc}",
+                maybe_persisted=maybe_persisted,
             ) from exc
         self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
         raise UnavailableError(
@@ -963,6 +997,58 @@ class PulsarLogBackend:
                 scan.replay.skipped,
             )
         return epoch, base, index.index, kept, started
+
+    def _fenced_group_reached_log(
+        self, log_name: str, epoch: int, first: int, last: int, start: Position | None
+    ) -> bool | None:
+        """Whether any record `first..last` of the fenced writer of `epoch` is in the log
+        before the FENCE that ended that epoch: True if one is (the new owner's replay counts
+        what precedes its FENCE), False if that FENCE comes first (what follows it is never
+        counted), None when it cannot tell within `FENCED_OUTCOME_WAIT_S` (the new owner has not
+        written its FENCE yet, the topic is gone or unreadable). Reads from `start` (or the
+        truncation cursor) on; a message of the writer's group cannot come before its last
+        acknowledged one."""
+        deadline = time.monotonic() + min(FENCED_OUTCOME_WAIT_S, self._timeout_s)
+        try:
+            if start is None:
+                cursor = self._cursor(log_name)
+                if cursor is None:
+                    return None
+                start = (cursor[0], max(cursor[1], 0), -1)
+            start_id = pulsar.MessageId.earliest if start[0] < 0 else entry_message_id(*start[:2])
+            reader = self._client().create_reader(
+                self._topic(log_name),
+                start_id,
+                start_message_id_inclusive=True,
+                receiver_queue_size=100,
+            )
+        except (UnavailableError, pulsar.PulsarException) as exc:
+            _log.info("log %r: cannot look for a fenced group (%s)", log_name, exc)
+            return None
+        try:
+            while time.monotonic() < deadline:
+                if not reader.has_message_available():
+                    time.sleep(_FENCED_OUTCOME_POLL_S)  # the new owner's FENCE is still coming
+                    continue
+                data = reader.read_next(self._timeout_ms).data()
+                if len(data) < HEADER.size:
+                    return None
+                magic, version, kind, msg_epoch, sequence, _, count = HEADER.unpack_from(data)
+                if magic != MAGIC or version != FORMAT_VERSION:
+                    return None
+                if kind == KIND_FENCE and msg_epoch > epoch:
+                    return False
+                if msg_epoch == epoch and kind in (KIND_DATA, KIND_GROUP):
+                    end = sequence + count - 1 if kind == KIND_GROUP else sequence
+                    if sequence <= last and end >= first:
+                        return True
+            return None
+        except pulsar.PulsarException as exc:
+            _log.info("log %r: cannot look for a fenced group (%s)", log_name, exc)
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                reader.close()
 
     def _send(self, log_name: str, producer: Any, messages: Sequence[bytes]) -> None:
         try:
