@@ -43,7 +43,7 @@ from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, S
 from tablekeeper_server.etcd.server import EtcdServer, front_end_name
 from tablekeeper_server.gc_tuning import tune_garbage_collector
 from tablekeeper_server.log.api import LogBackend
-from tablekeeper_server.log.local import LocalLogBackend
+from tablekeeper_server.log.local import INLINE_BELOW_S, LocalLogBackend
 from tablekeeper_server.logging_setup import configure_logging
 from tablekeeper_server.metrics import (
     META_TABLE,
@@ -152,6 +152,7 @@ def _log_backend(
         config.effective_wal_dir,
         segment_bytes_max=config.wal_segment_bytes_max,
         failpoints=failpoints,
+        inline_below_s=INLINE_BELOW_S,
     )
     return local, f"local {config.effective_wal_dir}", lambda: None
 

@@ -567,6 +567,45 @@ def test_the_logs_of_one_backend_append_on_its_one_thread_in_turn(tmp_path: Path
     run(scenario())
 
 
+def test_a_log_whose_syncs_are_fast_appends_on_the_callers_thread(tmp_path: Path) -> None:
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync, inline_below_s=3600.0)
+
+    async def scenario() -> str:
+        writer = backend.open_writer("range-1")
+        sync.synced.clear()
+        assert await writer.append([b"a"]) == 1
+        assert await writer.append([b"b", b"c"]) == 3
+        await writer.close()
+        return threading.current_thread().name
+
+    caller = run(scenario())
+    assert sync.synced == [(caller, "range-1"), (caller, "range-1")]
+    assert [r.payload for r in backend.read("range-1", 1)] == [b"a", b"b", b"c"]
+
+
+def test_a_log_whose_syncs_are_slower_than_the_bound_appends_on_the_append_thread(
+    tmp_path: Path,
+) -> None:
+    # Before its first sync a log knows no sync time and appends on the caller's thread; that
+    # sync takes more than a nanosecond, so the later appends go to the append thread.
+    sync = RecordingSync()
+    backend = LocalLogBackend(tmp_path, sync=sync, inline_below_s=1e-9)
+
+    async def scenario() -> str:
+        writer = backend.open_writer("range-1")
+        sync.synced.clear()
+        for sequence in (1, 2, 3):
+            assert await writer.append([b"x"]) == sequence
+        await writer.close()
+        return threading.current_thread().name
+
+    caller = run(scenario())
+    threads = [thread for thread, _ in sync.synced]
+    assert threads[0] == caller, threads
+    assert len(threads) == 3 and all(t.startswith("wal-append-") for t in threads[1:]), threads
+
+
 def test_a_failed_sync_of_one_log_leaves_the_other_logs_appending(tmp_path: Path) -> None:
     sync = RecordingSync()
     backend = LocalLogBackend(tmp_path, sync=sync)

@@ -23,9 +23,15 @@ Durability: `append` returns after one `write` and one `fdatasync` of the group 
 function is injectable). New segment files are synced and their directory is synced before
 records are written to them; a deleted segment or log is gone once its directory is synced.
 
-Appends run on one thread per backend (`_AppendThread`), not the event loop's executor: the
-groups of all logs that are waiting when it wakes are written and synced one after the other,
-and answered with one call into each waiting loop. A hop to a pool thread and back costs this
+Where an append runs: while the log's recent syncs are fast (below the backend's
+`inline_below_s`; the server sets `INLINE_BELOW_S`), on the caller's thread — the event loop's:
+it waits for the sync as it would wait for the hand-off (the sync releases the GIL, so the
+runtime's own threads go on), and the two thread hand-offs a group otherwise takes cost more
+than the sync holds the loop on a disk whose sync takes a fraction of a millisecond. A log whose
+syncs have been slower, and every log of a backend made without `inline_below_s`, appends on
+one thread per backend (`_AppendThread`), not the event loop's executor: the groups of all logs
+that are waiting when it wakes are written and synced one after the other, and answered with one
+call into each waiting loop. A hop to a pool thread and back costs this
 machine's server ~100-250 µs of CPU per group (thread and loop wake-ups, GIL hand-offs);
 sharing one wake-up among the ranges that append at the same time is what the thread is for.
 Syncs of different logs no longer overlap, which costs latency only on disks whose sync is
@@ -54,6 +60,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -245,6 +252,11 @@ def _lock_log(log_dir: Path, log_name: str) -> int:
 _T = TypeVar("_T")
 _Outcome = tuple["asyncio.Future[Any]", bool, Any]
 """A job's future, whether it returned, and what it returned or raised."""
+INLINE_BELOW_S: Final = 0.001
+"""The server's `inline_below_s`: a log appends on the caller's thread while its syncs average
+below a millisecond (the longest it then holds the event loop, as a rule)."""
+_SYNC_AVERAGE_WEIGHT: Final = 0.125
+"""How much one sync moves a log's moving average of sync times."""
 _APPEND_THREAD_IDLE_EXIT_S: Final = 30.0
 """An append thread with nothing to do for this long ends (the next append starts another)."""
 
@@ -332,6 +344,7 @@ class LocalLogWriter:
         sync: SyncFunction,
         slot: _Slot,
         appender: _AppendThread,
+        inline_below_s: float = 0.0,
     ) -> None:
         self._log_name = log_name
         self._dir = log_dir
@@ -345,6 +358,9 @@ class LocalLogWriter:
         self._sync = sync
         self._slot = slot
         self._appender = appender
+        self._inline_below_s = inline_below_s
+        self._sync_s = 0.0
+        """A moving average of this writer's append syncs, in seconds."""
         self._io_lock = threading.Lock()
         self._busy = False
         self._closed = False
@@ -364,9 +380,11 @@ class LocalLogWriter:
     async def append(self, payloads: Sequence[bytes]) -> int:
         """Append `payloads` as one group and return the last one's sequence (see `LogWriter`).
 
-        The group is encoded, written with one `write` and made durable with one sync, on the
-        backend's append thread, so the event loop keeps running meanwhile. On return every
-        record is durable. An empty `payloads` writes nothing and returns `last_sequence`.
+        The group is encoded, written with one `write` and made durable with one sync: on the
+        caller's thread while this log's syncs average below the backend's `inline_below_s`,
+        else on the backend's append thread, so the event loop keeps running meanwhile. On
+        return every record is durable. An empty `payloads` writes nothing and returns
+        `last_sequence`.
 
         Raises `LogFencedError` after another writer opened the log, `UnavailableError` after
         `close`, after any earlier failed or cancelled append (the writer is then unusable and
@@ -383,6 +401,8 @@ class LocalLogWriter:
             return self._last
         self._busy = True
         try:
+            if self._sync_s < self._inline_below_s:
+                return self._append_sync(payloads)
             return await self._appender.submit(lambda: self._append_sync(payloads))
         except asyncio.CancelledError:
             self._broken = "an append was cancelled while in flight"
@@ -442,7 +462,10 @@ class LocalLogWriter:
                     if count <= 0:
                         raise OSError(errno.EIO, "write returned 0")
                     written += count
+                started = time.perf_counter()
                 self._sync(fd)
+                took = time.perf_counter() - started
+                self._sync_s += (took - self._sync_s) * _SYNC_AVERAGE_WEIGHT
             except BaseException as exc:
                 self._broken = f"append of sequences {first}..{last} failed: {exc!r}"
                 if isinstance(exc, OSError):
@@ -549,16 +572,20 @@ class LocalLogBackend:
         segment_bytes_max: int = DEFAULT_SEGMENT_BYTES_MAX,
         sync: SyncFunction | None = None,
         failpoints: Failpoints = NO_FAILPOINTS,
+        inline_below_s: float = 0.0,
     ) -> None:
         """`sync` replaces `os.fdatasync` for segment files (tests count or fail syncs with it);
         directories are always synced with `os.fsync`. `failpoints` lets crash tests stop the
-        process between two segment deletions (`wal.truncate.after_segment_delete`)."""
+        process between two segment deletions (`wal.truncate.after_segment_delete`).
+        `inline_below_s`: a log appends on the caller's thread while its syncs average below
+        this many seconds (see the module docstring); 0, always on the append thread."""
         self._failpoints = failpoints
         if segment_bytes_max <= SEGMENT_HEADER_SIZE:
             raise ValueError(f"segment_bytes_max must exceed {SEGMENT_HEADER_SIZE}")
         self._root = Path(root_dir)
         self._segment_bytes_max = segment_bytes_max
         self._sync: SyncFunction = sync if sync is not None else _default_sync
+        self._inline_below_s = inline_below_s
         self._appender = _AppendThread(f"wal-append-{self._root.name}")
         self._remove_tombstones()
 
@@ -689,6 +716,7 @@ class LocalLogBackend:
             sync=self._sync,
             slot=slot,
             appender=self._appender,
+            inline_below_s=self._inline_below_s,
         )
 
     def _create_segment(self, log_dir: Path, first_sequence: int, flags: int) -> int:
