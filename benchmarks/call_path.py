@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -170,6 +171,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     flags = ["--data-dir", args.data_dir, "--port", str(free_port()), "--log-level", "warning"]
     flags += ["--runtime", "grpc-aio"]  # listening, for the SDK that makes the table
     config = config_from_settings(resolve_settings(parser.parse_args(flags), {}), None)
+    # The write path as on Envoy, where local logs sync on the loop while syncs are fast.
+    config = dataclasses.replace(config, wal_syncs_on_loop=True)
     ports: list[GrpcPort] = []
     listening = asyncio.Event()
 

@@ -95,6 +95,11 @@ class ServerConfig:
     `grpc-aio` (a configuration made in code, without settings, runs in-process)."""
     runtime_fell_back: bool = False
     """`auto` became `grpc-aio` because pyvoy is not installed (the server says so)."""
+    wal_syncs_on_loop: bool | None = None
+    """Whether a local log may write and sync its groups on the event loop's thread while its
+    syncs average under `log.local.INLINE_BELOW_S` (not a setting). None: on Envoy only; grpc.aio
+    reads and writes the network on the loop itself, and a sync there stalls every call (puts
+    at 16 in flight lost 39 % when it did)."""
     worker: WorkerSlot | None = None
     """Set in a worker process (by its supervisor): which worker it is."""
     max_open_ranges: int = 1000

@@ -132,6 +132,14 @@ def _open_files() -> int:
         return -1
 
 
+def _syncs_on_loop(config: ServerConfig) -> bool:
+    """`ServerConfig.wal_syncs_on_loop`, decided: on Envoy the network I/O runs on Envoy's
+    threads, so a sync on the event loop holds up only the Python."""
+    if config.wal_syncs_on_loop is not None:
+        return config.wal_syncs_on_loop
+    return config.runtime == "envoy"
+
+
 def _log_backend(
     config: ServerConfig, failpoints: Failpoints
 ) -> tuple[LogBackend, str, Callable[[], None]]:
@@ -152,7 +160,7 @@ def _log_backend(
         config.effective_wal_dir,
         segment_bytes_max=config.wal_segment_bytes_max,
         failpoints=failpoints,
-        inline_below_s=INLINE_BELOW_S,
+        inline_below_s=INLINE_BELOW_S if _syncs_on_loop(config) else 0.0,
     )
     return local, f"local {config.effective_wal_dir}", lambda: None
 

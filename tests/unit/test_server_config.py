@@ -359,3 +359,14 @@ def test_etcd_keyspaces_from_a_flag_the_environment_and_a_file(tmp_path: Path) -
     environ = {"TABLEKEEPER_SERVER_ETCD_KEYSPACES": "a=2381,b=2382"}
     assert _config([], environ).etcd_keyspace_ports == {"a": 2381, "b": 2382}
     assert _config(["--etcd-keyspaces", "c=2383"], environ).etcd_keyspaces == ("c=2383",)
+
+
+def test_local_logs_sync_on_the_event_loop_on_envoy_only() -> None:
+    # grpc.aio reads and writes the network on the event loop: a sync there would stall it.
+    from tablekeeper_server.main import _syncs_on_loop
+
+    base = ServerConfig()
+    assert _syncs_on_loop(dataclasses.replace(base, runtime="envoy"))
+    assert not _syncs_on_loop(dataclasses.replace(base, runtime="grpc-aio"))
+    assert _syncs_on_loop(dataclasses.replace(base, runtime="grpc-aio", wal_syncs_on_loop=True))
+    assert not _syncs_on_loop(dataclasses.replace(base, runtime="envoy", wal_syncs_on_loop=False))
