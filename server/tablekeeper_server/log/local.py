@@ -24,10 +24,12 @@ function is injectable). New segment files are synced and their directory is syn
 records are written to them; a deleted segment or log is gone once its directory is synced.
 
 Where an append runs: while the log's recent syncs are fast (below the backend's
-`inline_below_s`; the server sets `INLINE_BELOW_S`), on the caller's thread — the event loop's:
-it waits for the sync as it would wait for the hand-off (the sync releases the GIL, so the
-runtime's own threads go on), and the two thread hand-offs a group otherwise takes cost more
-than the sync holds the loop on a disk whose sync takes a fraction of a millisecond. A log whose
+`inline_below_s`; the server sets `INLINE_BELOW_S` on Envoy, whose own threads do the network
+I/O), on the caller's thread — the event loop's: it waits for the sync as it would wait for the
+hand-off (the sync releases the GIL, so the runtime's threads go on), and the two thread
+hand-offs a group otherwise takes cost more than the sync holds the loop on a disk whose sync
+takes a fraction of a millisecond (a group that starts a new segment creates it there too, a
+few more syncs once per segment). A log whose
 syncs have been slower, and every log of a backend made without `inline_below_s`, appends on
 one thread per backend (`_AppendThread`), not the event loop's executor: the groups of all logs
 that are waiting when it wakes are written and synced one after the other, and answered with one
