@@ -511,7 +511,7 @@ class PulsarLogWriter:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            reached: bool | None = True
+            maybe_persisted = True
             if self._fenced or is_fenced(exc):  # fenced here or by another process's writer
                 reached = await asyncio.to_thread(
                     self._backend._fenced_group_reached_log,
@@ -521,7 +521,8 @@ class PulsarLogWriter:
                     last,
                     self._scan_start(),
                 )
-            self._fail(exc, first, last, maybe_persisted=reached is not False)
+                maybe_persisted = reached is not False
+            self._fail(exc, first, last, maybe_persisted=maybe_persisted)
         if injected:
             self._broken = "injected append failure (after persisting)"
             raise UnavailableError(
@@ -999,16 +1000,22 @@ class PulsarLogBackend:
         return epoch, base, index.index, kept, started
 
     def _fenced_group_reached_log(
-        self, log_name: str, epoch: int, first: int, last: int, start: Position | None
+        self,
+        log_name: str,
+        epoch: int,
+        first: int,
+        last: int,
+        start: Position | None,
+        wait_s: float = FENCED_OUTCOME_WAIT_S,
     ) -> bool | None:
         """Whether any record `first..last` of the fenced writer of `epoch` is in the log
         before the FENCE that ended that epoch: True if one is (the new owner's replay counts
         what precedes its FENCE), False if that FENCE comes first (what follows it is never
-        counted), None when it cannot tell within `FENCED_OUTCOME_WAIT_S` (the new owner has not
+        counted), None when it cannot tell within `wait_s` (the new owner has not
         written its FENCE yet, the topic is gone or unreadable). Reads from `start` (or the
         truncation cursor) on; a message of the writer's group cannot come before its last
         acknowledged one."""
-        deadline = time.monotonic() + min(FENCED_OUTCOME_WAIT_S, self._timeout_s)
+        deadline = time.monotonic() + min(wait_s, self._timeout_s)
         try:
             if start is None:
                 cursor = self._cursor(log_name)
