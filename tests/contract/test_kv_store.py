@@ -65,6 +65,16 @@ def test_scan_is_ordered_half_open_and_bytewise(store: KvStore) -> None:
     assert [v for _, v in store.scan(b"ab", b"b\x00")] == [b"ab", b"a\xff", b"b"]
 
 
+def test_keys_are_the_scans_keys_without_values(store: KvStore) -> None:
+    keys = [b"\x00", b"a", b"a\x00", b"ab", b"a\xff", b"b", b"\xff", b"\xff\xff"]
+    write(store, *(("put", k, b"value of " + k) for k in reversed(keys)))
+    spans = [(b"", b"\xff" * 4), (b"a", b"ab"), (b"b", b"b"), (b"b", b"a"), (b"ab", b"b\x00")]
+    for start, end in spans:
+        assert store.keys(start, end) == [k for k, _ in store.scan(start, end)]
+    write(store, ("del", b"ab", b""))
+    assert store.keys(b"a", b"b") == [b"a", b"a\x00", b"a\xff"]
+
+
 def test_delete_range_is_half_open(store: KvStore) -> None:
     write(store, *(("put", bytes([c]), b"x") for c in b"abcdef"))
     write(store, ("range", b"b", b"e"))

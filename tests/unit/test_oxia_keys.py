@@ -47,6 +47,19 @@ def test_encoding_preserves_the_order_and_decodes() -> None:
 
 
 def test_decode_refuses_what_encode_never_makes() -> None:
-    for raw in (b"", b"\x03a", b"\x02a", b"\x02a\x00\x05"):
+    for raw in (b"", b"\x03a", b"\x02a", b"\x02a\x00\x05", b"\x02a\x00\x01", b"\x02a\x00"):
         with pytest.raises(ValueError):
             keys.decode(raw)
+
+
+def test_a_listing_decodes_each_key_as_decode_does() -> None:
+    """`decode_children` (one step for the keys of the listed directory) and `decode` (every
+    key in full) agree on every key of a span, whichever directory the span starts in."""
+    rng = random.Random(11)
+    alphabet = ["a", "b", "/", "\x00", "\xff", "é", "\U0001f600", "", "x/y", "//"]
+    names = {"".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(3000)}
+    stored = sorted(keys.store_key(name) for name in names)
+    for start in ["", "/", "a/", "a/b", "x/y/", "\x00/", "//", "é/\U0001f600"]:
+        low = keys.store_key(start)
+        span = [key for key in stored if key >= low]
+        assert keys.decode_children(span, start) == [keys.from_store_key(k) for k in span]

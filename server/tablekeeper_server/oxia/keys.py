@@ -41,6 +41,29 @@ def encode(key: str) -> bytes:
 
 def decode(encoded: bytes) -> str:
     """The Oxia key of `encode`'s output; raises ValueError on anything else."""
+    segments: list[bytes] = []
+    i = 0
+    n = len(encoded)
+    while i < n:
+        marker = encoded[i]
+        if marker == _FINAL:
+            segments.append(encoded[i + 1 :])
+            return b"/".join(segments).decode("utf-8", "surrogatepass")
+        if marker != _INNER:
+            break
+        j = encoded.find(_SEGMENT_END, i + 1)
+        if j < 0:
+            break
+        segment = encoded[i + 1 : j]
+        if 0 in segment:  # escaped NULs (0x00 0xff), or a segment end found inside an escape
+            return _decode_escaped(encoded)
+        segments.append(segment)
+        i = j + 2
+    raise ValueError(f"not an encoded Oxia key: {encoded[:32]!r}")
+
+
+def _decode_escaped(encoded: bytes) -> str:
+    """`decode`, byte by byte: for keys whose inner segments hold NUL bytes."""
     out = bytearray()
     i = 0
     n = len(encoded)
@@ -65,6 +88,25 @@ def decode(encoded: bytes) -> str:
             break
         out.append(ord("/"))
     raise ValueError(f"not an encoded Oxia key: {encoded[:32]!r}")
+
+
+def decode_children(store_keys: list[bytes], start: str) -> list[str]:
+    """The Oxia keys of `store_keys` (store form, pkey prefix included), read from a span that
+    starts at `start`. A listing of one directory, `[p/, p//)` as Pulsar asks, holds exactly
+    the keys that begin with the store form of `p/` (its inner segments then the final
+    marker), and each is `p/` plus the bytes after that: decoded in one step, not segment by
+    segment. Other keys are decoded in full."""
+    directory = start[: start.rfind("/") + 1]
+    base = store_key(directory)
+    skip = len(base)
+    out: list[str] = []
+    append = out.append
+    for key in store_keys:
+        if key.startswith(base):
+            append(directory + key[skip:].decode("utf-8", "surrogatepass"))
+        else:
+            append(from_store_key(key))
+    return out
 
 
 def store_key(key: str) -> bytes:

@@ -65,16 +65,11 @@ def to_get_response(
 
 
 def list_pages(store: KvStore, start: str, end: str) -> Iterator[list[str]]:
+    """The Oxia keys in [start, end), `LIST_PAGE_KEYS` a page, read at once from one view."""
     low, high = keys.store_span(start, end)
-    page: list[str] = []
-    if low < high:
-        for key, _ in store.scan(low, high):
-            page.append(keys.from_store_key(key))
-            if len(page) >= LIST_PAGE_KEYS:
-                yield page
-                page = []
-    if page:
-        yield page
+    found = keys.decode_children(store.keys(low, high), start)
+    for at in range(0, len(found), LIST_PAGE_KEYS):
+        yield found[at : at + LIST_PAGE_KEYS]
 
 
 def scan_pages(store: KvStore, start: str, end: str) -> Iterator[list[client_pb2.GetResponse]]:

@@ -46,6 +46,11 @@ class KvStore(Protocol):
         """Yield (key, value) for start <= key < end in key order, from a consistent view."""
         ...
 
+    def keys(self, start: bytes, end: bytes) -> list[bytes]:
+        """Every key k with start <= k < end, in key order, from a consistent view, in one call
+        (no value is read: listings that need only the keys do not pay a Python step each)."""
+        ...
+
     def new_batch(self) -> WriteBatch: ...
 
     def write(self, batch: WriteBatch) -> None:

@@ -39,6 +39,11 @@ class MemoryKvStore:
         snapshot = [(k, self._data[k]) for k in self._keys[lo:hi]]
         yield from snapshot
 
+    def keys(self, start: bytes, end: bytes) -> list[bytes]:
+        lo = bisect.bisect_left(self._keys, start)
+        hi = bisect.bisect_left(self._keys, end)
+        return self._keys[lo:hi]
+
     def new_batch(self) -> MemoryWriteBatch:
         return MemoryWriteBatch()
 

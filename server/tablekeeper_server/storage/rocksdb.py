@@ -170,6 +170,17 @@ class RocksKvStore:
         finally:
             self._iterators.pop(it_id, None)
 
+    def keys(self, start: bytes, end: bytes) -> list[bytes]:
+        if start >= end:
+            return []
+        read_opts = rocksdict.ReadOptions()
+        read_opts.set_iterate_upper_bound(end)
+        try:
+            found: list[bytes] = list(self.db.keys(from_key=start, read_opt=read_opts))  # type: ignore[arg-type]
+            return found
+        except Exception as exc:
+            self._raise_classified("scan", exc)
+
     def new_batch(self) -> rocksdict.WriteBatch:
         return rocksdict.WriteBatch(raw_mode=True)
 
