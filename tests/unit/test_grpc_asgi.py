@@ -257,6 +257,53 @@ async def test_a_stream_waits_for_its_sends_past_the_buffer_bound() -> None:
     assert peer.messages == [b"%d" % i * 600_000 for i in range(3)] and peer.status == (0, "")
 
 
+async def test_a_finite_stream_is_answered_as_a_unary_call_is() -> None:
+    # Oxia's Read, List and RangeScan: their messages go with the end of the body, in as few
+    # sends as a unary answer takes; past the buffer bound they go out on the way.
+    finite = app(finite_streams=[f"/{SERVICE}/Count", f"/{SERVICE}/Big", f"/{SERVICE}/Crash"])
+    peer = await call(finite, "Count", [frame(b"5")])
+    assert [e["type"] for e in peer.sent] == [
+        "http.response.start",
+        "http.response.body",
+        "http.response.trailers",
+    ]
+    assert bodies(peer) == [(b"".join(frame(b"%d" % i) for i in range(5)), False)]
+    assert peer.status == (0, "")
+    peer = await call(finite, "Count", [frame(b"0")])
+    assert peer.messages == [] and peer.status == (0, "")
+    big_progress.clear()
+    peer = await call(finite, "Big", [frame(b"")])
+    assert peer.messages == [b"%d" % i * 600_000 for i in range(3)] and peer.status == (0, "")
+    assert [more for _, more in bodies(peer)] == [True, False]  # 1.2 MB held: sent on the way
+
+
+async def test_a_finite_stream_that_fails_or_whose_client_left_ends_as_a_stream_does() -> None:
+    async def two_then_fail(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        yield b"one"
+        yield b"two"
+        await context.abort(grpc.StatusCode.NOT_FOUND, "gone")
+
+    handlers = {"Fails": grpc.unary_stream_rpc_method_handler(two_then_fail, raw, raw)}
+    finite = GrpcAsgi(
+        [grpc.method_handlers_generic_handler(SERVICE, handlers)],
+        finite_streams=[f"/{SERVICE}/Fails", f"/{SERVICE}/Count"],
+    )
+    peer = await call(finite, "Fails", [frame(b"")])
+    assert peer.messages == [b"one", b"two"] and peer.status == (5, "gone")
+
+    async def refuse_sends(event: dict[str, Any]) -> None:
+        raise OSError("client went away")
+
+    gone = Peer([frame(b"3")])
+    handlers = {"Count": grpc.unary_stream_rpc_method_handler(count, raw, raw)}
+    finite = GrpcAsgi(
+        [grpc.method_handlers_generic_handler(SERVICE, handlers)],
+        finite_streams=[f"/{SERVICE}/Count"],
+    )
+    await finite(scope("Count"), gone.receive, refuse_sends)  # ends without raising
+    assert gone.sent == []
+
+
 async def test_metadata_deadline_and_peer_reach_the_handler() -> None:
     headers = [
         (b"bk-rt-sid-bin", base64.b64encode(b"\x00\x01\x02").rstrip(b"=")),

@@ -296,6 +296,38 @@ class ContainerRegistry:
             stream_id, moved_to.range_id, route.props.stream_conf.ttl_seconds
         )
 
+    async def range_by_id(self, stream_id: int, range_id: int) -> Range:
+        """Range `range_id` of table `stream_id`, opened if needed, for front-ends that address
+        ranges by id rather than by pkey (Oxia's shards). Resolved through the same route cache
+        as `table_range`: `StreamNotFoundError` once the table is gone, `NotServedHereError`
+        (cluster mode) when its container is on another server, `BadRequestError` when the
+        table has no such range now."""
+        route = await self._route(stream_id)
+        range_props = route.ranges.get(range_id)
+        if range_props is None:
+            self.forget_route(stream_id)
+            route = await self._route(stream_id)
+            range_props = route.ranges.get(range_id)
+            if range_props is None:
+                raise BadRequestError(f"table {stream_id} has no range {range_id}")
+        container = self.container(range_props.storage_container_id)
+        return await container.data_range(stream_id, range_id, route.props.stream_conf.ttl_seconds)
+
+    def open_range_by_id(self, stream_id: int, range_id: int) -> Range | None:
+        """`range_by_id` when the answer is at hand (the route cached and current, the range
+        open and healthy here, not sealed); None otherwise: then call `range_by_id`."""
+        route = self._routes.get(stream_id)
+        if route is None or self.suspended is not None or not self._current(route):
+            return None
+        range_props = route.ranges.get(range_id)
+        if range_props is None:
+            return None
+        container = self.containers.get(range_props.storage_container_id)
+        if container is None:
+            return None
+        range_ = container.open_data_range(stream_id, range_id)
+        return None if range_ is None or range_.sealed is not None else range_
+
     async def follower_of(self, stream_id: int, pkey: bytes, range_id: int = 0) -> Follower:
         """This server's follower of the range holding `pkey` of table `stream_id` (a range
         another server owns), opened and caught up if it was not. `range_id`: as for

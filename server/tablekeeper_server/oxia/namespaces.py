@@ -22,10 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tablekeeper_proto.bookkeeper import stream_pb2
-from tablekeeper_server.container.container import REMOTE_ROUTE_TTL_S, ROOT_CONTAINER_ID
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.names import invalid_name_reason
-from tablekeeper_server.errors import NotServedHereError, StreamNotFoundError
+from tablekeeper_server.errors import BadRequestError, NotServedHereError, StreamNotFoundError
 from tablekeeper_server.oxia.errors import OxiaError
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.frontends import ensure_table, find_table
@@ -81,8 +80,6 @@ class Namespaces:
         self._forwarder = forwarder
         self._by_namespace: dict[str, list[Shard]] = {}
         self._by_id: dict[int, Shard] = {}
-        self._checked_at: dict[int, float] = {}
-        """Table id -> when (`monotonic_s`) it was last seen in another server's root range."""
         self.default_pending = False
         """Cluster mode: namespace `default` is being made (not found yet means "retry")."""
 
@@ -148,24 +145,19 @@ class Namespaces:
     async def range(self, shard_id: int) -> Range:
         """The open range of a shard (opened on first use); `OxiaError` shard-not-found once its
         table is gone (nothing is written into the ranges of a deleted table). `NotServedHereError`
-        (cluster mode) if its container is on another server."""
-        shard = await self.shard(shard_id)
-        container = self.registry.container(shard.container_id)
-        await self._check_exists(shard)
-        return await container.data_range(shard.stream_id, shard.range_id, shard.ttl_seconds)
+        (cluster mode) if its container is on another server.
 
-    async def _check_exists(self, shard: Shard) -> None:
-        """Whether the shard's table still exists: read each time from a root range here, at
-        most every `REMOTE_ROUTE_TTL_S` from another server's (as the registry trusts routes)."""
-        clock = self.registry.env.clock
-        checked_at = self._checked_at.get(shard.stream_id)
-        if checked_at is not None and clock.monotonic_s() - checked_at < REMOTE_ROUTE_TTL_S:
-            return
+        Resolved through the registry's route cache, as every table request is: while the
+        route is current (standalone: until the table is deleted; a route read from another
+        server: for `REMOTE_ROUTE_TTL_S`) no catalog read is made."""
+        shard = self._by_id.get(shard_id)
+        if shard is not None:
+            open_range = self.registry.open_range_by_id(shard.stream_id, shard.range_id)
+            if open_range is not None:
+                return open_range
+        shard = await self.shard(shard_id)
         try:
-            await self.registry.stream_props(shard.stream_id)
-        except StreamNotFoundError:
+            return await self.registry.range_by_id(shard.stream_id, shard.range_id)
+        except (StreamNotFoundError, BadRequestError):
             self._by_id.pop(shard.shard_id, None)
-            self._checked_at.pop(shard.stream_id, None)
             raise OxiaError.shard_not_found(shard.shard_id) from None
-        if ROOT_CONTAINER_ID not in self.registry.containers:
-            self._checked_at[shard.stream_id] = clock.monotonic_s()

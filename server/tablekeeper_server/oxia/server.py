@@ -28,6 +28,10 @@ from tablekeeper_server.security.tls import ServerTls
 
 FRONT_END = "oxia"
 """The name this front-end's address is published under in cluster membership."""
+FINITE_STREAMS = tuple(
+    f"/io.streamnative.oxia.proto.OxiaClient/{method}" for method in ("Read", "List", "RangeScan")
+)
+"""The Oxia methods that stream a bounded answer and end (served as unary calls on Envoy)."""
 CREATE_RETRY_S_MAX = 2.0
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ class OxiaServer:
             ],
             message_max=message_max,
             runtime=runtime,
+            finite_streams=FINITE_STREAMS,
         )
         self.port = self.grpc.port
         self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)

@@ -26,7 +26,7 @@ import logging
 import struct
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -193,6 +193,16 @@ class _Responder:
     def hold(self, message: Any) -> None:
         """A unary call's response: sent with the end of the body by `finish`."""
         self._frames.append(self._frame(message))
+
+    async def hold_next(self, message: Any) -> None:
+        """A short stream's next message (see `GrpcAsgi`'s `finite_streams`): held for `finish`
+        like a unary call's, unless more than `STREAM_BUFFER_BYTES` are held: then they are
+        sent now."""
+        frame = self._frame(message)
+        self._frames.append(frame)
+        self._buffered += len(frame)
+        if self._buffered > STREAM_BUFFER_BYTES:
+            await self._write()
 
     async def message(self, message: Any) -> None:
         """A stream's next message: queued for the writer task (started if idle)."""
@@ -419,7 +429,14 @@ class GrpcAsgi:
         *,
         message_max: int = 4 * 1024 * 1024,
         disconnect_poll_s: float = DISCONNECT_POLL_S,
+        finite_streams: Collection[str] = (),
     ) -> None:
+        """`finite_streams`: server-streaming methods (full names, `/package.Service/Method`)
+        that answer at once and end by themselves (Oxia's Read, List, RangeScan): served like
+        unary calls, their messages held and sent with the end of the call (or whenever more
+        than `STREAM_BUFFER_BYTES` are held), without a task that watches for the client going
+        away meanwhile (a send to a client that went away fails, which ends the call)."""
+        self._finite_streams = frozenset(finite_streams)
         self._handlers = list(handlers)
         self._interceptors = list(interceptors)
         self._message_max = message_max
@@ -491,7 +508,9 @@ class GrpcAsgi:
                     grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {details.method}"
                 )
             responder._serialize = handler.response_serializer
-            await _run(handler, requests, context, responder)
+            await _run(
+                handler, requests, context, responder, details.method in self._finite_streams
+            )
         except _AbortError:
             pass
         except _StatusError as status:
@@ -529,7 +548,11 @@ def _through(interceptor: Any, continuation: Continuation) -> Continuation:
 
 
 async def _run(
-    handler: grpc.RpcMethodHandler, requests: _Requests, context: Context, responder: _Responder
+    handler: grpc.RpcMethodHandler,
+    requests: _Requests,
+    context: Context,
+    responder: _Responder,
+    finite: bool = False,
 ) -> None:
     deserialize = handler.request_deserializer or (lambda raw: raw)
 
@@ -558,6 +581,9 @@ async def _run(
         return
     if handler.response_streaming and not handler.request_streaming:
         out = handler.unary_stream(await one_request(), context)
+        if finite:
+            await _held_out(out, responder)
+            return
     else:
         out = handler.stream_stream(request_stream(), context)
     await _stream_out(out, responder, requests)
@@ -565,6 +591,16 @@ async def _run(
 
 async def _behave(result: Any) -> Any:
     return await result if asyncio.iscoroutine(result) else result
+
+
+async def _held_out(out: Any, responder: _Responder) -> None:
+    """A finite stream's messages (see `GrpcAsgi`), held for the end of the call."""
+    if asyncio.iscoroutine(out):  # writes with context.write, returns None
+        await out
+        return
+    async with contextlib.aclosing(out) as messages:
+        async for message in messages:
+            await responder.hold_next(message)
 
 
 async def _stream_out(out: Any, responder: _Responder, requests: _Requests) -> None:

@@ -4,7 +4,7 @@ the number of its methods; and `GrpcPort`, one port's services on either runtime
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -69,7 +69,10 @@ class GrpcPort:
         options: Sequence[tuple[str, Any]],
         message_max: int,
         runtime: str = "grpc-aio",
+        finite_streams: Collection[str] = (),
     ) -> None:
+        """`finite_streams`: see `GrpcAsgi` (Envoy's runtime only)."""
+        self._finite_streams = finite_streams
         self._interceptors = list(interceptors)
         self._message_max = message_max
         self._listening = runtime != "envoy"
@@ -84,7 +87,10 @@ class GrpcPort:
         `stop` drains its calls)."""
         if self._asgi is None:
             self._asgi = GrpcAsgi(
-                self.services.handlers, self._interceptors, message_max=self._message_max
+                self.services.handlers,
+                self._interceptors,
+                message_max=self._message_max,
+                finite_streams=self._finite_streams,
             )
         return self._asgi
 
