@@ -41,15 +41,30 @@ WRITES_IN_FLIGHT_MAX = 1024
 """Writes one write stream may have in the range's queue before it stops reading requests."""
 
 
-@contextlib.asynccontextmanager
-async def _oxia_errors(context: Context) -> AsyncIterator[None]:
-    try:
-        yield
-    except OxiaError as exc:
-        await context.abort(exc.code, exc.message)
-    except TableKeeperError as exc:
-        error = from_tablekeeper(exc)
-        await context.abort(error.code, error.message)
+class _oxia_errors:  # noqa: N801 (used like a function: `async with _oxia_errors(context)`)
+    """Aborts the call with Oxia's status for an error raised inside.
+
+    A class, not a `contextlib.asynccontextmanager`: streaming methods yield inside it, and when
+    the loop finalizes an abandoned stream (its shutdown, or the stream's generator collected)
+    it closes every async generator at once, in any order; a generator-based manager closed
+    before the stream's own generator makes the stream's close fail with "generator didn't
+    stop after athrow()"."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        if isinstance(exc, OxiaError):
+            await self.context.abort(exc.code, exc.message)
+        elif isinstance(exc, TableKeeperError):
+            error = from_tablekeeper(exc)
+            await self.context.abort(error.code, error.message)
+        return False
 
 
 def _check_write(request: client_pb2.WriteRequest, key_bytes_max: int) -> None:

@@ -15,10 +15,9 @@ reads the same table backwards (`error_for_unary_status`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -112,38 +111,51 @@ async def serve_admin(method: str, context: Any, handler: Callable[[], Awaitable
     """TableKeeper's own Admin service, and the Batch RPC as a whole, report errors as plain gRPC
     statuses (they have no body status field): the table's gRPC status with the code as
     `tk-code`; anything else → INTERNAL (logged)."""
-    async with _as_grpc_status(method, context):
+    async with _AsGrpcStatus(method, context):
         return await handler()
     raise AssertionError("unreachable: context.abort raises")
 
 
-@contextlib.asynccontextmanager
-async def stream_errors(method: str, context: Any) -> AsyncIterator[None]:
+def stream_errors(method: str, context: Any) -> _AsGrpcStatus:
     """Streaming RPCs (Watch, KeepAlive) report errors as the table's gRPC status, with the
     BookKeeper code in the `tk-code` trailing metadata entry: e.g. compacted → OUT_OF_RANGE
     (oldest available revision in `tk-compacted-revision`), a cancelled slow watcher or a
     request over a limit → RESOURCE_EXHAUSTED, not served here / shutting down → UNAVAILABLE
     (resume elsewhere), a bad request → INVALID_ARGUMENT, a session that is gone →
     FAILED_PRECONDITION; anything else → INTERNAL (logged)."""
-    async with _as_grpc_status(method, context):
-        yield
+    return _AsGrpcStatus(method, context)
 
 
-@contextlib.asynccontextmanager
-async def _as_grpc_status(method: str, context: Any) -> AsyncIterator[None]:
-    try:
-        yield
-    except TableKeeperError as exc:
-        metadata: list[tuple[str, str]] = [(CODE_METADATA_KEY, str(exc.code))]
-        if isinstance(exc, CompactedError):
-            metadata.append((COMPACTED_METADATA_KEY, str(exc.oldest_revision)))
-        context.set_trailing_metadata(tuple(metadata))
-        await context.abort(grpc_status(wire_rule(exc).grpc), _ascii(exc.message))
-    except Exception as exc:
-        if isinstance(exc, grpc.aio.AbortError):
-            raise
-        log.exception("%s failed", method)
-        await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{method} failed: {exc}"))
+class _AsGrpcStatus:
+    """Aborts the call with the table's gRPC status for an error raised inside.
+
+    A class, not a `contextlib.asynccontextmanager`: streams yield inside it, and when the loop
+    finalizes an abandoned stream (its shutdown, or the stream's generator collected) it closes
+    every async generator at once, in any order; a generator-based manager closed before the
+    stream's own generator makes the stream's close fail with "generator didn't stop after
+    athrow()"."""
+
+    def __init__(self, method: str, context: Any) -> None:
+        self.method = method
+        self.context = context
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        context = self.context
+        if isinstance(exc, TableKeeperError):
+            metadata: list[tuple[str, str]] = [(CODE_METADATA_KEY, str(exc.code))]
+            if isinstance(exc, CompactedError):
+                metadata.append((COMPACTED_METADATA_KEY, str(exc.oldest_revision)))
+            context.set_trailing_metadata(tuple(metadata))
+            await context.abort(grpc_status(wire_rule(exc).grpc), _ascii(exc.message))
+        elif isinstance(exc, Exception) and not isinstance(exc, grpc.aio.AbortError):
+            log.error("%s failed", self.method, exc_info=exc)
+            await context.abort(grpc.StatusCode.INTERNAL, _ascii(f"{self.method} failed: {exc}"))
+        return False
 
 
 def grpc_status(name: str) -> grpc.StatusCode:
