@@ -7,7 +7,7 @@ import pytest
 
 from tablekeeper_proto.oxia import client_pb2
 from tablekeeper_proto.v1 import wal_pb2
-from tablekeeper_server.oxia import keys
+from tablekeeper_server.oxia import keys, reads
 from tablekeeper_server.oxia.errors import OxiaError
 from tablekeeper_server.oxia.servicer import _check_write, _notification_batches, start_after
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
@@ -90,3 +90,39 @@ def test_notifications_from_a_trimmed_offset_resume_at_the_oldest_held() -> None
     assert watcher.last[0] == sm.history.trimmed_through  # the oldest held revision is next
     current = start_after(hub, span, 8)
     assert current.last[0] == 8
+
+
+def _store_with(values: dict[str, bytes]) -> MemoryKvStore:
+    store = MemoryKvStore()
+    sm = RangeStateMachine(store)
+    puts = [client_pb2.PutRequest(key=key, value=value) for key, value in values.items()]
+    command = wal_pb2.WalCommand(
+        timestamp_ms=1, oxia_write=client_pb2.WriteRequest(puts=puts).SerializeToString()
+    )
+    sm.apply_batch([(1, command)])
+    return store
+
+
+def test_a_read_of_large_values_is_sent_in_messages_under_the_client_limit() -> None:
+    """Pulsar's MetadataStoreBatchingTest.testBigBatchSize reads 40 values of 500 KB in one
+    batch: Oxia's server sends the answers in messages of about 2 MiB of values each, under the
+    Java client's 4 MiB limit."""
+    values = {f"/big/{i:02d}": bytes([i]) * 500_000 for i in range(40)}
+    store = _store_with(values)
+    gets = [client_pb2.GetRequest(key=key, include_value=True) for key in values]
+    gets.append(client_pb2.GetRequest(key="/big/missing", include_value=True))
+    pages = list(reads.get_pages(store, gets))
+    messages = [client_pb2.ReadResponse(gets=page) for page in pages]
+    assert max(m.ByteSize() for m in messages) < 4 * 1024 * 1024
+    assert [len(page) for page in pages] == [5] * 8 + [1]  # 5 × 500 KB passes 2 MiB
+    answers = [answer for page in pages for answer in page]
+    assert [a.value for a in answers[:-1]] == list(values.values())
+    assert answers[-1].status == client_pb2.Status.KEY_NOT_FOUND
+
+
+def test_a_value_over_the_page_size_travels_alone_and_no_gets_send_nothing() -> None:
+    store = _store_with({"/a": b"a", "/huge": b"h" * 3_000_000, "/b": b"b"})
+    gets = [client_pb2.GetRequest(key=k, include_value=True) for k in ("/a", "/huge", "/b")]
+    pages = list(reads.get_pages(store, gets))
+    assert [[len(g.value) for g in page] for page in pages] == [[1, 3_000_000], [1]]
+    assert list(reads.get_pages(store, [])) == []

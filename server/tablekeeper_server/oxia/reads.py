@@ -7,7 +7,7 @@ the store order of encoded keys is that order (see `oxia.keys`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from tablekeeper_proto.oxia import client_pb2
 from tablekeeper_server.oxia import keys
@@ -19,6 +19,10 @@ Comparison = client_pb2.KeyComparisonType
 LIST_PAGE_KEYS = 1000
 SCAN_PAGE_RECORDS = 1000
 SCAN_PAGE_BYTES = 2 * 1024 * 1024
+READ_PAGE_VALUE_BYTES = 2 * 1024 * 1024
+"""A read's answers go out in messages of about this many value bytes (Oxia's server caps each
+read reply's values at 2 MiB, counted as the values' encoded size, and sends the rest in
+further messages): a batch of large values stays under the clients' 4 MiB message limit."""
 
 
 def _records(store: KvStore, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
@@ -50,6 +54,30 @@ def get(store: KvStore, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
     if found is None:
         return client_pb2.GetResponse(status=client_pb2.Status.KEY_NOT_FOUND)
     return to_get_response(found[0], found[1], req.include_value, kind != Comparison.EQUAL)
+
+
+def get_pages(
+    store: KvStore, gets: Iterable[client_pb2.GetRequest]
+) -> Iterator[list[client_pb2.GetResponse]]:
+    """The answers of a read's gets, in order, in pages as Oxia's server sends them: a page
+    ends with the answer that brings its values to `READ_PAGE_VALUE_BYTES` or more (so one
+    value larger than that travels alone). No gets, no page."""
+    page: list[client_pb2.GetResponse] = []
+    size = 0
+    for req in gets:
+        response = get(store, req)
+        page.append(response)
+        size += _encoded_bytes_size(len(response.value))
+        if size >= READ_PAGE_VALUE_BYTES:
+            yield page
+            page, size = [], 0
+    if page:
+        yield page
+
+
+def _encoded_bytes_size(length: int) -> int:
+    """A bytes field's payload on the wire: its length prefix (a varint) and its bytes."""
+    return (max(length, 1).bit_length() + 6) // 7 + length
 
 
 def to_get_response(

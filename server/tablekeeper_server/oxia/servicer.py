@@ -307,7 +307,10 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         async with _oxia_errors(context):
             range_ = await self.namespaces.range(request.shard)
             store = range_.applied_state().store
-            yield client_pb2.ReadResponse(gets=[reads.get(store, get) for get in request.gets])
+            # Every get on one view of the applied state, then sent in pages (Oxia's sizes).
+            pages = list(reads.get_pages(store, request.gets))
+            for page in pages:
+                yield client_pb2.ReadResponse(gets=page)
 
     async def List(  # noqa: N802
         self, request: client_pb2.ListRequest, context: Context
