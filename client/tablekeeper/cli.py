@@ -366,7 +366,8 @@ def _add_catalog_commands(commands: _Commands) -> None:
         "--ranges",
         type=_positive_int,
         default=4,
-        help="hash ranges, at least 1; odd counts round up (default 4)",
+        help="hash ranges, at least 1; odd counts round up to even, except in namespace oxia "
+        "(Oxia namespaces: exactly that many shards) (default 4)",
     )
     create.add_argument(
         "--ttl",

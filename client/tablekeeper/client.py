@@ -269,7 +269,8 @@ class AsyncClient:
         ttl_seconds: int = 0,
         timeout: float | None = None,
     ) -> TableInfo:
-        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
+        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up; in
+        namespace `oxia`, whose tables are Oxia namespaces, exactly `ranges` shards).
         `ttl_seconds` > 0 makes keys invisible that long after their last write."""
         if ranges < 1:
             raise ValueError(f"a table needs at least 1 range (got ranges={ranges})")
@@ -511,7 +512,8 @@ class Client:
         ttl_seconds: int = 0,
         timeout: float | None = None,
     ) -> TableInfo:
-        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up).
+        """Create a table split into `ranges` hash ranges (at least 2; odd rounds up; in
+        namespace `oxia`, whose tables are Oxia namespaces, exactly `ranges` shards).
         `ttl_seconds` > 0 makes keys invisible that long after their last write."""
         return self._runner.run(
             self._async.create_table(

@@ -115,3 +115,39 @@ async def test_ranges_are_created_once_and_spread_over_containers() -> None:
     restarted = await make_registry(log, {})
     assert await restarted.active_ranges(t.stream_id) == ranges
     await restarted.stop()
+
+
+@pytest.mark.parametrize(
+    ("namespace", "asked", "exact_flag_sent", "got"),
+    [
+        ("oxia", 1, False, 1),  # an Oxia namespace with one shard, as Oxia runs them
+        ("oxia", 3, False, 3),
+        ("oxia", 4, False, 4),
+        ("oxia", 0, False, 1),
+        ("a", 1, False, 2),  # BookKeeper's split: at least 2, even
+        ("a", 3, False, 4),
+        ("a", 1, True, 2),  # the flag is the server's, never a client's
+    ],
+)
+async def test_tables_of_namespace_oxia_get_exactly_the_ranges_asked_for(
+    namespace: str, asked: int, exact_flag_sent: bool, got: int
+) -> None:
+    registry = await make_registry(MemoryLogBackend(), {})
+    await registry.root.create_namespace(namespace, stream_pb2.NamespaceConfiguration())
+    sent = conf(asked)
+    sent.exact_num_ranges = exact_flag_sent
+    t = await registry.root.create_stream(namespace, "t", sent)
+    assert t.stream_conf.exact_num_ranges == (namespace == "oxia")
+    assert t.stream_conf.initial_num_ranges == asked
+    ranges = await registry.active_ranges(t.stream_id)
+    assert len(ranges) == got
+    assert ranges[0].start_hash_key == -(2**63) and ranges[-1].end_hash_key == 2**63 - 1
+    assert all(a.end_hash_key == b.start_hash_key for a, b in zip(ranges, ranges[1:], strict=False))
+    await registry.stop()
+
+
+def test_the_exact_ranges_namespace_is_the_oxia_front_ends() -> None:
+    from tablekeeper_server.catalog.root import EXACT_RANGES_NAMESPACES
+    from tablekeeper_server.oxia.namespaces import TABLE_NAMESPACE
+
+    assert {TABLE_NAMESPACE} == EXACT_RANGES_NAMESPACES

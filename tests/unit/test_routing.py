@@ -70,3 +70,13 @@ def test_valid_names(name: str) -> None:
 @pytest.mark.parametrize("name", ["", "a b", "a<b", "a>b", "a\0b", "a\x01b", "a\x85b", "a\ue000b"])
 def test_invalid_names(name: str) -> None:
     assert invalid_name_reason(name) is not None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_an_exact_split_has_n_equal_ranges_and_matches_bookkeeper_for_even_n(n: int) -> None:
+    ranges = split_hash_space(n, exact=True)
+    assert len(ranges) == n
+    assert ranges[0].start == INT64_MIN and ranges[-1].end == INT64_MAX
+    assert all(a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+    if n % 2 == 0:
+        assert ranges == split_hash_space(n)

@@ -109,7 +109,8 @@ class MetaCatalog:
             if ranges is not None:
                 return ranges
             now = self._now_ms()
-            split = split_hash_space(props.stream_conf.initial_num_ranges)
+            conf = props.stream_conf
+            split = split_hash_space(conf.initial_num_ranges, exact=conf.exact_num_ranges)
             range_props = [
                 stream_pb2.RangeProperties(
                     start_hash_key=hash_range.start,

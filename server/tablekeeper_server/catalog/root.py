@@ -25,6 +25,7 @@ from collections.abc import Callable
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.kv import MetadataKv
 from tablekeeper_server.core.names import invalid_name_reason, invalid_new_name_reason, shown
+from tablekeeper_server.core.routing import normalized_num_ranges
 from tablekeeper_server.errors import (
     BadRequestError,
     InvalidNamespaceNameError,
@@ -72,6 +73,13 @@ def _stream_ns_key(stream_id: int) -> bytes:
     return b"\x05" + _long(stream_id)
 
 
+EXACT_RANGES_NAMESPACES = frozenset({"oxia"})
+"""Namespaces whose tables are another protocol's ranges-as-shards (namespace `oxia`: Oxia
+namespaces, which may have one shard): their tables get exactly the ranges asked for
+(`StreamConfiguration.exact_num_ranges`, set here and never taken from a client); every other
+table BookKeeper's split."""
+
+
 class RootCatalog:
     def __init__(
         self, root_range: Range, num_containers: Callable[[], int], limits: Limits | None = None
@@ -92,12 +100,13 @@ class RootCatalog:
     def _invalid(self, name: str) -> str | None:
         return invalid_name_reason(name, self._limits.name_bytes_max)
 
-    def _check_num_ranges(self, initial_num_ranges: int) -> None:
-        """A table gets max(2, n) ranges rounded up to even (BookKeeper's split), at most
-        `table_ranges_max` (`--max-table-ranges`)."""
+    def _check_num_ranges(self, conf: stream_pb2.StreamConfiguration) -> None:
+        """A table gets max(2, n) ranges rounded up to even (BookKeeper's split), or with
+        `exact_num_ranges` max(1, n); at most `table_ranges_max` (`--max-table-ranges`)."""
+        initial_num_ranges = conf.initial_num_ranges
         if initial_num_ranges < 0:
             raise BadRequestError(f"initial_num_ranges must be >= 0, not {initial_num_ranges}")
-        ranges = max(2, initial_num_ranges + initial_num_ranges % 2)
+        ranges = normalized_num_ranges(initial_num_ranges, exact=conf.exact_num_ranges)
         if ranges > self._limits.table_ranges_max:
             raise BadRequestError(
                 f"initial_num_ranges {initial_num_ranges} is over the limit of "
@@ -176,7 +185,12 @@ class RootCatalog:
             raise InvalidNamespaceNameError(f"invalid namespace name {shown(ns_name)}: {reason}")
         if reason := invalid_new_name_reason(name, self._limits.name_bytes_max):
             raise InvalidStreamNameError(f"invalid table name {shown(name)}: {reason}")
-        self._check_num_ranges(conf.initial_num_ranges)
+        exact = ns_name in EXACT_RANGES_NAMESPACES
+        if conf.exact_num_ranges != exact:
+            asked, conf = conf, stream_pb2.StreamConfiguration()
+            conf.CopyFrom(asked)
+            conf.exact_num_ranges = exact
+        self._check_num_ranges(conf)
         async with self._lock:
             ns_id = self._namespace_id(ns_name)
             if self._kv.get(_stream_name_key(ns_id, name)) is not None:

@@ -32,12 +32,19 @@ class HashRange:
     end: int
 
 
-def split_hash_space(initial_num_ranges: int) -> list[HashRange]:
-    """Split the 64-bit hash space as BookKeeper's `ProtoUtils.split` does."""
-    n = max(2, initial_num_ranges)
-    if n % 2:
-        n += 1
-    size = INT64_MAX // (n // 2)
+def split_hash_space(initial_num_ranges: int, *, exact: bool = False) -> list[HashRange]:
+    """Split the 64-bit hash space as BookKeeper's `ProtoUtils.split` does; `exact` (a table
+    whose ranges are another protocol's shards, `StreamConfiguration.exact_num_ranges`): into
+    exactly `initial_num_ranges` (at least 1) equal ranges, which for an even count is the
+    same split."""
+    if exact:
+        n = max(1, initial_num_ranges)
+        size = (INT64_MAX - INT64_MIN) // n
+    else:
+        n = max(2, initial_num_ranges)
+        if n % 2:
+            n += 1
+        size = INT64_MAX // (n // 2)
     ranges = []
     start = INT64_MIN
     for i in range(n):
@@ -47,9 +54,9 @@ def split_hash_space(initial_num_ranges: int) -> list[HashRange]:
     return ranges
 
 
-def normalized_num_ranges(initial_num_ranges: int) -> int:
+def normalized_num_ranges(initial_num_ranges: int, *, exact: bool = False) -> int:
     """The number of ranges a table with this `initial_num_ranges` gets."""
-    return len(split_hash_space(initial_num_ranges))
+    return len(split_hash_space(initial_num_ranges, exact=exact))
 
 
 class RangeRouter:

@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tablekeeper_proto/bookkeeper/stream.proto\x12\x17\x62ookkeeper.proto.stream\"=\n\x07RangeId\x12\r\n\x05sc_id\x18\x01 \x01(\x03\x12\x11\n\tstream_id\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\"8\n\x08KeyRange\x12\x16\n\x0estart_hash_key\x18\x01 \x01(\x03\x12\x14\n\x0c\x65nd_hash_key\x18\x02 \x01(\x03\"o\n\x0fRangeProperties\x12\x16\n\x0estart_hash_key\x18\x01 \x01(\x03\x12\x14\n\x0c\x65nd_hash_key\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\x12\x1c\n\x14storage_container_id\x18\x04 \x01(\x03\"\xda\x01\n\rRangeMetadata\x12\x37\n\x05props\x18\x01 \x01(\x0b\x32(.bookkeeper.proto.stream.RangeProperties\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.bookkeeper.proto.stream.RangeState\x12\x13\n\x0b\x63reate_time\x18\n \x01(\x03\x12\x12\n\nfence_time\x18\x0b \x01(\x03\x12\x10\n\x08\x63hildren\x18\x14 \x03(\x03\x12\x0f\n\x07parents\x18\x15 \x03(\x03\":\n\x0cParentRanges\x12\x10\n\x08range_id\x18\x01 \x01(\x03\x12\x18\n\x10parent_range_ids\x18\x02 \x03(\x03\"O\n\x10ParentRangesList\x12;\n\x0c\x63hild_ranges\x18\x01 \x03(\x0b\x32%.bookkeeper.proto.stream.ParentRanges\"+\n\x15\x46ixedRangeSplitPolicy\x12\x12\n\nnum_ranges\x18\x01 \x01(\x05\"\xa5\x01\n\x19\x42\x61ndwidthBasedSplitPolicy\x12\x19\n\x11max_rate_in_bytes\x18\x01 \x01(\x05\x12\x19\n\x11min_rate_in_bytes\x18\x02 \x01(\x05\x12\x1b\n\x13max_rate_in_records\x18\x03 \x01(\x05\x12\x1b\n\x13min_rate_in_records\x18\x04 \x01(\x05\x12\x18\n\x10max_split_factor\x18\x05 \x01(\x05\"\xed\x01\n\x0bSplitPolicy\x12\x36\n\x04type\x18\x01 \x01(\x0e\x32(.bookkeeper.proto.stream.SplitPolicyType\x12L\n\x12\x66ixed_range_policy\x18\x02 \x01(\x0b\x32..bookkeeper.proto.stream.FixedRangeSplitPolicyH\x00\x12N\n\x10\x62\x61ndwidth_policy\x18\x03 \x01(\x0b\x32\x32.bookkeeper.proto.stream.BandwidthBasedSplitPolicyH\x00\x42\x08\n\x06policy\"9\n\x1dSizeBasedSegmentRollingPolicy\x12\x18\n\x10max_segment_size\x18\x01 \x01(\x03\"9\n\x1dTimeBasedSegmentRollingPolicy\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x03\"\xb0\x01\n\x14SegmentRollingPolicy\x12K\n\x0bsize_policy\x18\x01 \x01(\x0b\x32\x36.bookkeeper.proto.stream.SizeBasedSegmentRollingPolicy\x12K\n\x0btime_policy\x18\x02 \x01(\x0b\x32\x36.bookkeeper.proto.stream.TimeBasedSegmentRollingPolicy\"5\n\x18TimeBasedRetentionPolicy\x12\x19\n\x11retention_minutes\x18\x01 \x01(\x03\"Y\n\x0fRetentionPolicy\x12\x46\n\x0btime_policy\x18\x01 \x01(\x0b\x32\x31.bookkeeper.proto.stream.TimeBasedRetentionPolicy\"\x9a\x03\n\x13StreamConfiguration\x12\x37\n\x08key_type\x18\x01 \x01(\x0e\x32%.bookkeeper.proto.stream.RangeKeyType\x12\x16\n\x0emin_num_ranges\x18\x02 \x01(\x05\x12\x1a\n\x12initial_num_ranges\x18\x03 \x01(\x05\x12:\n\x0csplit_policy\x18\x04 \x01(\x0b\x32$.bookkeeper.proto.stream.SplitPolicy\x12\x45\n\x0erolling_policy\x18\x05 \x01(\x0b\x32-.bookkeeper.proto.stream.SegmentRollingPolicy\x12\x42\n\x10retention_policy\x18\x06 \x01(\x0b\x32(.bookkeeper.proto.stream.RetentionPolicy\x12:\n\x0cstorage_type\x18\x07 \x01(\x0e\x32$.bookkeeper.proto.stream.StorageType\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\x05\"\x9b\x01\n\x10StreamProperties\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x1c\n\x14storage_container_id\x18\x02 \x01(\x03\x12\x13\n\x0bstream_name\x18\x03 \x01(\t\x12\x41\n\x0bstream_conf\x18\x04 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"9\n\nStreamName\x12\x16\n\x0enamespace_name\x18\x01 \x01(\t\x12\x13\n\x0bstream_name\x18\x02 \x01(\t\"\xb5\x03\n\x0eStreamMetadata\x12\x38\n\x05props\x18\x01 \x01(\x0b\x32).bookkeeper.proto.stream.StreamProperties\x12O\n\x0flifecycle_state\x18\x02 \x01(\x0e\x32\x36.bookkeeper.proto.stream.StreamMetadata.LifecycleState\x12K\n\rserving_state\x18\x03 \x01(\x0e\x32\x34.bookkeeper.proto.stream.StreamMetadata.ServingState\x12\x0e\n\x06\x63_time\x18\x04 \x01(\x04\x12\x0e\n\x06m_time\x18\x05 \x01(\x04\x12\x15\n\rnext_range_id\x18\x64 \x01(\x04\x12\x16\n\x0e\x63urrent_ranges\x18\x65 \x03(\x04\"P\n\x0eLifecycleState\x12\n\n\x06UNINIT\x10\x00\x12\x0c\n\x08\x43REATING\x10\x01\x12\x0b\n\x07\x43REATED\x10\x02\x12\x0b\n\x07\x46\x45NCING\x10\x03\x12\n\n\x06\x46\x45NCED\x10\x04\"*\n\x0cServingState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x0c\n\x08READONLY\x10\x01\"c\n\x16NamespaceConfiguration\x12I\n\x13\x64\x65\x66\x61ult_stream_conf\x18\x01 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"\x8e\x01\n\x13NamespaceProperties\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x03\x12\x16\n\x0enamespace_name\x18\x02 \x01(\t\x12I\n\x13\x64\x65\x66\x61ult_stream_conf\x18\x03 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"P\n\x11NamespaceMetadata\x12;\n\x05props\x18\x01 \x01(\x0b\x32,.bookkeeper.proto.stream.NamespaceProperties*C\n\nRangeState\x12\x10\n\x0cRANGE_ACTIVE\x10\x00\x12\x11\n\rRANGE_FENCING\x10\x01\x12\x10\n\x0cRANGE_FENCED\x10\x02*+\n\x0cRangeKeyType\x12\x08\n\x04NULL\x10\x00\x12\x08\n\x04HASH\x10\x01\x12\x07\n\x03RAW\x10\x02*$\n\x0bStorageType\x12\n\n\x06STREAM\x10\x00\x12\t\n\x05TABLE\x10\x01*+\n\x0fSplitPolicyType\x12\t\n\x05\x46IXED\x10\x00\x12\r\n\tBANDWIDTH\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)tablekeeper_proto/bookkeeper/stream.proto\x12\x17\x62ookkeeper.proto.stream\"=\n\x07RangeId\x12\r\n\x05sc_id\x18\x01 \x01(\x03\x12\x11\n\tstream_id\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\"8\n\x08KeyRange\x12\x16\n\x0estart_hash_key\x18\x01 \x01(\x03\x12\x14\n\x0c\x65nd_hash_key\x18\x02 \x01(\x03\"o\n\x0fRangeProperties\x12\x16\n\x0estart_hash_key\x18\x01 \x01(\x03\x12\x14\n\x0c\x65nd_hash_key\x18\x02 \x01(\x03\x12\x10\n\x08range_id\x18\x03 \x01(\x03\x12\x1c\n\x14storage_container_id\x18\x04 \x01(\x03\"\xda\x01\n\rRangeMetadata\x12\x37\n\x05props\x18\x01 \x01(\x0b\x32(.bookkeeper.proto.stream.RangeProperties\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x32\n\x05state\x18\x03 \x01(\x0e\x32#.bookkeeper.proto.stream.RangeState\x12\x13\n\x0b\x63reate_time\x18\n \x01(\x03\x12\x12\n\nfence_time\x18\x0b \x01(\x03\x12\x10\n\x08\x63hildren\x18\x14 \x03(\x03\x12\x0f\n\x07parents\x18\x15 \x03(\x03\":\n\x0cParentRanges\x12\x10\n\x08range_id\x18\x01 \x01(\x03\x12\x18\n\x10parent_range_ids\x18\x02 \x03(\x03\"O\n\x10ParentRangesList\x12;\n\x0c\x63hild_ranges\x18\x01 \x03(\x0b\x32%.bookkeeper.proto.stream.ParentRanges\"+\n\x15\x46ixedRangeSplitPolicy\x12\x12\n\nnum_ranges\x18\x01 \x01(\x05\"\xa5\x01\n\x19\x42\x61ndwidthBasedSplitPolicy\x12\x19\n\x11max_rate_in_bytes\x18\x01 \x01(\x05\x12\x19\n\x11min_rate_in_bytes\x18\x02 \x01(\x05\x12\x1b\n\x13max_rate_in_records\x18\x03 \x01(\x05\x12\x1b\n\x13min_rate_in_records\x18\x04 \x01(\x05\x12\x18\n\x10max_split_factor\x18\x05 \x01(\x05\"\xed\x01\n\x0bSplitPolicy\x12\x36\n\x04type\x18\x01 \x01(\x0e\x32(.bookkeeper.proto.stream.SplitPolicyType\x12L\n\x12\x66ixed_range_policy\x18\x02 \x01(\x0b\x32..bookkeeper.proto.stream.FixedRangeSplitPolicyH\x00\x12N\n\x10\x62\x61ndwidth_policy\x18\x03 \x01(\x0b\x32\x32.bookkeeper.proto.stream.BandwidthBasedSplitPolicyH\x00\x42\x08\n\x06policy\"9\n\x1dSizeBasedSegmentRollingPolicy\x12\x18\n\x10max_segment_size\x18\x01 \x01(\x03\"9\n\x1dTimeBasedSegmentRollingPolicy\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x03\"\xb0\x01\n\x14SegmentRollingPolicy\x12K\n\x0bsize_policy\x18\x01 \x01(\x0b\x32\x36.bookkeeper.proto.stream.SizeBasedSegmentRollingPolicy\x12K\n\x0btime_policy\x18\x02 \x01(\x0b\x32\x36.bookkeeper.proto.stream.TimeBasedSegmentRollingPolicy\"5\n\x18TimeBasedRetentionPolicy\x12\x19\n\x11retention_minutes\x18\x01 \x01(\x03\"Y\n\x0fRetentionPolicy\x12\x46\n\x0btime_policy\x18\x01 \x01(\x0b\x32\x31.bookkeeper.proto.stream.TimeBasedRetentionPolicy\"\xb4\x03\n\x13StreamConfiguration\x12\x37\n\x08key_type\x18\x01 \x01(\x0e\x32%.bookkeeper.proto.stream.RangeKeyType\x12\x16\n\x0emin_num_ranges\x18\x02 \x01(\x05\x12\x1a\n\x12initial_num_ranges\x18\x03 \x01(\x05\x12:\n\x0csplit_policy\x18\x04 \x01(\x0b\x32$.bookkeeper.proto.stream.SplitPolicy\x12\x45\n\x0erolling_policy\x18\x05 \x01(\x0b\x32-.bookkeeper.proto.stream.SegmentRollingPolicy\x12\x42\n\x10retention_policy\x18\x06 \x01(\x0b\x32(.bookkeeper.proto.stream.RetentionPolicy\x12:\n\x0cstorage_type\x18\x07 \x01(\x0e\x32$.bookkeeper.proto.stream.StorageType\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\x05\x12\x18\n\x10\x65xact_num_ranges\x18\x64 \x01(\x08\"\x9b\x01\n\x10StreamProperties\x12\x11\n\tstream_id\x18\x01 \x01(\x03\x12\x1c\n\x14storage_container_id\x18\x02 \x01(\x03\x12\x13\n\x0bstream_name\x18\x03 \x01(\t\x12\x41\n\x0bstream_conf\x18\x04 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"9\n\nStreamName\x12\x16\n\x0enamespace_name\x18\x01 \x01(\t\x12\x13\n\x0bstream_name\x18\x02 \x01(\t\"\xb5\x03\n\x0eStreamMetadata\x12\x38\n\x05props\x18\x01 \x01(\x0b\x32).bookkeeper.proto.stream.StreamProperties\x12O\n\x0flifecycle_state\x18\x02 \x01(\x0e\x32\x36.bookkeeper.proto.stream.StreamMetadata.LifecycleState\x12K\n\rserving_state\x18\x03 \x01(\x0e\x32\x34.bookkeeper.proto.stream.StreamMetadata.ServingState\x12\x0e\n\x06\x63_time\x18\x04 \x01(\x04\x12\x0e\n\x06m_time\x18\x05 \x01(\x04\x12\x15\n\rnext_range_id\x18\x64 \x01(\x04\x12\x16\n\x0e\x63urrent_ranges\x18\x65 \x03(\x04\"P\n\x0eLifecycleState\x12\n\n\x06UNINIT\x10\x00\x12\x0c\n\x08\x43REATING\x10\x01\x12\x0b\n\x07\x43REATED\x10\x02\x12\x0b\n\x07\x46\x45NCING\x10\x03\x12\n\n\x06\x46\x45NCED\x10\x04\"*\n\x0cServingState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x0c\n\x08READONLY\x10\x01\"c\n\x16NamespaceConfiguration\x12I\n\x13\x64\x65\x66\x61ult_stream_conf\x18\x01 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"\x8e\x01\n\x13NamespaceProperties\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x03\x12\x16\n\x0enamespace_name\x18\x02 \x01(\t\x12I\n\x13\x64\x65\x66\x61ult_stream_conf\x18\x03 \x01(\x0b\x32,.bookkeeper.proto.stream.StreamConfiguration\"P\n\x11NamespaceMetadata\x12;\n\x05props\x18\x01 \x01(\x0b\x32,.bookkeeper.proto.stream.NamespaceProperties*C\n\nRangeState\x12\x10\n\x0cRANGE_ACTIVE\x10\x00\x12\x11\n\rRANGE_FENCING\x10\x01\x12\x10\n\x0cRANGE_FENCED\x10\x02*+\n\x0cRangeKeyType\x12\x08\n\x04NULL\x10\x00\x12\x08\n\x04HASH\x10\x01\x12\x07\n\x03RAW\x10\x02*$\n\x0bStorageType\x12\n\n\x06STREAM\x10\x00\x12\t\n\x05TABLE\x10\x01*+\n\x0fSplitPolicyType\x12\t\n\x05\x46IXED\x10\x00\x12\r\n\tBANDWIDTH\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tablekeeper_proto.bookkeeper.stream_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RANGESTATE']._serialized_start=2960
-  _globals['_RANGESTATE']._serialized_end=3027
-  _globals['_RANGEKEYTYPE']._serialized_start=3029
-  _globals['_RANGEKEYTYPE']._serialized_end=3072
-  _globals['_STORAGETYPE']._serialized_start=3074
-  _globals['_STORAGETYPE']._serialized_end=3110
-  _globals['_SPLITPOLICYTYPE']._serialized_start=3112
-  _globals['_SPLITPOLICYTYPE']._serialized_end=3155
+  _globals['_RANGESTATE']._serialized_start=2986
+  _globals['_RANGESTATE']._serialized_end=3053
+  _globals['_RANGEKEYTYPE']._serialized_start=3055
+  _globals['_RANGEKEYTYPE']._serialized_end=3098
+  _globals['_STORAGETYPE']._serialized_start=3100
+  _globals['_STORAGETYPE']._serialized_end=3136
+  _globals['_SPLITPOLICYTYPE']._serialized_start=3138
+  _globals['_SPLITPOLICYTYPE']._serialized_end=3181
   _globals['_RANGEID']._serialized_start=70
   _globals['_RANGEID']._serialized_end=131
   _globals['_KEYRANGE']._serialized_start=133
@@ -68,21 +68,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETENTIONPOLICY']._serialized_start=1471
   _globals['_RETENTIONPOLICY']._serialized_end=1560
   _globals['_STREAMCONFIGURATION']._serialized_start=1563
-  _globals['_STREAMCONFIGURATION']._serialized_end=1973
-  _globals['_STREAMPROPERTIES']._serialized_start=1976
-  _globals['_STREAMPROPERTIES']._serialized_end=2131
-  _globals['_STREAMNAME']._serialized_start=2133
-  _globals['_STREAMNAME']._serialized_end=2190
-  _globals['_STREAMMETADATA']._serialized_start=2193
-  _globals['_STREAMMETADATA']._serialized_end=2630
-  _globals['_STREAMMETADATA_LIFECYCLESTATE']._serialized_start=2506
-  _globals['_STREAMMETADATA_LIFECYCLESTATE']._serialized_end=2586
-  _globals['_STREAMMETADATA_SERVINGSTATE']._serialized_start=2588
-  _globals['_STREAMMETADATA_SERVINGSTATE']._serialized_end=2630
-  _globals['_NAMESPACECONFIGURATION']._serialized_start=2632
-  _globals['_NAMESPACECONFIGURATION']._serialized_end=2731
-  _globals['_NAMESPACEPROPERTIES']._serialized_start=2734
-  _globals['_NAMESPACEPROPERTIES']._serialized_end=2876
-  _globals['_NAMESPACEMETADATA']._serialized_start=2878
-  _globals['_NAMESPACEMETADATA']._serialized_end=2958
+  _globals['_STREAMCONFIGURATION']._serialized_end=1999
+  _globals['_STREAMPROPERTIES']._serialized_start=2002
+  _globals['_STREAMPROPERTIES']._serialized_end=2157
+  _globals['_STREAMNAME']._serialized_start=2159
+  _globals['_STREAMNAME']._serialized_end=2216
+  _globals['_STREAMMETADATA']._serialized_start=2219
+  _globals['_STREAMMETADATA']._serialized_end=2656
+  _globals['_STREAMMETADATA_LIFECYCLESTATE']._serialized_start=2532
+  _globals['_STREAMMETADATA_LIFECYCLESTATE']._serialized_end=2612
+  _globals['_STREAMMETADATA_SERVINGSTATE']._serialized_start=2614
+  _globals['_STREAMMETADATA_SERVINGSTATE']._serialized_end=2656
+  _globals['_NAMESPACECONFIGURATION']._serialized_start=2658
+  _globals['_NAMESPACECONFIGURATION']._serialized_end=2757
+  _globals['_NAMESPACEPROPERTIES']._serialized_start=2760
+  _globals['_NAMESPACEPROPERTIES']._serialized_end=2902
+  _globals['_NAMESPACEMETADATA']._serialized_start=2904
+  _globals['_NAMESPACEMETADATA']._serialized_end=2984
 # @@protoc_insertion_point(module_scope)

@@ -439,11 +439,18 @@ class StreamConfiguration(_message.Message):
     RETENTION_POLICY_FIELD_NUMBER: _builtins.int
     STORAGE_TYPE_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    EXACT_NUM_RANGES_FIELD_NUMBER: _builtins.int
     key_type: Global___RangeKeyType.ValueType
     min_num_ranges: _builtins.int
     initial_num_ranges: _builtins.int
     storage_type: Global___StorageType.ValueType
     ttl_seconds: _builtins.int
+    exact_num_ranges: _builtins.bool
+    """TableKeeper extension (fields >= 100: BookKeeper clients never send them). Set by the
+    server, never taken from a client: the table gets exactly initial_num_ranges ranges (at
+    least 1) instead of BookKeeper's split (at least 2, even). Tables of namespace `oxia` (Oxia
+    namespaces, whose shards are the ranges: Oxia namespaces may have one shard) have it.
+    """
     @_builtins.property
     def split_policy(self) -> Global___SplitPolicy: ...
     @_builtins.property
@@ -461,10 +468,11 @@ class StreamConfiguration(_message.Message):
         retention_policy: Global___RetentionPolicy | None = ...,
         storage_type: Global___StorageType.ValueType = ...,
         ttl_seconds: _builtins.int = ...,
+        exact_num_ranges: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["retention_policy", b"retention_policy", "rolling_policy", b"rolling_policy", "split_policy", b"split_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initial_num_ranges", b"initial_num_ranges", "key_type", b"key_type", "min_num_ranges", b"min_num_ranges", "retention_policy", b"retention_policy", "rolling_policy", b"rolling_policy", "split_policy", b"split_policy", "storage_type", b"storage_type", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exact_num_ranges", b"exact_num_ranges", "initial_num_ranges", b"initial_num_ranges", "key_type", b"key_type", "min_num_ranges", b"min_num_ranges", "retention_policy", b"retention_policy", "rolling_policy", b"rolling_policy", "split_policy", b"split_policy", "storage_type", b"storage_type", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
