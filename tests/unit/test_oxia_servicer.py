@@ -65,8 +65,9 @@ def test_one_batch_per_revision_in_order() -> None:
         (7, 9, 1234),
     ]
     first, second, third = (dict(x.notifications) for x in batches)
-    assert first["/a"].type == client_pb2.KEY_CREATED and first["/a"].version_id == 5
-    assert second["/a"].type == client_pb2.KEY_MODIFIED and second["/a"].version_id == 6
+    # version ids are Oxia's offsets: the revision - 1
+    assert first["/a"].type == client_pb2.KEY_CREATED and first["/a"].version_id == 4
+    assert second["/a"].type == client_pb2.KEY_MODIFIED and second["/a"].version_id == 5
     assert second["/b"].type == client_pb2.KEY_DELETED
     assert not second["/b"].HasField("version_id")
     assert third["/b"].type == client_pb2.KEY_CREATED

@@ -4,8 +4,9 @@ One Oxia `WriteRequest` (the puts, deletes and delete ranges of one shard) is on
 applied atomically at its revision with Oxia's semantics, in Oxia's order: every put, then every
 delete, then every delete range, each seeing the effects of those before it.
 
-- A put's `version_id` is the command's revision, its `modifications_count` starts at 0 and
-  grows by one per put; created/modified timestamps are the command's timestamp.
+- A put's `version_id` is the command's log offset (its revision - 1, `records.version_id`), its
+  `modifications_count` starts at 0 and grows by one per put; created/modified timestamps are
+  the command's timestamp.
 - `expected_version_id`: -1 = the key must not exist; N = its version_id must be N; otherwise
   UNEXPECTED_VERSION_ID and the put does nothing.
 - `session_id` makes the record ephemeral (the range's session index, as for every session
@@ -32,7 +33,7 @@ from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.oxia import apply_pb2, client_pb2
 from tablekeeper_server.core.keys import system_key
 from tablekeeper_server.oxia import keys
-from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_of
+from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_id, version_of
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import _ApplyView, _flush_writes, session_key
 
@@ -120,7 +121,7 @@ def _put(
     if req.HasField("expected_version_id"):
         expected = req.expected_version_id
         if (expected == -1 and prev is not None) or (
-            expected != -1 and (prev is None or prev.mod_revision != expected)
+            expected != -1 and (prev is None or version_id(prev) != expected)
         ):
             return client_pb2.PutResponse(status=Status.UNEXPECTED_VERSION_ID)
     identity = req.client_identity if req.HasField("client_identity") else None
@@ -145,7 +146,7 @@ def _delete(state: _Overlay, req: client_pb2.DeleteRequest) -> client_pb2.Delete
     skey = keys.store_key(req.key)
     prev = state.get(skey)
     if req.HasField("expected_version_id") and (
-        prev is None or prev.mod_revision != req.expected_version_id
+        prev is None or version_id(prev) != req.expected_version_id
     ):
         return client_pb2.DeleteResponse(status=Status.UNEXPECTED_VERSION_ID)
     if prev is None:

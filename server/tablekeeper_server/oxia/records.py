@@ -1,9 +1,9 @@
 """What an Oxia record keeps besides the range's own record fields.
 
-The range's `StoredRecord` already has what Oxia's version needs most: `mod_revision` is the
-`version_id` (the revision of the command that last wrote the key: per shard, only growing) and
-`version` is the `modifications_count` (0 when created, +1 per put). The rest of Oxia's version
-(created and modified timestamps, session id, client identity) is packed in front of the value.
+The range's `StoredRecord` already has what Oxia's version needs most: `mod_revision` gives the
+`version_id` (see `version_id`) and `version` is the `modifications_count` (0 when created, +1
+per put). The rest of Oxia's version (created and modified timestamps, session id, client
+identity) is packed in front of the value.
 """
 
 from __future__ import annotations
@@ -51,9 +51,17 @@ def unpack(raw: bytes) -> tuple[OxiaMeta, bytes]:
     return meta, raw[start + length :]
 
 
+def version_id(record: StoredRecord) -> int:
+    """Oxia's version id of a record: the shard's log offset of the write that last changed it
+    (per shard, only growing), as Oxia numbers offsets, from 0 — the range's revisions count
+    from 1, so a fresh shard's first write has version id 0, as on Oxia. Derived when read,
+    never stored: records written before keep their revisions and read the same way."""
+    return record.mod_revision - 1
+
+
 def version_of(record: StoredRecord, meta: OxiaMeta) -> client_pb2.Version:
     version = client_pb2.Version(
-        version_id=record.mod_revision,
+        version_id=version_id(record),
         modifications_count=record.version,
         created_timestamp=meta.created_ms,
         modified_timestamp=meta.modified_ms,

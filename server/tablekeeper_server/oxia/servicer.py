@@ -31,6 +31,7 @@ from tablekeeper_server.oxia.apply import sequence_key, sequence_state_key
 from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import Namespaces, Shard
+from tablekeeper_server.oxia.records import version_id
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import decode_record
 from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
@@ -106,7 +107,7 @@ def _notification_batches(
             notification.type = (
                 client_pb2.KEY_CREATED if event.record.version == 0 else client_pb2.KEY_MODIFIED
             )
-            notification.version_id = event.record.mod_revision
+            notification.version_id = version_id(event.record)
     if batch is not None:
         yield batch
 
