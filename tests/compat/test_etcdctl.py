@@ -28,16 +28,21 @@ TIMEOUT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, int]]:
     port = free_port()
     server = ServerProcess(
         tmp_path_factory.mktemp("etcdctl") / "data", extra_args=["--etcd-port", str(port)]
     )
     server.start()
     try:
-        yield f"127.0.0.1:{port}"
+        yield server, port
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def endpoint(etcd_server: tuple[ServerProcess, int]) -> str:
+    return f"127.0.0.1:{etcd_server[1]}"
 
 
 def _env() -> dict[str, str]:
@@ -234,6 +239,30 @@ def test_endpoint_status_health_member_list_and_errors(endpoint: str) -> None:
     assert f"http://{endpoint}" in members
     future = etcdctl(endpoint, "get", "x", "--rev=999999999", check=False)
     assert "required revision is a future revision" in future.stderr
+
+
+def test_endpoints_written_as_urls(etcd_server: tuple[ServerProcess, int]) -> None:
+    """etcd documents endpoints as `http://host:port`. etcdctl 3.4's own client takes them so,
+    but its per-endpoint calls (`endpoint status`, `endpoint health`) send the whole URL as the
+    HTTP/2 `:authority`, which RFC 9113 does not allow: Go's, Java's and grpcio's servers take
+    it, Envoy's HTTP/2 refuses it. On grpc.aio they work. On Envoy the call fails at once, with
+    the reason (its stream reset, PROTOCOL_ERROR): Envoy used to close the connection instead,
+    and etcdctl retried "transport is closing" until its deadline."""
+    server, port = etcd_server
+    url = f"http://127.0.0.1:{port}"
+    assert etcdctl(url, "put", "url/a", "1").stdout.strip() == "OK"
+    assert etcdctl(url, "get", "url/a", "--print-value-only").stdout.strip() == "1"
+    status = etcdctl(url, "endpoint", "status", "--command-timeout=20s", check=False)
+    if "served by Envoy" in server.log_path.read_text():
+        assert status.returncode != 0
+        assert "PROTOCOL_ERROR" in status.stderr, status.stderr
+        assert "transport is closing" not in status.stderr, status.stderr
+    else:
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith(url), status.stdout
+    # Written without the scheme, as the README shows, every call works on either runtime.
+    plain = etcdctl(f"127.0.0.1:{port}", "endpoint", "status", "--command-timeout=20s")
+    assert plain.stdout.startswith(f"127.0.0.1:{port}")
 
 
 def test_data_and_revisions_survive_a_restart(tmp_path: Path) -> None:

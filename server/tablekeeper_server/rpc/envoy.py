@@ -123,7 +123,16 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
                 # Watch and keep-alive streams stay open and may be quiet for long.
                 manager["stream_idle_timeout"] = "0s"
                 manager["max_request_headers_kb"] = min(metadata_kib, 8192)
-                manager["http2_protocol_options"] = {"max_header_field_size_kb": metadata_kib}
+                manager["http2_protocol_options"] = {
+                    "max_header_field_size_kb": metadata_kib,
+                    # A request whose headers Envoy's HTTP/2 refuses (stricter than Go's, Java's
+                    # and grpcio's servers: e.g. etcdctl 3.4's `endpoint status` with
+                    # `--endpoints=http://…` sends the whole URL as `:authority`) fails alone,
+                    # at once (its stream reset, PROTOCOL_ERROR): by default Envoy closes the
+                    # client's connection, every call on it fails and the client retries
+                    # "transport is closing" until its deadline.
+                    "override_stream_error_on_invalid_http_message": True,
+                }
     tls = config.security.tls_files()
     if tls is not None:
         _secrets_from_files(doc, tls_dir(config), client_ca=tls.client_ca is not None)
