@@ -17,7 +17,7 @@ METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 
-.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build
+.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -118,15 +118,32 @@ JAVA_COMPAT_MVN := mvn -q -B package dependency:build-classpath -Dmdep.outputFil
 java-compat-build:  ## build the Java compatibility driver (Maven; downloads only on the first run)
 	cd tests/compat/java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
 
-test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
+# Pulsar's own metadata-store tests (the pulsar-metadata test-jar) run by tests/compat/
+# test_pulsar_metadata.py through a harness of ours (tests/compat/pulsar_metadata): Maven
+# resolves them into Pulsar's jar cache on the first run, then builds offline.
+PULSAR_M2 = $${PULSAR_CACHE_DIR:-$${XDG_CACHE_HOME:-$$HOME/.cache}/tablekeeper/pulsar-4.0.7}/m2
+PULSAR_METADATA_MVN = mvn -q -B -Dmaven.repo.local=$(PULSAR_M2) package dependency:build-classpath -Dmdep.outputFile=target/classpath.txt
+pulsar-metadata-build: pulsar-fetch  ## build the harness for Pulsar's metadata tests (Maven; downloads only on the first run)
+	cd tests/compat/pulsar_metadata && ($(PULSAR_METADATA_MVN) -o >/dev/null 2>&1 || $(PULSAR_METADATA_MVN))
+
+test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata-build  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
 	@# And once more with every server's gRPC ports on grpcio's server (`--runtime grpc-aio`; the
 	@# default is Envoy's HTTP/2): the BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on
-	@# etcd) and Oxia clients.
-	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
+	@# etcd) and Oxia clients. Pulsar's metadata suite runs once, above (`make
+	@# test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio` runs all of it on grpc.aio).
+	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat \
+		--ignore=tests/compat/test_pulsar_metadata.py
+
+# Every class of Pulsar's metadata suite (test-compat runs the store, cache and coordination
+# classes): about 20 minutes on this 2-core machine, so not part of `make test`.
+PULSAR_METADATA_RUNTIME ?=
+test-pulsar-metadata: $(STAMP) pulsar-metadata-build  ## all of Pulsar's metadata-store tests against the Oxia and etcd ports (~20 min)
+	TABLEKEEPER_PULSAR_METADATA_CLASSES=all $(if $(PULSAR_METADATA_RUNTIME),TABLEKEEPER_TEST_RUNTIME=$(PULSAR_METADATA_RUNTIME)) \
+		$(PY) -m pytest -q -s tests/compat/test_pulsar_metadata.py
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '
