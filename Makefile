@@ -17,7 +17,7 @@ METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 
-.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata
+.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -126,7 +126,13 @@ PULSAR_METADATA_MVN = mvn -q -B -Dmaven.repo.local=$(PULSAR_M2) package dependen
 pulsar-metadata-build: pulsar-fetch  ## build the harness for Pulsar's metadata tests (Maven; downloads only on the first run)
 	cd tests/compat/pulsar_metadata && ($(PULSAR_METADATA_MVN) -o >/dev/null 2>&1 || $(PULSAR_METADATA_MVN))
 
-test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata-build  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
+# python-etcd3's own test suite (its 0.12.0 sdist's tests/) in a virtualenv of its own with the
+# protobuf, tenacity and hypothesis it was written for (tests/compat/test_python_etcd3.py).
+ETCD3_VENV := .venv-etcd3
+etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run from (PyPI; first run only)
+	$(PY) -c "from tests.compat.test_python_etcd3 import prepare; prepare()"
+
+test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
@@ -134,9 +140,16 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata
 	@# And once more with every server's gRPC ports on grpcio's server (`--runtime grpc-aio`; the
 	@# default is Envoy's HTTP/2): the BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on
 	@# etcd) and Oxia clients. Pulsar's metadata suite runs once, above (`make
-	@# test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio` runs all of it on grpc.aio).
+	@# test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio` runs all of it on grpc.aio), and
+	@# so does python-etcd3's suite.
 	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat \
-		--ignore=tests/compat/test_pulsar_metadata.py
+		--ignore=tests/compat/test_pulsar_metadata.py --ignore=tests/compat/test_python_etcd3.py
+
+test-etcd3: $(STAMP) etcd-client etcd3-suite  ## all of python-etcd3's own tests, its slow property tests too (~5 min)
+	TABLEKEEPER_ETCD3_SUITE=all $(PY) -m pytest -q -s tests/compat/test_python_etcd3.py
+
+etcd-check-perf: $(STAMP) etcd-client  ## etcdctl check perf (its small load, 60 s) against a fresh server's etcd port
+	$(PY) benchmarks/etcd_check_perf.py
 
 # Every class of Pulsar's metadata suite (test-compat runs the store, cache and coordination
 # classes): about 20 minutes on this 2-core machine, so not part of `make test`.
@@ -166,4 +179,4 @@ bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data
-	rm -rf $(VENV) $(FLOORS_VENV) $(DATA_DIR) .deploy
+	rm -rf $(VENV) $(FLOORS_VENV) $(ETCD3_VENV) $(DATA_DIR) .deploy
