@@ -223,6 +223,7 @@ class Harness:
         self.server: ServerProcess | None = None
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-server")
         self._next: Future[tuple[ServerProcess, str]] | None = None
+        self._next_lock = threading.Lock()  # the JVM's reader thread and the fixture
         self._started = 0
 
     def _start(self) -> tuple[ServerProcess, str]:
@@ -247,14 +248,22 @@ class Harness:
         )
         return server, urls
 
+    def start_next(self) -> None:
+        """Start the next server now (the JVM will ask for one as soon as it runs)."""
+        with self._next_lock:
+            if self._next is None:
+                self._next = self._starter.submit(self._start)
+
     def answer(self) -> str:
         self.stop_server()
-        ready = self._next if self._next is not None else self._starter.submit(self._start)
-        self._next = None
+        self.start_next()
+        with self._next_lock:
+            ready, self._next = self._next, None
+        assert ready is not None
         try:
             self.server, urls = ready.result(timeout=2 * SERVER_START_TIMEOUT_S)
         finally:
-            self._next = self._starter.submit(self._start)
+            self.start_next()
         return urls
 
     def stop_server(self) -> None:
@@ -338,6 +347,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SuiteRun]:
         )
         reader.start()
         try:
+            harness.start_next()  # while the JVM starts
             harness.run.returncode = process.wait(timeout=RUN_TIMEOUT_S)
             reader.join(timeout=60)
         except subprocess.TimeoutExpired:
