@@ -33,8 +33,8 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serv
     server = ServerProcess(
         tmp_path_factory.mktemp("etcdctl") / "data", extra_args=["--etcd-port", str(port)]
     )
-    server.start()
     try:
+        server.start()  # inside: a start that times out leaves no server behind
         yield server, port
     finally:
         server.stop()
