@@ -160,3 +160,76 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+# --------------------------------------------------------------------------- servers' own counters
+
+
+Sample = tuple[str, dict[str, str], float]
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?\s*')
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """The samples of a Prometheus text exposition: (name, labels, value) for each line that is
+    neither blank nor a comment. Raises ValueError on a line that is not a sample."""
+    samples: list[Sample] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            raise ValueError(f"line {number} is not a Prometheus sample: {line[:200]!r}")
+        name, label_text, value = match.groups()
+        labels: dict[str, str] = {}
+        if label_text:
+            position = 0
+            while position < len(label_text):
+                label = _LABEL.match(label_text, position)
+                if label is None:
+                    raise ValueError(f"line {number}: bad labels {label_text[:200]!r}")
+                raw = label.group(2)
+                labels[label.group(1)] = (
+                    raw.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+                )
+                position = label.end()
+        samples.append((name, labels, float(value)))
+    return samples
+
+
+def counter_by(
+    samples: Sequence[Sample], name: str, label: str | None = None, **where: str
+) -> dict[str, float]:
+    """The sum of the samples called `name` whose labels match `where`, grouped by the value of
+    `label` (one group called `name` when `label` is None; a sample without `label` counts
+    under "")."""
+    found: dict[str, float] = {}
+    for sample_name, labels, value in samples:
+        if sample_name != name or any(labels.get(k) != v for k, v in where.items()):
+            continue
+        key = name if label is None else labels.get(label, "")
+        found[key] = found.get(key, 0.0) + value
+    return found
+
+
+def parse_mntr(text: str) -> dict[str, float]:
+    """ZooKeeper's `mntr` answer (one `zk_name<TAB>value` a line) as numbers; the lines whose
+    value is not a number (version, server state) are left out."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("\t")
+        try:
+            found[key.strip()] = float(value)
+        except ValueError:
+            continue
+    return found
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """`after - before` per key present in either (a key missing on one side counts 0), the
+    keys that did not change left out."""
+    keys = sorted(set(before) | set(after))
+    deltas = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    return {k: round(v, 3) for k, v in deltas.items() if v}

@@ -62,13 +62,13 @@ from benchmarks._common import (  # noqa: E402
     sigterm_as_interrupt,
     src_env,
 )
+from tests.support.oxia_server import SHARDS, OxiaServer, default_binary  # noqa: E402
 from tests.support.pulsar_oxia import pulsar_classpath  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
 DRIVER_SOURCE = REPO / "tests" / "compat" / "oxia" / "OxiaDriver.java"
 TARGETS = ("tk", "oxia")
-SHARDS = 4  # TableKeeper's default namespace has 4; Oxia is started with as many
 DRIVER_TIMEOUT_S = 1800.0
 
 
@@ -78,10 +78,6 @@ class BenchError(Exception):
 
 def eprint(*args: object) -> None:
     print(*args, file=sys.stderr, flush=True)
-
-
-def default_oxia_bin() -> Path:
-    return Path(os.environ.get("OXIA_BIN") or REPO / ".deploy" / "bin" / "oxia")
 
 
 def wait_port(port: int, process: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
@@ -128,41 +124,18 @@ def tk_target(workdir: Path) -> Iterator[tuple[str, str]]:
 
 @contextmanager
 def oxia_target(workdir: Path, binary: Path) -> Iterator[tuple[str, str]]:
-    port, metrics = free_port(), free_port()
-    root = workdir / "oxia"
-    root.mkdir(parents=True)
-    log_path = root / "oxia.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                str(binary),
-                "standalone",
-                "--public-addr",
-                f"127.0.0.1:{port}",
-                "--metrics-addr",
-                f"127.0.0.1:{metrics}",
-                "--shards",
-                str(SHARDS),
-                "--data-dir",
-                str(root / "db"),
-                "--wal-dir",
-                str(root / "wal"),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=root,
-        )
+    server = OxiaServer(binary, workdir / "oxia", shards=SHARDS)
     try:
-        wait_port(port, process, f"Oxia (log {log_path})", 60)
-        yield f"127.0.0.1:{port}", f"Oxia standalone ({binary}, --shards {SHARDS}, log {log_path})"
+        try:
+            server.start(60)
+        except RuntimeError as e:
+            raise BenchError(str(e)) from e
+        yield (
+            server.address,
+            f"Oxia standalone ({binary}, --shards {SHARDS}, log {server.log_path})",
+        )
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        server.stop()
 
 
 def compile_driver(workdir: Path) -> str:
@@ -258,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--oxia-bin",
         type=Path,
-        default=default_oxia_bin(),
+        default=default_binary(),
         help="the oxia binary (default $OXIA_BIN, else .deploy/bin/oxia)",
     )
     args = parser.parse_args(argv)

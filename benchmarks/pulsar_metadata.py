@@ -1,44 +1,86 @@
-"""Pulsar's metadata-heavy admin work on ZooKeeper vs on TableKeeper: create N topics and a
-subscription on each, through the broker's admin REST API, timing every call.
+"""Pulsar's metadata-heavy admin work on ZooKeeper, on real Oxia and etcd servers, and on
+TableKeeper through its Oxia and etcd front-ends: create, reload and delete topics, partitioned
+topics and subscriptions through the broker's admin REST API, timing every call.
 
 For each metadata store (`--stores`, in order; the first is the anchor of the ratios):
 
 * `zk`: a real ZooKeeper (deploy/zookeeper.sh, Debian's 3.8, fsync on) and a Pulsar 4.0.7
-  standalone with `--metadata zk:127.0.0.1:PORT` (deploy/pulsar.sh);
-* `tk-oxia`: a TableKeeper standalone server with `--oxia-port` and Pulsar on
-  `--metadata oxia://127.0.0.1:PORT` (Pulsar's own Oxia client);
-* `tk-etcd`: the same server with `--etcd-port` and Pulsar on `--metadata etcd:http://…`
-  (Pulsar's jetcd metadata store);
+  standalone with `--metadata zk:127.0.0.1:PORT` (deploy/pulsar.sh), the incumbent;
+* `oxia`: a real Oxia, `oxia standalone --shards 4` (WAL fsync on, its default), from `--oxia-bin`
+  (default $OXIA_BIN, else .deploy/bin/oxia; built from an Oxia source checkout, see
+  tests/support/oxia_server.py), Pulsar on `--metadata oxia://127.0.0.1:PORT` (Pulsar's own Oxia
+  client); skipped with a note when the binary is missing;
+* `tk-oxia`: a TableKeeper standalone server with `--oxia-port`, Pulsar on `oxia://…` (the same
+  driver as `oxia`);
+* `etcd`: a real etcd (deploy/etcd.sh, Debian's etcd-server, fsync on), Pulsar on
+  `--metadata etcd:http://127.0.0.1:PORT` (Pulsar's jetcd metadata store);
+* `tk-etcd`: the TableKeeper server with `--etcd-port`, Pulsar on `etcd:http://…` (the same
+  driver as `etcd`);
 
 a fresh Pulsar (broker + bookie, one JVM) is started on that store only: the broker's and the
 bookie's metadata (tenants, namespaces, topic policies, managed-ledger and cursor metadata, ledger
-metadata, bundle ownership) all go there. Then, for each `--concurrency` C, in a fresh namespace
-`bench/cC` whose inactive-topic policy keeps idle topics (see `KEEP`):
+metadata, bundle ownership) all go there. The phases, each timed, with C (`--concurrency`) calls
+in flight, in a fresh namespace `bench/cC` per C whose inactive-topic policy keeps idle topics
+(see `KEEP`):
 
-1. `create-topic`: N non-partitioned persistent topics `t00000`…, one
+1. `create-topic`: N (`--topics`) non-partitioned persistent topics `t00000`…, one
    `PUT /admin/v2/persistent/bench/cC/tNNNNN` each (the broker creates the topic's managed
    ledger, i.e. its first BookKeeper ledger, and loads it);
-2. `create-subscription`: one subscription `sub` per topic,
-   `PUT …/tNNNNN/subscription/sub` with the body `pulsar-admin` sends (MessageId.latest), which
-   creates a durable cursor (its metadata is written to the store);
-3. check, untimed: `GET /admin/v2/persistent/bench/cC` must list exactly the N topics, and
-   `GET …/tNNNNN/subscriptions` must be `["sub"]` for each, and the broker's log must show no
-   topic of the tenant deleted for inactivity; anything else fails the run.
+2. `create-subscription`: one subscription `sub` per topic, `PUT …/tNNNNN/subscription/sub`
+   with the body `pulsar-admin` sends (MessageId.latest): a durable cursor;
+3. `create-partitioned`: M (`--partitioned`) partitioned topics `p00000`… of P (`--partitions`)
+   partitions, `PUT …/pNNNNN/partitions` with body P (the partitioned-topic metadata and each
+   partition's managed-ledger node);
+4. `subscribe-partitioned`: `PUT …/pNNNNN/subscription/sub`: the broker loads every partition
+   and makes the cursor on each;
+   then, untimed, every topic, partition and partitioned topic is listed, each with exactly its
+   subscription;
+5. `broker restart` (once, after 1-4 for every C): the Pulsar JVM is stopped and started again on
+   the same store and data, until it serves (deploy/pulsar.sh's produce/consume round trip); it
+   then has no topic loaded;
+6. `reload-topic`: `GET …/tNNNNN/stats` for every topic, which makes the broker load it (its
+   managed ledger, cursor and ledger metadata; a new ledger) before answering; the answer must
+   list `sub`;
+7. `reload-partitioned`: `GET …/pNNNNN/partitioned-stats`, which loads every partition;
+8. `delete-topic`: `DELETE …/tNNNNN` (its cursor, managed ledger and ledgers go);
+9. `delete-partitioned`: `DELETE …/pNNNNN/partitions`;
+   then, untimed, the namespace must list no topic.
 
-C worker threads each keep one HTTP/1.1 keep-alive connection to the broker and take the next
-topic as soon as their previous call has answered (closed loop). Every call is timed from just
-before the request to the end of the reply. Per phase: ops/s (calls / wall time of the phase),
-p50/p99/max latency, errors, and the CPU the store process and the Pulsar JVM used during the
-phase, per call (`/proc`; the JSON has the totals); then the ratio of each store to the anchor
-(ops/s ratio > 1: faster than the anchor; latency ratio < 1: faster). The JSON goes to
-benchmarks/out/ (gitignored).
+`--skip partitioned,restart,delete` leaves groups out. C worker threads each keep one HTTP/1.1
+keep-alive connection to the broker and take the next call as soon as their previous one has
+answered (closed loop). Every call is timed from just before the request to the end of the reply.
 
-    .venv/bin/python benchmarks/pulsar_metadata.py                      # 1,000 topics, C=1,16
-    .venv/bin/python benchmarks/pulsar_metadata.py --topics 50 --stores zk,tk-oxia,tk-etcd
+Per store and phase: ops/s (calls / wall time of the phase), p50/p99/max latency, errors, the CPU
+the store process and the Pulsar JVM used during the phase per call (`/proc`), and what one call
+cost in metadata requests, counted twice:
 
-Exit status: 0 ok, 1 a store or Pulsar did not start, 2 some call failed or the check found
-topics or subscriptions missing, 130 interrupted. Everything started here is stopped on every
-exit path, Ctrl-C and SIGTERM included.
+* by the broker: Pulsar's own `pulsar_metadata_store_ops_latency_ms_count{type=get|put|del}`
+  (its /metrics), the metadata operations its store driver completed, the same count whatever
+  the store (it does not see the BookKeeper client's ledger-metadata calls, which go through
+  another store instance in the same JVM);
+* by the store: ZooKeeper's `mntr` (reads and writes: `zk_cnt_readlatency`,
+  `zk_cnt_updatelatency`; a multi is one write), Oxia's Prometheus endpoint (its gRPC calls and
+  stream messages per method), etcd's `grpc_server_msg_received_total` per method (unary calls,
+  and messages received on streams: Watch, LeaseKeepAlive), TableKeeper's metrics endpoint:
+  `tablekeeper_requests_total` counts only the BookKeeper-protocol port's calls, so for the Oxia
+  and etcd front-ends it shows the commands the server appended to its write-ahead log
+  (`wal-commands`, `tablekeeper_wal_append_records_sum`) and the group commits (`wal-appends`);
+  its Oxia or etcd calls per method are the broker's count above.
+
+Then each store's ratio to the anchor, and each TableKeeper front-end's ratio to the real server
+of its protocol (tk-oxia / oxia, tk-etcd / etcd): ops/s ratio > 1 is faster, latency and CPU
+ratios < 1 are better. `--profile` records the TableKeeper server with py-spy during each timed
+phase (collapsed stacks in benchmarks/out/, one file per store and phase; the profiled run's
+figures are not comparable with an unprofiled one). The JSON goes to benchmarks/out/
+(gitignored).
+
+    .venv/bin/python benchmarks/pulsar_metadata.py                # 1,000 topics, C=1,16, zk,tk-oxia
+    .venv/bin/python benchmarks/pulsar_metadata.py --topics 200 \\
+        --stores zk,oxia,tk-oxia,etcd,tk-etcd --keep-going
+
+Exit status: 0 ok, 1 a store or Pulsar did not start, 2 some call failed or a check found topics
+or subscriptions missing or left, 130 interrupted. Everything started here (stores, Pulsar,
+py-spy) is stopped on every exit path, Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -49,10 +91,14 @@ import json
 import os
 import platform
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -65,21 +111,30 @@ from urllib.parse import urlsplit
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks._common import (  # noqa: E402
+    counter_by,
+    counter_delta,
     fmt,
     git_info,
     no_nan,
+    parse_mntr,
+    parse_prometheus,
     percentile,
     positive_int,
     proc_cpu_s,
     sigterm_as_interrupt,
     src_env,
 )
+from tests.support.etcd import EtcdProcess  # noqa: E402
+from tests.support.oxia_server import OxiaServer, default_binary  # noqa: E402
 from tests.support.pulsar import PulsarService  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 from tests.support.zookeeper import ZooKeeperProcess  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
-STORES = ("zk", "tk-oxia", "tk-etcd")
+STORES = ("zk", "oxia", "tk-oxia", "etcd", "tk-etcd")
+PROTOCOL_ANCHORS = {"tk-oxia": "oxia", "tk-etcd": "etcd"}
+"""Each TableKeeper front-end and the real server of its protocol."""
+SKIPPABLE = ("partitioned", "restart", "delete")
 TENANT = "bench"
 SUBSCRIPTION = "sub"
 # What pulsar-admin's createSubscription sends by default (MessageId.latest).
@@ -96,6 +151,8 @@ KEEP = json.dumps(
     }
 ).encode()
 CALL_TIMEOUT_S = 60.0
+SCRAPE_TIMEOUT_S = 30.0
+PY_SPY = Path(sys.executable).parent / "py-spy"
 
 
 def eprint(*args: object) -> None:
@@ -153,17 +210,102 @@ class Admin:
             self.conn = None
 
 
+# --------------------------------------------------------------------------- counters
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as reply:
+        return str(reply.read().decode("utf-8", errors="replace"))
+
+
+def four_letter(port: int, command: str) -> str:
+    """ZooKeeper's answer to a four-letter command (deploy/zookeeper.sh allows mntr)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SCRAPE_TIMEOUT_S) as conn:
+        conn.sendall(command.encode())
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def zk_counters(mntr: dict[str, float]) -> dict[str, float]:
+    """Requests ZooKeeper served: reads, writes (a multi is one) and packets received (pings
+    included), from its `mntr` answer."""
+    names = {"reads": "zk_cnt_readlatency", "writes": "zk_cnt_updatelatency"}
+    names["packets"] = "zk_packets_received"
+    return {kind: mntr[name] for kind, name in names.items() if name in mntr}
+
+
+def oxia_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """Requests a real Oxia served, per gRPC method, from its Prometheus endpoint."""
+    return counter_by(samples, "rpc_server_requests_per_rpc_count", "rpc_method")
+
+
+def etcd_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """Messages etcd received per gRPC method: one per unary call, one per message on a stream
+    (Watch, LeaseKeepAlive)."""
+    return counter_by(samples, "grpc_server_msg_received_total", "grpc_method")
+
+
+def tk_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """TableKeeper's own counts: BookKeeper-protocol calls per method (its Oxia and etcd ports'
+    calls are not counted there), and the commands appended to its write-ahead log and the
+    group commits that appended them."""
+    found = {
+        f"bk:{method}": n
+        for method, n in counter_by(samples, "tablekeeper_requests_total", "method").items()
+    }
+    for kind, name in (
+        ("wal-commands", "tablekeeper_wal_append_records_sum"),
+        ("wal-appends", "tablekeeper_wal_append_records_count"),
+    ):
+        if name in {sample[0] for sample in samples}:
+            found[kind] = sum(counter_by(samples, name).values())
+    return found
+
+
+def broker_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """Metadata operations the broker's store driver completed, per type (get, put, del; a
+    failed one as `type-fail`), whatever the store."""
+    found: dict[str, float] = {}
+    name = "pulsar_metadata_store_ops_latency_ms_count"
+    for status, suffix in (("success", ""), ("fail", "-fail")):
+        for kind, n in counter_by(samples, name, "type", status=status).items():
+            found[kind + suffix] = n
+    return found
+
+
+def scrape(read: Callable[[], dict[str, float]], what: str) -> dict[str, float] | None:
+    """`read()`, or None (with a warning) when the endpoint does not answer or parse."""
+    try:
+        return read()
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        eprint(f"warning: {what} counters not read: {type(e).__name__}: {e}")
+        return None
+
+
+def delta(
+    before: dict[str, float] | None, after: dict[str, float] | None
+) -> dict[str, float] | None:
+    return None if before is None or after is None else counter_delta(before, after)
+
+
 # --------------------------------------------------------------------------- stores
 
 
 @dataclass
 class Store:
-    """A metadata store started for one Pulsar: its URL for `--metadata` and its pid."""
+    """A metadata store started for one Pulsar: its URL for `--metadata`, its pid and its own
+    request counters."""
 
     name: str
     url: str
     pid: Callable[[], int | None]
     description: str
+    counters: Callable[[], dict[str, float]]
+    """The store's own cumulative request counters, by kind."""
+    tk_pid: int | None = None
+    """TableKeeper's server process (what `--profile` records)."""
 
 
 def script_env() -> dict[str, str]:
@@ -172,30 +314,90 @@ def script_env() -> dict[str, str]:
 
 
 @contextmanager
-def start_store(name: str, workdir: Path) -> Iterator[Store]:
+def start_store(name: str, workdir: Path, args: argparse.Namespace) -> Iterator[Store]:
     if name == "zk":
-        zk = ZooKeeperProcess(workdir / "zk", env=script_env())
+        with zookeeper_store(workdir) as store:
+            yield store
+    elif name == "oxia":
+        with oxia_store(workdir, args.oxia_bin) as store:
+            yield store
+    elif name == "etcd":
+        with etcd_store(workdir) as store:
+            yield store
+    else:
+        with tablekeeper_store(name, workdir) as store:
+            yield store
+
+
+@contextmanager
+def zookeeper_store(workdir: Path) -> Iterator[Store]:
+    zk = ZooKeeperProcess(workdir / "zk", env=script_env())
+    try:
         try:
-            try:
-                zk.start(120)
-            except (RuntimeError, TimeoutError) as e:
-                raise BenchError(f"ZooKeeper did not start: {e}") from e
+            zk.start(120)
+        except (RuntimeError, TimeoutError) as e:
+            raise BenchError(f"ZooKeeper did not start: {e}") from e
 
-            def zk_pid() -> int | None:
-                try:
-                    return int((zk.state_dir / "zookeeper.pid").read_text().strip())
-                except (OSError, ValueError):
-                    return None
-
-            yield Store(
-                name, f"zk:{zk.hosts}", zk_pid, f"ZooKeeper (deploy/zookeeper.sh) on {zk.hosts}"
-            )
-        finally:
+        def zk_pid() -> int | None:
             try:
-                zk.stop()
-            except (RuntimeError, OSError) as e:
-                eprint(f"warning: stopping ZooKeeper: {e}")
-        return
+                return int((zk.state_dir / "zookeeper.pid").read_text().strip())
+            except (OSError, ValueError):
+                return None
+
+        yield Store(
+            "zk",
+            f"zk:{zk.hosts}",
+            zk_pid,
+            f"ZooKeeper (deploy/zookeeper.sh) on {zk.hosts}",
+            lambda: zk_counters(parse_mntr(four_letter(zk.port, "mntr"))),
+        )
+    finally:
+        try:
+            zk.stop()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            eprint(f"warning: stopping ZooKeeper: {e}")
+
+
+@contextmanager
+def oxia_store(workdir: Path, binary: Path) -> Iterator[Store]:
+    server = OxiaServer(binary, workdir / "oxia")
+    try:
+        try:
+            server.start(120)
+        except RuntimeError as e:
+            raise BenchError(f"Oxia did not start: {e}") from e
+        yield Store(
+            "oxia",
+            f"oxia://{server.address}",
+            lambda: server.pid,
+            f"Oxia standalone ({binary}, --shards {server.shards}, log {server.log_path})",
+            lambda: oxia_counters(parse_prometheus(http_text(server.metrics_url))),
+        )
+    finally:
+        server.stop()
+
+
+@contextmanager
+def etcd_store(workdir: Path) -> Iterator[Store]:
+    etcd = EtcdProcess(workdir / "etcd")
+    try:
+        try:
+            etcd.start(wait_s=120)
+        except RuntimeError as e:
+            raise BenchError(f"etcd did not start: {e}") from e
+        yield Store(
+            "etcd",
+            f"etcd:http://{etcd.endpoint}",
+            lambda: etcd.pid,
+            f"etcd (deploy/etcd.sh) on {etcd.endpoint}",
+            lambda: etcd_counters(parse_prometheus(http_text(f"http://{etcd.endpoint}/metrics"))),
+        )
+    finally:
+        etcd.stop()
+
+
+@contextmanager
+def tablekeeper_store(name: str, workdir: Path) -> Iterator[Store]:
     port = free_port()
     api = {"tk-oxia": "--oxia-port", "tk-etcd": "--etcd-port"}[name]
     url = {"tk-oxia": f"oxia://127.0.0.1:{port}", "tk-etcd": f"etcd:http://127.0.0.1:{port}"}[name]
@@ -209,11 +411,14 @@ def start_store(name: str, workdir: Path) -> Iterator[Store]:
             server.start(timeout_s=120)
         except (RuntimeError, TimeoutError) as e:
             raise BenchError(f"TableKeeper did not start: {e}") from e
+        metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         yield Store(
             name,
             url,
             lambda: server.process.pid if server.process is not None else None,
             f"TableKeeper standalone server ({api} {port}, log {server.log_path})",
+            lambda: tk_counters(parse_prometheus(http_text(metrics_url))),
+            tk_pid=server.process.pid if server.process is not None else None,
         )
     finally:
         if server.process is not None:
@@ -223,7 +428,46 @@ def start_store(name: str, workdir: Path) -> Iterator[Store]:
                 eprint(f"warning: stopping TableKeeper: {e}")
 
 
+# --------------------------------------------------------------------------- profiles
+
+
+@contextmanager
+def profiled(pid: int | None, path: Path | None, native: bool) -> Iterator[str | None]:
+    """py-spy records process `pid` (and its children) into `path` meanwhile (collapsed stacks,
+    100 samples/s, without pausing it); yields the path, or None when not profiling or py-spy
+    could not attach (with a warning)."""
+    if pid is None or path is None:
+        yield None
+        return
+    command = [str(PY_SPY), "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
+    command += ["--output", str(path), "--nonblocking", "--subprocesses"]
+    if native:
+        command.append("--native")
+    log_path = path.with_suffix(".log")
+    with open(log_path, "wb") as log:
+        spy = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(1.0)  # py-spy attaches
+        if spy.poll() is not None:
+            eprint(f"warning: py-spy exited {spy.returncode}: {log_path.read_text()[-500:]}")
+            yield None
+        else:
+            yield str(path)
+    finally:
+        if spy.poll() is None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+            try:
+                spy.wait(60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+
+
 # --------------------------------------------------------------------------- phases
+
+Call = tuple[str, str, bytes | None]
+Validate = Callable[[bytes], str | None]
+"""Checks a successful call's body: None when it is right, else what is wrong."""
 
 
 @dataclass
@@ -241,6 +485,11 @@ class Phase:
     mean_ms: float
     store_cpu_s: float | None
     pulsar_cpu_s: float | None
+    broker_ops: dict[str, float] | None = None
+    """Metadata operations the broker's driver completed during the phase, by type."""
+    store_requests: dict[str, float] | None = None
+    """The store's own request counters' increase during the phase, by kind."""
+    profile: str | None = None
     first_error: str | None = None
 
 
@@ -251,6 +500,7 @@ class Run:
     pulsar_start_s: float
     phases: list[Phase] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    restart: dict[str, Any] | None = None
     idle_deletions: int | None = None
     """Topics of the tenant the broker logged as deleted for inactivity (must be 0)."""
     error: str | None = None
@@ -271,11 +521,12 @@ def run_workers(worker: Callable[[], None], concurrency: int, stop: threading.Ev
 def run_calls(
     admin_url: str,
     concurrency: int,
-    calls: list[tuple[str, str, bytes | None]],
+    calls: list[Call],
     stop: threading.Event,
+    validate: Validate | None = None,
 ) -> tuple[list[float], list[str], float]:
     """Run `calls` with `concurrency` closed-loop workers; (latencies of the successful calls in
-    seconds, error messages, wall seconds)."""
+    seconds, error messages, wall seconds). A 2xx answer that `validate` rejects is an error."""
     lock = threading.Lock()
     cursor = iter(range(len(calls)))
     latencies: list[float] = []
@@ -298,6 +549,8 @@ def run_calls(
                     admin.close()
                     err = f"{type(e).__name__}: {e}"
                 elapsed = time.perf_counter() - t0
+                if err is None and validate is not None:
+                    err = validate(data)
                 with lock:
                     if err is None:
                         latencies.append(elapsed)
@@ -311,65 +564,117 @@ def run_calls(
     return latencies, errors, time.perf_counter() - started
 
 
-def timed_phase(
-    store: Store,
-    pulsar: PulsarService,
-    concurrency: int,
-    phase: str,
-    calls: list[tuple[str, str, bytes | None]],
-    stop: threading.Event,
-) -> Phase:
-    store_pid, pulsar_pid = store.pid(), pulsar.pid
-    cpu0 = proc_cpu_s(store_pid), proc_cpu_s(pulsar_pid)
-    latencies, errors, seconds = run_calls(pulsar.admin_url, concurrency, calls, stop)
-    cpu1 = proc_cpu_s(store_pid), proc_cpu_s(pulsar_pid)
-    lat = sorted(latencies)
-
-    def cpu(i: int) -> float | None:
-        a, b = cpu0[i], cpu1[i]
-        return None if a is None or b is None else round(b - a, 2)
-
-    return Phase(
-        store=store.name,
-        concurrency=concurrency,
-        phase=phase,
-        ops=len(lat),
-        errors=len(errors),
-        seconds=round(seconds, 3),
-        ops_per_s=round(len(lat) / seconds, 1) if seconds > 0 else float("nan"),
-        p50_ms=round(percentile(lat, 50) * 1e3, 2),
-        p99_ms=round(percentile(lat, 99) * 1e3, 2),
-        max_ms=round(lat[-1] * 1e3, 2) if lat else float("nan"),
-        mean_ms=round(sum(lat) / len(lat) * 1e3, 2) if lat else float("nan"),
-        store_cpu_s=cpu(0),
-        pulsar_cpu_s=cpu(1),
-        first_error=errors[0] if errors else None,
+def has_subscription(data: bytes) -> str | None:
+    """A topic's (or partitioned topic's) stats must list the benchmark's subscription."""
+    try:
+        subscriptions = json.loads(data).get("subscriptions", {})
+    except (ValueError, AttributeError):
+        return f"stats not a JSON object: {data[:200]!r}"
+    return (
+        None if SUBSCRIPTION in subscriptions else f"no {SUBSCRIPTION!r} in {list(subscriptions)}"
     )
 
 
-def check_namespace(
-    admin_url: str, namespace: str, topics: list[str], concurrency: int, stop: threading.Event
-) -> dict[str, Any]:
-    """Every topic listed, nothing else; every topic has exactly the one subscription."""
-    admin = Admin(admin_url)
-    try:
-        listed = set(json.loads(admin.ok("GET", f"/admin/v2/persistent/{namespace}")))
-    finally:
-        admin.close()
-    expected = {f"persistent://{namespace}/{t}" for t in topics}
-    bad_subs: list[str] = []
+@dataclass
+class Bench:
+    """What one store's phases share."""
+
+    store: Store
+    pulsar: PulsarService
+    stop: threading.Event
+    profile_dir: Path | None
+    """Where --profile's files go (None: no profiling)."""
+    profile_native: bool = False
+
+    def broker_counters(self) -> dict[str, float] | None:
+        url = f"{self.pulsar.admin_url}/metrics/"
+        return scrape(lambda: broker_counters(parse_prometheus(http_text(url))), "broker")
+
+    def store_counters(self) -> dict[str, float] | None:
+        return scrape(self.store.counters, self.store.name)
+
+    def phase(
+        self, concurrency: int, phase: str, calls: list[Call], validate: Validate | None = None
+    ) -> Phase:
+        store, pulsar = self.store, self.pulsar
+        profile = (
+            self.profile_dir / f"{store.name}-c{concurrency}-{phase}.txt"
+            if self.profile_dir is not None and store.tk_pid is not None
+            else None
+        )
+        broker0, store0 = self.broker_counters(), self.store_counters()
+        with profiled(store.tk_pid, profile, self.profile_native) as recorded:
+            store_pid, pulsar_pid = store.pid(), pulsar.pid
+            cpu0 = proc_cpu_s(store_pid), proc_cpu_s(pulsar_pid)
+            latencies, errors, seconds = run_calls(
+                pulsar.admin_url, concurrency, calls, self.stop, validate
+            )
+            cpu1 = proc_cpu_s(store_pid), proc_cpu_s(pulsar_pid)
+        broker1, store1 = self.broker_counters(), self.store_counters()
+        lat = sorted(latencies)
+
+        def cpu(i: int) -> float | None:
+            a, b = cpu0[i], cpu1[i]
+            return None if a is None or b is None else round(b - a, 2)
+
+        return Phase(
+            store=store.name,
+            concurrency=concurrency,
+            phase=phase,
+            ops=len(lat),
+            errors=len(errors),
+            seconds=round(seconds, 3),
+            ops_per_s=round(len(lat) / seconds, 1) if seconds > 0 else float("nan"),
+            p50_ms=round(percentile(lat, 50) * 1e3, 2),
+            p99_ms=round(percentile(lat, 99) * 1e3, 2),
+            max_ms=round(lat[-1] * 1e3, 2) if lat else float("nan"),
+            mean_ms=round(sum(lat) / len(lat) * 1e3, 2) if lat else float("nan"),
+            store_cpu_s=cpu(0),
+            pulsar_cpu_s=cpu(1),
+            broker_ops=delta(broker0, broker1),
+            store_requests=delta(store0, store1),
+            profile=recorded,
+            first_error=errors[0] if errors else None,
+        )
+
+    def restart(self, timeout_s: int) -> dict[str, Any]:
+        """Stop the Pulsar JVM and start it again on the same store and data, until it serves:
+        how long each took, and what the store did meanwhile."""
+        store0, cpu0 = self.store_counters(), proc_cpu_s(self.store.pid())
+        t0 = time.monotonic()
+        try:
+            self.pulsar.stop()
+            t1 = time.monotonic()
+            self.pulsar.start(timeout_s=timeout_s)
+        except (RuntimeError, subprocess.SubprocessError) as e:
+            raise BenchError(f"broker restart failed: {e}") from e
+        t2 = time.monotonic()
+        cpu1, store1 = proc_cpu_s(self.store.pid()), self.store_counters()
+        return {
+            "stop_s": round(t1 - t0, 1),
+            "start_s": round(t2 - t1, 1),
+            "store_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
+            "store_requests": delta(store0, store1),
+            "broker_ops_at_start": self.broker_counters(),
+        }
+
+
+def check_subscriptions(
+    admin_url: str, paths: list[str], concurrency: int, stop: threading.Event
+) -> list[str]:
+    """GET each `…/subscriptions` path: those whose answer is not exactly [SUBSCRIPTION]."""
+    bad: list[str] = []
     lock = threading.Lock()
-    cursor = iter(topics)
+    cursor = iter(paths)
 
     def worker() -> None:
         client = Admin(admin_url)
         try:
             while not stop.is_set():
                 with lock:
-                    topic = next(cursor, None)
-                if topic is None:
+                    path = next(cursor, None)
+                if path is None:
                     return
-                path = f"/admin/v2/persistent/{namespace}/{topic}/subscriptions"
                 try:
                     status, data = client.call("GET", path)
                     subs = json.loads(data) if status == 200 else f"HTTP {status}"
@@ -378,27 +683,87 @@ def check_namespace(
                     subs = f"{type(e).__name__}: {e}"
                 if subs != [SUBSCRIPTION]:
                     with lock:
-                        bad_subs.append(f"{topic}: {subs}")
+                        bad.append(f"{path}: {subs}")
         finally:
             client.close()
 
     run_workers(worker, concurrency, stop)
-    missing, extra = sorted(expected - listed), sorted(listed - expected)
+    return bad
+
+
+def listing(admin_url: str, namespace: str) -> tuple[set[str], set[str]]:
+    """(the namespace's persistent topics, partitions included; its partitioned topics)."""
+    admin = Admin(admin_url)
+    try:
+        topics = set(json.loads(admin.ok("GET", f"/admin/v2/persistent/{namespace}")))
+        parts = set(json.loads(admin.ok("GET", f"/admin/v2/persistent/{namespace}/partitioned")))
+    finally:
+        admin.close()
+    return topics, parts
+
+
+def check_namespace(
+    admin_url: str,
+    namespace: str,
+    topics: list[str],
+    partitioned: list[str],
+    partitions: int,
+    concurrency: int,
+    stop: threading.Event,
+) -> dict[str, Any]:
+    """The namespace lists exactly `topics`, the partitions of `partitioned` and `partitioned`
+    as its partitioned topics; each topic and partitioned topic has exactly the one
+    subscription. With no topics given: the namespace lists none."""
+    listed, listed_partitioned = listing(admin_url, namespace)
+    prefix = f"persistent://{namespace}/"
+    expected = {prefix + t for t in topics}
+    expected |= {f"{prefix}{p}-partition-{i}" for p in partitioned for i in range(partitions)}
+    expected_partitioned = {prefix + p for p in partitioned}
+    base = f"/admin/v2/persistent/{namespace}"
+    paths = [f"{base}/{t}/subscriptions" for t in [*topics, *partitioned]]
+    bad_subs = check_subscriptions(admin_url, paths, concurrency, stop)
+    missing = sorted((expected - listed) | (expected_partitioned - listed_partitioned))
+    extra = sorted((listed - expected) | (listed_partitioned - expected_partitioned))
     return {
         "namespace": namespace,
-        "expected": len(expected),
-        "listed": len(listed),
+        "expected": len(expected) + len(expected_partitioned),
+        "listed": len(listed) + len(listed_partitioned),
         "missing": missing[:20],
         "missing_count": len(missing),
         "unexpected": extra[:20],
+        "unexpected_count": len(extra),
         "bad_subscriptions": bad_subs[:20],
         "bad_subscription_count": len(bad_subs),
         "ok": not missing and not extra and not bad_subs and not stop.is_set(),
     }
 
 
+def report_check(name: str, check: dict[str, Any]) -> None:
+    eprint(
+        f"[{name}] check {check['namespace']}: {check['listed']}/{check['expected']} listed, "
+        f"{check['missing_count']} missing, {check['unexpected_count']} unexpected, "
+        f"{check['bad_subscription_count']} without exactly ['{SUBSCRIPTION}']"
+        + ("" if check["ok"] else f": FAILED {check}")
+    )
+
+
+def setup_namespaces(admin_url: str, concurrency: list[int]) -> None:
+    admin = Admin(admin_url)
+    try:
+        admin.ok(
+            "PUT",
+            f"/admin/v2/tenants/{TENANT}",
+            json.dumps({"adminRoles": [], "allowedClusters": ["standalone"]}).encode(),
+        )
+        for c in concurrency:
+            admin.ok("PUT", f"/admin/v2/namespaces/{TENANT}/c{c}")
+            admin.ok("POST", f"/admin/v2/namespaces/{TENANT}/c{c}/inactiveTopicPolicies", KEEP)
+    finally:
+        admin.close()
+
+
 def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threading.Event) -> Run:
-    with start_store(name, workdir) as store:
+    with start_store(name, workdir, args) as store:
         eprint(f"[{name}] {store.description}; starting Pulsar on --metadata {store.url} ...")
         t0 = time.monotonic()
         pulsar_dir = workdir / f"pulsar-{name}"
@@ -411,51 +776,13 @@ def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threadin
             PulsarService("", "", pulsar_dir, pulsar_env).close()
             raise
         run = Run(name, store.url, round(time.monotonic() - t0, 1))
+        bench = Bench(store, pulsar, stop, args.profile_dir, args.profile_native)
         try:
             eprint(
                 f"[{name}] Pulsar ready in {run.pulsar_start_s:.0f} s: {pulsar.admin_url} "
                 f"(pid {pulsar.pid})"
             )
-            admin = Admin(pulsar.admin_url)
-            try:
-                admin.ok(
-                    "PUT",
-                    f"/admin/v2/tenants/{TENANT}",
-                    json.dumps({"adminRoles": [], "allowedClusters": ["standalone"]}).encode(),
-                )
-                for c in args.concurrency:
-                    admin.ok("PUT", f"/admin/v2/namespaces/{TENANT}/c{c}")
-                    admin.ok(
-                        "POST", f"/admin/v2/namespaces/{TENANT}/c{c}/inactiveTopicPolicies", KEEP
-                    )
-            finally:
-                admin.close()
-            topics = [f"t{i:05d}" for i in range(args.topics)]
-            for c in args.concurrency:
-                ns = f"{TENANT}/c{c}"
-                base = f"/admin/v2/persistent/{ns}"
-                phases: dict[str, list[tuple[str, str, bytes | None]]] = {
-                    "create-topic": [("PUT", f"{base}/{t}", None) for t in topics],
-                    "create-subscription": [
-                        ("PUT", f"{base}/{t}/subscription/{SUBSCRIPTION}", LATEST) for t in topics
-                    ],
-                }
-                for phase, calls in phases.items():
-                    cell = timed_phase(store, pulsar, c, phase, calls, stop)
-                    run.phases.append(cell)
-                    print_phase(cell)
-                    if cell.first_error:
-                        eprint(f"[{name}] {cell.errors} errors, first: {cell.first_error}")
-                    if stop.is_set():
-                        raise KeyboardInterrupt
-                check = check_namespace(pulsar.admin_url, ns, topics, c, stop)
-                run.checks.append(check)
-                eprint(
-                    f"[{name}] check {ns}: {check['listed']}/{check['expected']} topics listed, "
-                    f"{check['missing_count']} missing, {len(check['unexpected'])} unexpected, "
-                    f"{check['bad_subscription_count']} without exactly ['{SUBSCRIPTION}']"
-                    + ("" if check["ok"] else f": FAILED {check}")
-                )
+            run_phases(bench, run, args)
             run.idle_deletions = idle_deletions(pulsar_dir / "pulsar.log")
             if run.idle_deletions:
                 eprint(f"[{name}] FAILED: {run.idle_deletions} topics deleted for inactivity")
@@ -463,6 +790,90 @@ def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threadin
             eprint(f"[{name}] stopping Pulsar ...")
             pulsar.close()
         return run
+
+
+def run_phases(bench: Bench, run: Run, args: argparse.Namespace) -> None:
+    name, stop = run.store, bench.stop
+    setup_namespaces(bench.pulsar.admin_url, args.concurrency)
+    topics = [f"t{i:05d}" for i in range(args.topics)]
+    partitioned = (
+        [] if "partitioned" in args.skip else [f"p{i:05d}" for i in range(args.partitioned)]
+    )
+    partitions_body = str(args.partitions).encode()
+
+    def timed(c: int, phase: str, calls: list[Call], validate: Validate | None = None) -> None:
+        if not calls:
+            return
+        cell = bench.phase(c, phase, calls, validate)
+        run.phases.append(cell)
+        print_phase(cell)
+        if cell.first_error:
+            eprint(f"[{name}] {cell.errors} errors, first: {cell.first_error}")
+        if stop.is_set():
+            raise KeyboardInterrupt
+
+    def check(c: int, created: bool) -> None:
+        ns = f"{TENANT}/c{c}"
+        result = check_namespace(
+            bench.pulsar.admin_url,
+            ns,
+            topics if created else [],
+            partitioned if created else [],
+            args.partitions,
+            c,
+            stop,
+        )
+        result["after"] = "create" if created else "delete"
+        run.checks.append(result)
+        report_check(name, result)
+
+    for c in args.concurrency:
+        base = f"/admin/v2/persistent/{TENANT}/c{c}"
+        timed(c, "create-topic", [("PUT", f"{base}/{t}", None) for t in topics])
+        timed(
+            c,
+            "create-subscription",
+            [("PUT", f"{base}/{t}/subscription/{SUBSCRIPTION}", LATEST) for t in topics],
+        )
+        timed(
+            c,
+            "create-partitioned",
+            [("PUT", f"{base}/{p}/partitions", partitions_body) for p in partitioned],
+        )
+        timed(
+            c,
+            "subscribe-partitioned",
+            [("PUT", f"{base}/{p}/subscription/{SUBSCRIPTION}", LATEST) for p in partitioned],
+        )
+        check(c, created=True)
+    if "restart" not in args.skip:
+        eprint(f"[{name}] restarting the broker ...")
+        run.restart = bench.restart(args.pulsar_timeout)
+        print_restart(name, run.restart)
+        for c in args.concurrency:
+            base = f"/admin/v2/persistent/{TENANT}/c{c}"
+            timed(
+                c,
+                "reload-topic",
+                [("GET", f"{base}/{t}/stats", None) for t in topics],
+                has_subscription,
+            )
+            timed(
+                c,
+                "reload-partitioned",
+                [("GET", f"{base}/{p}/partitioned-stats", None) for p in partitioned],
+                has_subscription,
+            )
+    if "delete" not in args.skip:
+        for c in args.concurrency:
+            base = f"/admin/v2/persistent/{TENANT}/c{c}"
+            timed(c, "delete-topic", [("DELETE", f"{base}/{t}", None) for t in topics])
+            timed(
+                c,
+                "delete-partitioned",
+                [("DELETE", f"{base}/{p}/partitions", None) for p in partitioned],
+            )
+            check(c, created=False)
 
 
 def idle_deletions(log: Path) -> int:
@@ -482,7 +893,7 @@ def idle_deletions(log: Path) -> int:
 
 
 HEADER = (
-    f"{'store':<8} {'conc':>4} {'phase':<20} {'ops':>5} {'err':>4} {'ops/s':>8} "
+    f"{'store':<8} {'conc':>4} {'phase':<21} {'ops':>5} {'err':>4} {'ops/s':>8} "
     f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'store cpu ms/op':>15} {'pulsar cpu ms/op':>16}"
 )
 
@@ -494,36 +905,110 @@ def per_op(cpu_s: float | None, ops: int) -> float | None:
 
 def print_phase(p: Phase) -> None:
     print(
-        f"{p.store:<8} {p.concurrency:>4} {p.phase:<20} {p.ops:>5} {p.errors:>4} "
+        f"{p.store:<8} {p.concurrency:>4} {p.phase:<21} {p.ops:>5} {p.errors:>4} "
         f"{fmt(p.ops_per_s, 1):>8} {fmt(p.p50_ms):>8} {fmt(p.p99_ms):>8} {fmt(p.max_ms, 1):>8} "
         f"{fmt(per_op(p.store_cpu_s, p.ops), 1):>15} {fmt(per_op(p.pulsar_cpu_s, p.ops), 1):>16}",
         flush=True,
     )
 
 
-def ratios(runs: list[Run]) -> list[dict[str, Any]]:
-    """Each store's phases against the anchor's (the first store that ran)."""
-    if not runs:
-        return []
-    anchor = {(p.concurrency, p.phase): p for p in runs[0].phases}
-    out = []
-    for run in runs[1:]:
+def print_restart(store: str, restart: dict[str, Any]) -> None:
+    print(
+        f"{store:<8} broker restart: stopped in {restart['stop_s']:.1f} s, serving again in "
+        f"{restart['start_s']:.1f} s (store CPU meanwhile {fmt(restart['store_cpu_s'])} s; "
+        f"store requests {per_call(restart['store_requests'], 1)})",
+        flush=True,
+    )
+
+
+def per_call(counts: dict[str, float] | None, calls: int, limit: int = 6) -> str:
+    """`counts` divided by `calls`, largest first, as "kind=n.n ..." (the first `limit` kinds);
+    "-" when unknown."""
+    if counts is None or not calls:
+        return "-"
+    if not counts:
+        return "none"
+    ranked = sorted(counts.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+    shown = " ".join(f"{kind}={n / calls:.1f}" for kind, n in ranked[:limit])
+    return shown + (f" (+{len(ranked) - limit} more)" if len(ranked) > limit else "")
+
+
+def print_requests(runs: list[Run]) -> None:
+    """Per store and phase: the metadata requests one call cost, as the broker and as the store
+    count them."""
+    print(
+        "\nmetadata requests per call (broker: its driver's completed get/put/del; store: its "
+        "own counters, see --help)"
+    )
+    print(f"{'store':<8} {'conc':>4} {'phase':<21} {'broker per call':<28} store per call")
+    for run in runs:
         for p in run.phases:
-            a = anchor.get((p.concurrency, p.phase))
-            if a is None or not a.ops_per_s or not a.p50_ms or not a.p99_ms:
+            print(
+                f"{p.store:<8} {p.concurrency:>4} {p.phase:<21} "
+                f"{per_call(p.broker_ops, p.ops):<28} {per_call(p.store_requests, p.ops)}"
+            )
+
+
+def ratio_pairs(stores: list[str]) -> list[tuple[str, str]]:
+    """(store, anchor) pairs to compare: every store with the first, and each TableKeeper
+    front-end with the real server of its protocol when both ran."""
+    if not stores:
+        return []
+    pairs = [(s, stores[0]) for s in stores[1:]]
+    for tk, real in PROTOCOL_ANCHORS.items():
+        if tk in stores and real in stores and (tk, real) not in pairs:
+            pairs.append((tk, real))
+    return pairs
+
+
+def ratios(runs: list[Run]) -> list[dict[str, Any]]:
+    """Each pair of `ratio_pairs`, phase by phase: ops/s, p50, p99, store and broker CPU per
+    call of the store over the anchor (None where the anchor's figure is 0 or unknown)."""
+    by_store = {run.store: {(p.concurrency, p.phase): p for p in run.phases} for run in runs}
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or not b or a != a or b != b else round(a / b, 2)
+
+    out = []
+    for store, anchor in ratio_pairs([run.store for run in runs]):
+        for key, p in by_store[store].items():
+            a = by_store[anchor].get(key)
+            if a is None:
                 continue
             out.append(
                 {
-                    "store": p.store,
-                    "anchor": a.store,
+                    "store": store,
+                    "anchor": anchor,
                     "concurrency": p.concurrency,
                     "phase": p.phase,
-                    "ops_per_s": round(p.ops_per_s / a.ops_per_s, 2),
-                    "p50": round(p.p50_ms / a.p50_ms, 2),
-                    "p99": round(p.p99_ms / a.p99_ms, 2),
+                    "ops_per_s": ratio(p.ops_per_s, a.ops_per_s),
+                    "p50": ratio(p.p50_ms, a.p50_ms),
+                    "p99": ratio(p.p99_ms, a.p99_ms),
+                    "store_cpu_per_op": ratio(
+                        per_op(p.store_cpu_s, p.ops), per_op(a.store_cpu_s, a.ops)
+                    ),
+                    "pulsar_cpu_per_op": ratio(
+                        per_op(p.pulsar_cpu_s, p.ops), per_op(a.pulsar_cpu_s, a.ops)
+                    ),
                 }
             )
     return out
+
+
+def print_ratios(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    print(
+        "\nratios (ops/s > 1: faster than the anchor; latency and CPU per call < 1: better)\n"
+        f"{'store/anchor':<14} {'conc':>4} {'phase':<21} {'ops/s':>6} {'p50':>6} {'p99':>6} "
+        f"{'store cpu':>9} {'broker cpu':>10}"
+    )
+    for r in rows:
+        print(
+            f"{r['store'] + '/' + r['anchor']:<14} {r['concurrency']:>4} {r['phase']:<21} "
+            f"{fmt(r['ops_per_s']):>6} {fmt(r['p50']):>6} {fmt(r['p99']):>6} "
+            f"{fmt(r['store_cpu_per_op']):>9} {fmt(r['pulsar_cpu_per_op']):>10}"
+        )
 
 
 # --------------------------------------------------------------------------- main
@@ -537,6 +1022,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--topics", type=positive_int, default=1000, help="topics per namespace (default 1000)"
     )
     parser.add_argument(
+        "--partitioned",
+        type=int,
+        default=None,
+        help="partitioned topics per namespace (default: topics / 10, at least 1)",
+    )
+    parser.add_argument(
+        "--partitions", type=positive_int, default=4, help="partitions of each (default 4)"
+    )
+    parser.add_argument(
         "--concurrency",
         default="1,16",
         help="comma-separated admin calls in flight; one namespace each (default 1,16)",
@@ -546,6 +1040,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="zk,tk-oxia",
         help=f"comma-separated, in order, the first is the anchor of the ratios; "
         f"any of {','.join(STORES)} (default zk,tk-oxia)",
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help=f"comma-separated groups of phases to leave out: {','.join(SKIPPABLE)}",
+    )
+    parser.add_argument(
+        "--oxia-bin",
+        type=Path,
+        default=default_binary(),
+        help="the real Oxia's binary (default $OXIA_BIN, else .deploy/bin/oxia); "
+        "without it the oxia store is skipped with a note",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the TableKeeper server with py-spy during each timed phase "
+        "(collapsed stacks under benchmarks/out/)",
+    )
+    parser.add_argument(
+        "--profile-native", action="store_true", help="with --profile: native frames too"
     )
     parser.add_argument(
         "--keep-going",
@@ -571,12 +1086,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.stores if s not in STORES]
     if unknown or not args.stores:
         parser.error(f"--stores: unknown {unknown}; choose from {','.join(STORES)}")
+    if len(set(args.stores)) != len(args.stores):
+        parser.error("--stores: a store named twice")
+    args.skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    unknown = [s for s in args.skip if s not in SKIPPABLE]
+    if unknown:
+        parser.error(f"--skip: unknown {unknown}; choose from {','.join(SKIPPABLE)}")
+    if args.partitioned is None:
+        args.partitioned = max(1, args.topics // 10)
+    elif args.partitioned < 0:
+        parser.error("--partitioned must be >= 0")
+    if args.profile_native and not args.profile:
+        parser.error("--profile-native needs --profile")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    notes: list[str] = []
+    if "oxia" in args.stores and not args.oxia_bin.is_file():
+        notes.append(f"no Oxia binary at {args.oxia_bin} (--oxia-bin): the oxia store is skipped")
+        args.stores.remove("oxia")
+    args.profile_dir = None
+    if args.profile:
+        if not PY_SPY.is_file():
+            notes.append(f"--profile: no py-spy at {PY_SPY} (make install): not profiling")
+        elif any(s.startswith("tk-") for s in args.stores):
+            args.profile_dir = OUT_DIR / f"pulsar-metadata-{stamp}-profile"
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+    for note in notes:
+        eprint(f"note: {note}")
+    if not args.stores:
+        return 1
     load_start = os.getloadavg()
     if load_start[0] > 1.0:
         eprint(f"warning: load average {load_start[0]:.1f} before start; expect noise")
@@ -585,9 +1128,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     runs: list[Run] = []
     status = 0
+    groups = [g for g in ("create", *SKIPPABLE) if g not in args.skip]
     print(
-        f"Pulsar 4.0.7 admin API, {args.topics} non-partitioned topics + 1 subscription each, "
-        f"concurrency {','.join(map(str, args.concurrency))}, stores {','.join(args.stores)}"
+        f"Pulsar 4.0.7 admin API: {args.topics} topics + 1 subscription each, "
+        f"{args.partitioned if 'partitioned' not in args.skip else 0} partitioned topics of "
+        f"{args.partitions}; phases {','.join(groups)}; concurrency "
+        f"{','.join(map(str, args.concurrency))}; stores {','.join(args.stores)}"
     )
     print(HEADER)
     with sigterm_as_interrupt():
@@ -623,14 +1169,17 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 shutil.rmtree(workdir, ignore_errors=True)
     measured = [r for r in runs if r.phases]
+    if measured:
+        print_requests(measured)
     rows = ratios(measured)
-    if rows:
-        print()
-    for r in rows:
+    print_ratios(rows)
+    profiles = [p.profile for r in measured for p in r.phases if p.profile]
+    if profiles:
         print(
-            f"ratio {r['store']}/{r['anchor']}  {r['phase']:<20} conc={r['concurrency']:<3} "
-            f"ops/s x{r['ops_per_s']:.2f}  p50 x{r['p50']:.2f}  p99 x{r['p99']:.2f}"
+            f"\npy-spy profiles (collapsed stacks), one per TableKeeper phase: {args.profile_dir}"
         )
+    for note in notes:
+        print(f"note: {note}")
     report = {
         "benchmark": "benchmarks/pulsar_metadata.py",
         "started_utc": started.isoformat(timespec="seconds"),
@@ -644,6 +1193,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_start": [round(x, 2) for x in load_start],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         },
+        "notes": notes,
         "runs": [asdict(r) for r in runs],
         "ratios": rows,
         "exit_status": status,
@@ -651,7 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     if out is None:
         OUT_DIR.mkdir(parents=True, exist_ok=True)
-        out = OUT_DIR / f"pulsar-metadata-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+        out = OUT_DIR / f"pulsar-metadata-{stamp}.json"
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(no_nan(report), indent=2, default=str) + "\n")

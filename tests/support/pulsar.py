@@ -117,7 +117,9 @@ class PulsarService:
             f"--bookie-port={values['RUN_BOOKIE_PORT']}",
         ]
 
-    def _script(self, command: str, timeout_s: float) -> str:
+    def _script(self, command: str, timeout_s: float, wait_s: int = 240) -> str:
+        """Run deploy/pulsar.sh `command` on this instance; `wait_s` is its --timeout (how long
+        `start` waits until the broker serves), `timeout_s` bounds the whole script."""
         assert self.deploy_dir is not None, "this Pulsar is not ours to stop or start"
         done = subprocess.run(
             [
@@ -126,7 +128,7 @@ class PulsarService:
                 "--dir",
                 str(self.deploy_dir),
                 "--timeout",
-                "240",
+                str(wait_s),
                 *self._ports(),
             ],
             capture_output=True,
@@ -146,9 +148,10 @@ class PulsarService:
     def stop(self) -> None:
         self._script("stop", 120)
 
-    def start(self) -> None:
-        """Start it again on the ports and state directory it had (after `stop`)."""
-        self._script("start", 300)
+    def start(self, timeout_s: int = 240) -> None:
+        """Start it again on the ports and state directory it had (after `stop`), waiting up to
+        `timeout_s` until it serves."""
+        self._script("start", timeout_s + 60, wait_s=timeout_s)
 
     def close(self) -> None:
         """Stop it for good (when started here; a given one is left alone); never raises."""
