@@ -23,7 +23,9 @@ store's load ends when
 * every key is written (`done`; then the keys of 1,000 topics spread over the load are read back
   and compared),
 * a write failed (`failed`: ZooKeeper out of heap drops sessions or refuses writes),
-* no write completed for `--stall` seconds (`stalled`: a JVM in back-to-back full collections),
+* the write rate over the last `--stall` seconds (60) fell to `--stall-fraction` (5 %) of the
+  best rate over any such window, or to nothing (`stalled`: a JVM in back-to-back collections
+  crawls rather than stops),
 * the store process exited (`exited`), or `--max-seconds` passed (`time limit`).
 
 The N at which ZooKeeper failed or stalled is what it holds; TableKeeper is then loaded with 10
@@ -127,24 +129,37 @@ def jstat_heap_used(text: str) -> int | None:
         return None
 
 
+def window_rate(history: list[tuple[float, int]], window_s: float) -> float | None:
+    """Keys per second over the last `window_s` seconds of `history` ((seconds, keys written),
+    oldest first); None until the history spans that long."""
+    if not history or history[-1][0] - history[0][0] < window_s:
+        return None
+    end_s, end_keys = history[-1]
+    start_s, start_keys = next((t, k) for t, k in reversed(history) if end_s - t >= window_s)
+    return (end_keys - start_keys) / (end_s - start_s)
+
+
 def outcome(
     written: int,
     target: int,
     failed: int,
-    seconds_since_progress: float,
-    stall_s: float,
     alive: bool,
+    recent_rate: float | None,
+    peak_rate: float,
+    stall_fraction: float,
     elapsed: float,
     max_seconds: float,
 ) -> str | None:
-    """Why a store's load ends now, or None while it goes on (see the module's doc)."""
+    """Why a store's load ends now, or None while it goes on (see the module's doc):
+    `recent_rate` is the write rate over the last stall window, `peak_rate` the best one seen
+    over any such window."""
     if written >= target:
         return "done"
     if failed:
         return "failed"
     if not alive:
         return "exited"
-    if seconds_since_progress >= stall_s:
+    if recent_rate is not None and recent_rate <= stall_fraction * peak_rate:
         return "stalled"
     if elapsed >= max_seconds:
         return "time limit"
@@ -324,7 +339,9 @@ def load(
     reader.start()
     cpu0 = proc_cpu_s(target.pid)
     started = time.monotonic()
-    last_progress, last_written = started, 0
+    last_written = 0
+    history: list[tuple[float, int]] = []
+    peak_rate = 0.0
     next_sample = started
     finished = False
     progress: dict[str, Any] = {}
@@ -341,8 +358,11 @@ def load(
                 progress = json.loads(line.split(" ", 1)[1])
                 if line.startswith("DONE "):
                     finished = True
-            if progress.get("written", 0) > last_written:
-                last_written, last_progress = progress["written"], now
+            last_written = int(progress.get("written", 0))
+            if last_written:  # the window starts with the first write (after the connection)
+                history.append((now - started, last_written))
+            recent = window_rate(history, args.stall)
+            peak_rate = max(peak_rate, recent or 0.0)
             if now >= next_sample or finished:
                 next_sample = now + args.sample
                 sample = take_sample(target, now - started, progress)
@@ -357,9 +377,10 @@ def load(
                     last_written,
                     result.keys_target,
                     int(progress.get("failed", 0)),
-                    now - last_progress,
-                    args.stall,
                     alive,
+                    recent,
+                    peak_rate,
+                    args.stall_fraction,
                     now - started,
                     args.max_seconds,
                 )
@@ -494,7 +515,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--stall",
         type=float,
         default=60.0,
-        help="no write completed for this long: the store stalled (default 60 s)",
+        help="the window of the stall rule, seconds (default 60)",
+    )
+    parser.add_argument(
+        "--stall-fraction",
+        type=float,
+        default=0.05,
+        help="the store stalled when its write rate over the last window is at most this "
+        "fraction of its best window's (default 0.05)",
     )
     parser.add_argument(
         "--max-seconds",
