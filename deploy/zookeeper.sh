@@ -41,6 +41,8 @@ Options:
   --dir DIR        state directory: conf/, data/, zookeeper.log, zookeeper.pid
                    (default <repo>/.deploy/zookeeper, env ZK_DIR)
   --timeout SECS   how long 'start' waits for readiness (default 60, env ZK_START_TIMEOUT)
+  --heap SIZE      the JVM's maximum heap, e.g. 2g (-Xmx2g; default 256m, env ZK_HEAP holds
+                   the whole flag): what bounds the znodes it can hold
   -h, --help       this help
 
 Environment: ZK_HEAP (default -Xmx256m), ZK_EXTRA_OPTS (more JVM flags, default
@@ -52,6 +54,7 @@ EOF
 
 CMD=""
 PORT_GIVEN=0
+HEAP_SIZE=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         start|stop|status|restart) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
@@ -61,6 +64,8 @@ while [[ $# -gt 0 ]]; do
         --dir=*) DIR="${1#*=}"; shift ;;
         --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; TIMEOUT="$2"; shift 2 ;;
         --timeout=*) TIMEOUT="${1#*=}"; shift ;;
+        --heap) [[ $# -ge 2 ]] || die "--heap needs a value"; HEAP_SIZE="$2"; shift 2 ;;
+        --heap=*) HEAP_SIZE="${1#*=}"; shift ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -68,6 +73,10 @@ done
 [[ -n "$CMD" ]] || { usage >&2; exit 2; }
 is_uint "$PORT" || die "bad --port: $PORT"
 is_uint "$TIMEOUT" || die "bad --timeout: $TIMEOUT"
+if [[ -n "$HEAP_SIZE" ]]; then
+    [[ "$HEAP_SIZE" =~ ^[0-9]+[kKmMgG]?$ ]] || die "bad --heap: $HEAP_SIZE (a size such as 2g or 512m)"
+    HEAP="-Xmx$HEAP_SIZE"
+fi
 
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
