@@ -78,9 +78,9 @@ figures are not comparable with an unprofiled one). The JSON goes to benchmarks/
     .venv/bin/python benchmarks/pulsar_metadata.py --topics 200 \\
         --stores zk,oxia,tk-oxia,etcd,tk-etcd --keep-going
 
-Exit status: 0 ok, 1 a store or Pulsar did not start, 2 some call failed or a check found topics
-or subscriptions missing or left, 130 interrupted. Everything started here (stores, Pulsar,
-py-spy) is stopped on every exit path, Ctrl-C and SIGTERM included.
+Exit status: 0 ok, 1 a store or Pulsar did not start (or restart), 2 some call failed or a check
+found topics or subscriptions missing or left, 130 interrupted. Everything started here (stores,
+Pulsar, py-spy) is stopped on every exit path, Ctrl-C and SIGTERM included.
 """
 
 from __future__ import annotations
@@ -782,7 +782,11 @@ def run_store(name: str, args: argparse.Namespace, workdir: Path, stop: threadin
                 f"[{name}] Pulsar ready in {run.pulsar_start_s:.0f} s: {pulsar.admin_url} "
                 f"(pid {pulsar.pid})"
             )
-            run_phases(bench, run, args)
+            try:
+                run_phases(bench, run, args)
+            except BenchError as e:  # the phases measured so far are kept
+                run.error = str(e)
+                eprint(f"[{name}] error: {e}")
             run.idle_deletions = idle_deletions(pulsar_dir / "pulsar.log")
             if run.idle_deletions:
                 eprint(f"[{name}] FAILED: {run.idle_deletions} topics deleted for inactivity")
@@ -1149,6 +1153,11 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     continue
                 runs.append(run)
+                if run.error is not None:
+                    status = max(status, 1)
+                    if not args.keep_going:
+                        break
+                    continue
                 bad = (
                     any(p.errors for p in run.phases)
                     or not all(c["ok"] for c in run.checks)
