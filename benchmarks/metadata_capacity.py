@@ -30,7 +30,9 @@ store's load ends when
 
 The N at which ZooKeeper failed or stalled is what it holds; TableKeeper is then loaded with 10
 times that (`--tk-factor`; or `--tk-topics`) unless the machine's limits come first, which the
-output says. Prints one table of samples per store and a summary; JSON to benchmarks/out/.
+output says. Prints the samples as they come and a summary (outcome, keys, keys/s over the
+whole load and in the best window, peak RSS, RSS and store CPU per key, data on disk); JSON to
+benchmarks/out/.
 
     .venv/bin/python benchmarks/metadata_capacity.py       # zk until it fails, tk x10
     .venv/bin/python benchmarks/metadata_capacity.py --zk-heap 256m --max-seconds 900
@@ -285,6 +287,8 @@ class Load:
     last_error: str = ""
     seconds: float = 0.0
     keys_per_s: float = 0.0
+    best_keys_per_s: float = 0.0
+    """The best write rate over any `--stall` window."""
     store_cpu_s: float | None = None
     peak_rss: int | None = None
     data_dir_bytes: int | None = None
@@ -407,6 +411,7 @@ def load(
     result.failed_writes = int(progress.get("failed", 0))
     result.last_error = result.last_error or str(progress.get("last_error", ""))
     result.keys_per_s = round(result.keys_written / max(progress.get("seconds", 0.0), 1e-9), 1)
+    result.best_keys_per_s = round(peak_rate, 1)
     result.store_cpu_s = None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 1)
     peaks = [s["peak_rss"] for s in result.samples if s.get("peak_rss") is not None]
     result.peak_rss = max(peaks) if peaks else None
@@ -463,7 +468,7 @@ def print_sample(store: str, s: dict[str, Any]) -> None:
 
 def print_summary(loads: list[Load]) -> None:
     print(
-        f"\n{'store':<5} {'outcome':<12} {'keys':>12} {'of':>12} {'keys/s':>9} "
+        f"\n{'store':<5} {'outcome':<12} {'keys':>12} {'of':>12} {'keys/s':>9} {'best':>7} "
         f"{'peak RSS MiB':>12} {'RSS B/key':>9} {'cpu ms/1k keys':>14} {'disk MiB':>8}"
     )
     for r in loads:
@@ -471,8 +476,8 @@ def print_summary(loads: list[Load]) -> None:
         cpu = r.store_cpu_s * 1e6 / r.keys_written if r.store_cpu_s and r.keys_written else None
         print(
             f"{r.store:<5} {r.outcome:<12} {r.keys_written:>12,} {r.keys_target:>12,} "
-            f"{fmt(r.keys_per_s, 0):>9} {mib(r.peak_rss):>12} {fmt(per_key, 0):>9} "
-            f"{fmt(cpu, 1):>14} {mib(r.data_dir_bytes):>8}"
+            f"{fmt(r.keys_per_s, 0):>9} {fmt(r.best_keys_per_s, 0):>7} {mib(r.peak_rss):>12} "
+            f"{fmt(per_key, 0):>9} {fmt(cpu, 1):>14} {mib(r.data_dir_bytes):>8}"
         )
         if r.verify is not None:
             print(f"      read back: {r.verify}")
