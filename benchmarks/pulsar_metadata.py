@@ -59,8 +59,9 @@ cost in metadata requests, counted twice:
   the store (it does not see the BookKeeper client's ledger-metadata calls, which go through
   another store instance in the same JVM);
 * by the store: ZooKeeper's `mntr` (reads and writes: `zk_cnt_readlatency`,
-  `zk_cnt_updatelatency`; a multi is one write), Oxia's Prometheus endpoint (its gRPC calls and
-  stream messages per method), etcd's `grpc_server_msg_received_total` per method (unary calls,
+  `zk_cnt_updatelatency`; a multi is one write), Oxia's Prometheus endpoint
+  (`grpc_server_msg_received_total` per method, and its database's puts, gets, deletes, lists,
+  range scans as `db:…`), etcd's `grpc_server_msg_received_total` per method (unary calls,
   and messages received on streams: Watch, LeaseKeepAlive), TableKeeper's metrics endpoint:
   `tablekeeper_requests_total` counts only the BookKeeper-protocol port's calls, so for the Oxia
   and etcd front-ends it shows the commands the server appended to its write-ahead log
@@ -237,8 +238,17 @@ def zk_counters(mntr: dict[str, float]) -> dict[str, float]:
 
 
 def oxia_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
-    """Requests a real Oxia served, per gRPC method, from its Prometheus endpoint."""
-    return counter_by(samples, "rpc_server_requests_per_rpc_count", "rpc_method")
+    """Messages a real Oxia received per gRPC method (its server has the same gRPC interceptor
+    as etcd's: one per unary call, one per message on a stream), and its database's operations
+    (`oxia_server_db_<op>_count_total`, summed over shards) as `db:<op>`."""
+    found = counter_by(samples, "grpc_server_msg_received_total", "grpc_method")
+    prefix, suffix = "oxia_server_db_", "_count_total"
+    for name in sorted({s[0] for s in samples}):
+        if name.startswith(prefix) and name.endswith(suffix):
+            found[f"db:{name[len(prefix) : -len(suffix)]}"] = sum(
+                counter_by(samples, name).values()
+            )
+    return found
 
 
 def etcd_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:

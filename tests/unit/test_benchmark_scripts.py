@@ -146,6 +146,13 @@ def test_each_store_counts_its_own_requests_by_kind() -> None:
         'grpc_server_handled_total{grpc_method="Range",grpc_code="OK"} 12\n'
     )
     assert pm.etcd_counters(etcd) == {"Range": 12.0}
+    oxia = parse_prometheus(
+        'grpc_server_msg_received_total{grpc_method="WriteStream",grpc_type="bidi_stream"} 9\n'
+        'oxia_server_db_puts_count_total{shard="0"} 3\n'
+        'oxia_server_db_puts_count_total{shard="1"} 4\n'
+        'oxia_server_db_list_latency_milliseconds_count{shard="0"} 5\n'
+    )
+    assert pm.oxia_counters(oxia) == {"WriteStream": 9.0, "db:puts": 7.0}
     tk = parse_prometheus(
         'tablekeeper_requests_total{method="Put",code="0"} 2\n'
         "tablekeeper_wal_append_records_sum 40\n"
