@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
+from tablekeeper_server.appliers import server_appliers
 from tablekeeper_server.catalog.meta import CONTAINER_META_STREAM_ID
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
@@ -242,6 +243,7 @@ async def serve(
     )
     rocks_memory = RocksMemory(config.rocksdb_memory_bytes)  # shared by every range's store
     store_factory = functools.partial(RocksKvStore, memory=rocks_memory)
+    appliers = server_appliers()  # every protocol's, whatever the flags: replay needs them all
     followers = None
     standby: Standby | None = None
     if coordinator is not None and config.max_followers > 0:
@@ -253,6 +255,7 @@ async def serve(
             store_factory=store_factory,
             checkpoint_store=checkpoint_store,
             clock=clock,
+            appliers=appliers,
             max_open=config.max_followers,
         )
     env = ContainerEnv(
@@ -261,6 +264,7 @@ async def serve(
         store_factory=store_factory,
         db_dir=config.db_dir,
         clock=clock,
+        appliers=appliers,
         limits=config.limits,
         metrics=metrics,
         checkpoint_store=checkpoint_store,

@@ -48,6 +48,7 @@ from tablekeeper_server.errors import (
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.storage.memory import MemoryKvStore, MemoryWriteBatch
+from tests.support.appliers import APPLIERS
 
 PKEY = b"p"
 T = TypeVar("T")
@@ -300,7 +301,7 @@ class Simulation:
 
     async def open(self, sim: SimRange) -> None:
         store = sim.store
-        sim.serving = Range(sim.name, self.log, lambda: store, self.clock)
+        sim.serving = Range(sim.name, self.log, lambda: store, self.clock, appliers=APPLIERS)
         await sim.serving.open()
 
     async def run(self) -> Stats:
@@ -354,7 +355,7 @@ class Simulation:
             # Another writer opens the log mid-round: this one's appends are fenced.
             self.stats.fences += 1
             self.say(f"range {sim.name.range_id}: fenced by a new writer")
-            fenced_by = Range(sim.name, self.log, CrashableStore, self.clock)
+            fenced_by = Range(sim.name, self.log, CrashableStore, self.clock, appliers=APPLIERS)
         tasks = [asyncio.ensure_future(self.send(serving, op)) for op in ops]
         if fenced_by is not None:
             await asyncio.sleep(0)
@@ -471,7 +472,7 @@ class Simulation:
         """The whole log, replayed into an empty store, gives exactly what is served."""
         from tablekeeper_server.range.state_machine import RangeStateMachine
 
-        fresh = RangeStateMachine(MemoryKvStore())
+        fresh = RangeStateMachine(MemoryKvStore(), APPLIERS)
         records = list(self.log.read(sim.name.log_name, 1))
         commands = []
         for record in records:

@@ -21,6 +21,7 @@ from tablekeeper_server.errors import (
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -41,6 +42,7 @@ async def make_registry(
         store_factory=open_store,
         db_dir=Path("/nonexistent"),
         clock=ManualClock(),
+        appliers=APPLIERS,
     )
     registry = ContainerRegistry(env, list(range(containers)))
     await registry.start()

@@ -27,6 +27,7 @@ from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -48,6 +49,7 @@ class Server:
                 clock=self.clock,
                 checkpoint_store=DirectoryCheckpointStore(root / "checkpoints"),
                 failpoints=Failpoints(),
+                appliers=APPLIERS,
             ),
             [0, 1],
         )

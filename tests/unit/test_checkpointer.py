@@ -30,6 +30,7 @@ from tablekeeper_server.range import checkpoint as checkpoint_module
 from tablekeeper_server.range.checkpoint import REVERIFY_S, RangeCheckpointer, sha256_of
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 NAME = "00003-000000001024-000000001025"
@@ -76,7 +77,7 @@ class Harness:
         self.writer: LogWriter = self.log.open_writer(NAME)
         self.store_path = root / "db" / "00003" / "1024-1025"
         self.store: RocksKvStore | None = RocksKvStore(self.store_path)
-        self.sm = RangeStateMachine(self.store)
+        self.sm = RangeStateMachine(self.store, APPLIERS)
         self.objects = DirectoryCheckpointStore(root / "checkpoints")
         self.checkpointer = self.new_checkpointer(keep=keep, failpoints=failpoints)
         self.written = 0
@@ -136,7 +137,7 @@ class Harness:
 
     def open_restored(self) -> RangeStateMachine:
         self.store = RocksKvStore(self.store_path)
-        return RangeStateMachine(self.store)
+        return RangeStateMachine(self.store, APPLIERS)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from tablekeeper_server.errors import NotServedHereError, UnavailableError
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.storage.api import KvStore
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -35,6 +36,7 @@ def server(log: MemoryLogBackend) -> ContainerRegistry:
         db_dir=Path("/nonexistent"),
         clock=ManualClock(),
         open_hosted_ranges_on_start=True,
+        appliers=APPLIERS,
     )
     return ContainerRegistry(env, [])
 

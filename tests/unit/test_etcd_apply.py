@@ -14,6 +14,7 @@ from tablekeeper_server.etcd.state import PastView, StoreView, do_range
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 Compare = rpc_pb2.Compare
 RangeRequest = rpc_pb2.RangeRequest
@@ -24,7 +25,9 @@ class Keyspace:
 
     def __init__(self, history_limit: int = 10_000) -> None:
         self.store = MemoryKvStore()
-        self.sm = RangeStateMachine(self.store, history=EventHistory(self.store, history_limit))
+        self.sm = RangeStateMachine(
+            self.store, APPLIERS, history=EventHistory(self.store, history_limit)
+        )
         self.log: list[tuple[int, wal_pb2.WalCommand]] = []
 
     def command(self, command: wal_pb2.WalCommand) -> object:
@@ -268,7 +271,7 @@ def test_compact_survives_replay_and_restart() -> None:
     replayed = Keyspace()
     replayed.sm.apply_batch(ks.log)  # the same commands in one batch
     assert list(replayed.store.scan(b"", b"\xff")) == list(ks.store.scan(b"", b"\xff"))
-    reopened = RangeStateMachine(ks.store, history=EventHistory(ks.store))
+    reopened = RangeStateMachine(ks.store, APPLIERS, history=EventHistory(ks.store))
     assert StoreView(reopened).compacted == 4
     assert reopened.history is not None and reopened.history.trimmed_through == 3
 
@@ -286,7 +289,7 @@ def test_leases_with_ids_the_client_chose() -> None:
     ks.revoke(3)
     assert not ks.get(b"b").kvs
     assert ks.lease(chosen=3) == 3  # free again
-    replayed = RangeStateMachine(MemoryKvStore())
+    replayed = RangeStateMachine(MemoryKvStore(), APPLIERS)
     replayed.apply_batch(ks.log)
     assert list(replayed.store.scan(b"", b"\xff")) == list(ks.store.scan(b"", b"\xff"))
 
@@ -298,6 +301,6 @@ def test_replay_gives_the_same_state() -> None:
     ks.txn(rpc_pb2.TxnRequest(success=[put_op(b"b", b"1"), put_op(b"c", b"1")]))
     ks.delete(b"b")
     ks.revoke(lease)
-    replayed = RangeStateMachine(MemoryKvStore())
+    replayed = RangeStateMachine(MemoryKvStore(), APPLIERS)
     replayed.apply_batch(ks.log)
     assert list(replayed.store.scan(b"", b"\xff")) == list(ks.store.scan(b"", b"\xff"))

@@ -18,6 +18,7 @@ from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 
 @dataclass
@@ -30,7 +31,7 @@ class FakeRange:
 
     def __init__(self, history_limit: int = 10_000) -> None:
         store = MemoryKvStore()
-        self.sm = RangeStateMachine(store, history=EventHistory(store, history_limit))
+        self.sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store, history_limit))
         self.watch = WatchHub("etcd-test", limits=Limits(watcher_queue_bytes_max=4096))
         self.watch.attach(self.sm.history, 0)
         self.name = _Name()

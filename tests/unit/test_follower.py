@@ -22,6 +22,7 @@ from tablekeeper_server.range.follower import Follower
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -48,6 +49,7 @@ class Env:
             lambda: RocksKvStore(path),
             self.clock,
             checkpointer=self.checkpointer(path),
+            appliers=APPLIERS,
         )
 
     def follower(self, name: str = "follower", idle_poll_s: float = NEVER) -> Follower:
@@ -60,6 +62,7 @@ class Env:
             checkpointer=self.checkpointer(path),
             clock=self.clock,
             idle_poll_s=idle_poll_s,
+            appliers=APPLIERS,
         )
 
 
@@ -199,6 +202,7 @@ async def test_new_owner_takes_the_followers_store(env: Env) -> None:
         store_factory=RocksKvStore,
         checkpoint_store=env.checkpoints,
         clock=env.clock,
+        appliers=APPLIERS,
     )
     followers.start()
     try:
@@ -227,7 +231,7 @@ async def test_new_owner_takes_the_followers_store(env: Env) -> None:
             check.restore()
             store = RocksKvStore(env.root / "check")
             try:
-                sm = RangeStateMachine(store)
+                sm = RangeStateMachine(store, APPLIERS)
                 for i in range(42):
                     assert value(sm.read(get(f"k{i}".encode()), 0)) == f"v{i}".encode()
             finally:

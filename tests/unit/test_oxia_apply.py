@@ -10,6 +10,7 @@ from tablekeeper_server.oxia import keys, reads
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 Status = client_pb2.Status
 
@@ -19,7 +20,7 @@ class Shard:
 
     def __init__(self) -> None:
         self.store = MemoryKvStore()
-        self.sm = RangeStateMachine(self.store, history=EventHistory(self.store))
+        self.sm = RangeStateMachine(self.store, APPLIERS, history=EventHistory(self.store))
         self.log: list[tuple[int, wal_pb2.WalCommand]] = []
 
     def command(self, command: wal_pb2.WalCommand) -> object:

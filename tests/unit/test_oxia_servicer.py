@@ -15,6 +15,7 @@ from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 
 def _record(revision: int, version: int) -> StoredRecord:
@@ -75,7 +76,7 @@ def test_one_batch_per_revision_in_order() -> None:
 
 def test_notifications_from_a_trimmed_offset_resume_at_the_oldest_held() -> None:
     store = MemoryKvStore()
-    sm = RangeStateMachine(store, history=EventHistory(store, limit=3))
+    sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store, limit=3))
     for sequence in range(1, 11):
         put = client_pb2.PutRequest(key=f"/k{sequence}", value=b"v")
         command = wal_pb2.WalCommand(
@@ -95,7 +96,7 @@ def test_notifications_from_a_trimmed_offset_resume_at_the_oldest_held() -> None
 
 def _store_with(values: dict[str, bytes]) -> MemoryKvStore:
     store = MemoryKvStore()
-    sm = RangeStateMachine(store)
+    sm = RangeStateMachine(store, APPLIERS)
     puts = [client_pb2.PutRequest(key=key, value=value) for key, value in values.items()]
     command = wal_pb2.WalCommand(
         timestamp_ms=1, oxia_write=client_pb2.WriteRequest(puts=puts).SerializeToString()

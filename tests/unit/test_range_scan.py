@@ -10,8 +10,10 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import split_store_key, store_key
 from tablekeeper_server.errors import Code
 from tablekeeper_server.range import validation
-from tablekeeper_server.range.state_machine import SCAN_ROWS_MAX, RangeStateMachine
+from tablekeeper_server.range.bookkeeper_reads import SCAN_ROWS_MAX
+from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +27,7 @@ def _header(pkey: bytes) -> kv.RoutingHeader:
 
 class Machine:
     def __init__(self, ttl_seconds: int = 0) -> None:
-        self.sm = RangeStateMachine(MemoryKvStore(), ttl_seconds=ttl_seconds)
+        self.sm = RangeStateMachine(MemoryKvStore(), APPLIERS, ttl_seconds=ttl_seconds)
         self.sequence = 0
 
     def apply(self, command: wal_pb2.WalCommand, now: int = NOW) -> object:

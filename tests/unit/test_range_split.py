@@ -27,6 +27,7 @@ from tablekeeper_server.range.replica import RangeName
 from tablekeeper_server.range.split import ChildrenBuilder, ChildSpec
 from tablekeeper_server.rpc.admin import SPLIT_REFUSED_NAMESPACES
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +45,7 @@ def make_registry(
         clock=ManualClock(),
         checkpoint_store=DirectoryCheckpointStore(root / "checkpoints"),
         failpoints=failpoints or Failpoints(),
+        appliers=APPLIERS,
     )
     registry = ContainerRegistry(env, [0, 1])
     registry.splitter.retire_after_s = 0.0  # delete a split's parent at once
@@ -324,7 +326,7 @@ async def _split_with_writes_before_the_seal(
     created = await range_.execute(
         wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=60_000))
     )
-    session_id = created.session_id  # type: ignore[union-attr]
+    session_id = created.session_id  # type: ignore[attr-defined]
     await put(registry, stream, ours[6], b"ephemeral", lease=session_id)
     await range_.execute(wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=session_id)))
     expected[ours[6]] = []
@@ -389,6 +391,7 @@ async def test_what_the_log_holds_after_the_seal_is_not_applied_to_the_children(
         log_backend=log,
         clock=env.clock,
         work_dir=tmp_path,
+        appliers=APPLIERS,
     )
     builder.copy_checkpoint(sealed=False)
     await parent.execute(wal_pb2.WalCommand(increment=increment))  # the tail: applied

@@ -20,6 +20,7 @@ from tablekeeper_server.log.api import LogRecord, LogWriter
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 NAME = RangeName(3, 1024, 1025)
@@ -79,7 +80,7 @@ def read(range_: Range, key: bytes) -> kv.RangeResponse:
 
 
 async def open_range(backend: object, store: MemoryKvStore) -> Range:
-    range_ = Range(NAME, backend, lambda: store, ManualClock())  # type: ignore[arg-type]
+    range_ = Range(NAME, backend, lambda: store, ManualClock(), appliers=APPLIERS)  # type: ignore[arg-type]
     await range_.open()
     return range_
 
@@ -101,7 +102,14 @@ async def test_submit_many_is_one_queue_entry_answered_per_command_in_order() ->
     share group commits with the range's single writes."""
     backend = CountingBackend()
     store = MemoryKvStore()
-    range_ = Range(NAME, backend, lambda: store, ManualClock(), response_bytes_max=600)  # type: ignore[arg-type]
+    range_ = Range(
+        NAME,
+        backend,  # type: ignore[arg-type]
+        lambda: store,
+        ManualClock(),
+        response_bytes_max=600,
+        appliers=APPLIERS,
+    )
     await range_.open()
     await range_.execute(put(b"big", b"x" * 500))
     await range_.execute(put(b"big2", b"y" * 500))
@@ -303,7 +311,14 @@ async def until_appending(backend: GatedBackend, appends: int = 1) -> None:
 
 async def test_callers_waiting_for_queue_room_are_answered_when_the_range_fails() -> None:
     backend = GatedBackend()
-    range_ = Range(NAME, backend, MemoryKvStore, ManualClock(), queue_depth_max=2)  # type: ignore[arg-type]
+    range_ = Range(
+        NAME,
+        backend,  # type: ignore[arg-type]
+        MemoryKvStore,
+        ManualClock(),
+        queue_depth_max=2,
+        appliers=APPLIERS,
+    )
     await range_.open()
     callers = [asyncio.create_task(range_.execute(put(b"k%d" % i))) for i in range(10)]
     await until_appending(backend)  # one group is in the log; 2 queued; the rest wait for room
@@ -323,7 +338,14 @@ async def test_callers_waiting_for_queue_room_are_answered_when_the_range_fails(
 
 async def test_callers_behind_close_are_answered_and_never_applied() -> None:
     backend = GatedBackend()
-    range_ = Range(NAME, backend, MemoryKvStore, ManualClock(), queue_depth_max=2)  # type: ignore[arg-type]
+    range_ = Range(
+        NAME,
+        backend,  # type: ignore[arg-type]
+        MemoryKvStore,
+        ManualClock(),
+        queue_depth_max=2,
+        appliers=APPLIERS,
+    )
     await range_.open()
     callers = [asyncio.create_task(range_.execute(put(b"k%d" % i))) for i in range(10)]
     await until_appending(backend)
@@ -345,7 +367,7 @@ async def test_a_group_the_log_misnumbers_is_never_acknowledged() -> None:
     backend = GatedBackend()
     backend.gate.set()
     store = MemoryKvStore()
-    range_ = Range(NAME, backend, lambda: store, ManualClock())  # type: ignore[arg-type]
+    range_ = Range(NAME, backend, lambda: store, ManualClock(), appliers=APPLIERS)  # type: ignore[arg-type]
     await range_.open()
     await range_.execute(put(b"a"))
     backend.sequence_shift = 5  # claims records 7.. for what follows 1

@@ -1,7 +1,7 @@
 """The server's layering, checked on its import statements: `range/` knows nothing of the
 containers, the cluster or the gRPC servicers, and only the Pulsar modules import the `pulsar`
-client. (`range/state_machine.py` does import the etcd and Oxia *apply* modules: their commands
-are applied there, deterministically.)"""
+client. (The front-ends' commands reach the range through its applier seam, `range/apply.py`:
+the range imports none of them.)"""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import BadRequestError, KeyNotFoundError
+from tablekeeper_server.range.apply import Response
 from tablekeeper_server.range.sessions import SessionManager
-from tablekeeper_server.range.state_machine import Response
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,10 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.errors import Code
-from tablekeeper_server.range.state_machine import RangeStateMachine, Response
+from tablekeeper_server.range.apply import Response
+from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +58,7 @@ class Machine:
 
     def __init__(self, ttl_seconds: int = 0) -> None:
         self.ttl_seconds = ttl_seconds
-        self.sm = RangeStateMachine(MemoryKvStore(), ttl_seconds=ttl_seconds)
+        self.sm = RangeStateMachine(MemoryKvStore(), APPLIERS, ttl_seconds=ttl_seconds)
         self.log: list[tuple[int, wal_pb2.WalCommand]] = []
 
     def apply(self, *commands: wal_pb2.WalCommand, now: int = NOW) -> list[Response]:
@@ -110,13 +112,13 @@ def test_increment_creates_adds_and_wraps() -> None:
     m = Machine()
     r = m.one(incr(b"c", 5))
     assert isinstance(r, kv.IncrementResponse) and r.total_amount == 5
-    assert m.one(incr(b"c", -7)).total_amount == -2  # type: ignore[union-attr]
+    assert m.one(incr(b"c", -7)).total_amount == -2  # type: ignore[attr-defined]
     got = m.get(b"c").kvs[0]
     assert got.is_number and got.number_value == -2 and got.version == 1
     assert got.value == (-2).to_bytes(8, "big", signed=True)
     m.one(incr(b"w", 2**63 - 1))
-    assert m.one(incr(b"w", 1)).total_amount == -(2**63)  # type: ignore[union-attr]
-    assert m.one(incr(b"c", 1, total=False)).total_amount == 0  # type: ignore[union-attr]
+    assert m.one(incr(b"w", 1)).total_amount == -(2**63)  # type: ignore[attr-defined]
+    assert m.one(incr(b"c", 1, total=False)).total_amount == 0  # type: ignore[attr-defined]
 
 
 def test_number_and_bytes_keys_do_not_mix() -> None:
@@ -135,9 +137,9 @@ def test_delete_counts_for_real_and_stays_in_its_pkey() -> None:
     r = m.one(delete(b"b", b"d", prev=True))
     assert isinstance(r, kv.DeleteRangeResponse)
     assert r.deleted == 3 and [kv_.key for kv_ in r.prev_kvs] == [b"b", b"c", b"d"]
-    assert m.one(delete(b"zz")).deleted == 0  # type: ignore[union-attr]
-    assert m.one(delete(b"a")).deleted == 1  # type: ignore[union-attr]
-    assert m.one(delete(b"", b"\x00")).deleted == 1  # type: ignore[union-attr]
+    assert m.one(delete(b"zz")).deleted == 0  # type: ignore[attr-defined]
+    assert m.one(delete(b"a")).deleted == 1  # type: ignore[attr-defined]
+    assert m.one(delete(b"", b"\x00")).deleted == 1  # type: ignore[attr-defined]
     assert m.get(b"a", pkey=b"q").count == 1
     assert m.get(b"a", pkey=b"p\x00").count == 1
 
@@ -176,7 +178,7 @@ def test_txn_compares_branches_and_one_revision() -> None:
     assert b.mod_revision == c.mod_revision == 2  # one revision for the whole txn
     version_is_5 = Compare(target=Compare.VERSION, result=Compare.EQUAL, key=b"a", version=5)
     r = m.one(txn([version_is_5], [op_put_b], [op_get_a]))
-    assert not r.succeeded and len(r.responses) == 1  # type: ignore[union-attr]
+    assert not r.succeeded and len(r.responses) == 1  # type: ignore[attr-defined]
     assert m.get(b"b").kvs[0].version == 0
 
 
@@ -193,8 +195,8 @@ def test_txn_ops_see_the_state_before_the_txn() -> None:
             ],
         )
     )
-    assert r.responses[1].response_range.kvs[0].value == b"old"  # type: ignore[union-attr]
-    assert [x.value for x in r.responses[2].response_range.kvs] == [b"old"]  # type: ignore[union-attr]
+    assert r.responses[1].response_range.kvs[0].value == b"old"  # type: ignore[attr-defined]
+    assert [x.value for x in r.responses[2].response_range.kvs] == [b"old"]  # type: ignore[attr-defined]
     assert m.get(b"a").kvs[0].value == b"new"
 
 
@@ -202,14 +204,14 @@ def test_txn_value_compares_and_missing_keys() -> None:
     m = Machine()
     absent = Compare(target=Compare.VALUE, result=Compare.EQUAL, key=b"x", value=b"")
     create_x = kv.RequestOp(request_put=kv.PutRequest(key=b"x", value=b"m"))
-    assert m.one(txn([absent], [create_x])).succeeded  # type: ignore[union-attr]
-    assert not m.one(txn([absent], [create_x])).succeeded  # type: ignore[union-attr]
+    assert m.one(txn([absent], [create_x])).succeeded  # type: ignore[attr-defined]
+    assert not m.one(txn([absent], [create_x])).succeeded  # type: ignore[attr-defined]
     greater = Compare(target=Compare.VALUE, result=Compare.GREATER, key=b"x", value=b"a")
     less = Compare(target=Compare.VALUE, result=Compare.LESS, key=b"x", value=b"\xff")
-    assert m.one(txn([greater, less], [])).succeeded  # type: ignore[union-attr]
+    assert m.one(txn([greater, less], [])).succeeded  # type: ignore[attr-defined]
     missing_version = Compare(target=Compare.VERSION, result=Compare.EQUAL, key=b"nope", version=0)
     r = m.one(txn([missing_version], [create_x]))
-    assert r.header.code == Code.KEY_NOT_FOUND and not r.succeeded  # type: ignore[union-attr]
+    assert r.header.code == Code.KEY_NOT_FOUND and not r.succeeded  # type: ignore[attr-defined]
 
 
 def test_a_failing_op_fails_the_whole_txn_and_applies_nothing() -> None:
@@ -248,7 +250,7 @@ def test_ttl_hides_expired_keys_and_recreates_them_fresh() -> None:
     m.one(put(b"a", b"3"), now=later)
     got = m.get(b"a", now=later).kvs[0]
     assert got.version == 0 and got.value == b"3"
-    assert m.one(delete(b"a"), now=later + 11_000).deleted == 0  # type: ignore[union-attr]
+    assert m.one(delete(b"a"), now=later + 11_000).deleted == 0  # type: ignore[attr-defined]
 
 
 def test_replay_is_idempotent_and_deterministic() -> None:
@@ -271,7 +273,7 @@ def test_replay_is_idempotent_and_deterministic() -> None:
     expected = m.dump()
 
     # Replaying the whole log in arbitrary batches yields byte-identical state.
-    replayed = RangeStateMachine(MemoryKvStore())
+    replayed = RangeStateMachine(MemoryKvStore(), APPLIERS)
     log = list(m.log)
     while log:
         n = rng.randrange(1, 40)
@@ -287,6 +289,6 @@ def test_replay_is_idempotent_and_deterministic() -> None:
 
 def test_applied_position_survives_reopen() -> None:
     store = MemoryKvStore()
-    sm = RangeStateMachine(store)
+    sm = RangeStateMachine(store, APPLIERS)
     sm.apply_batch([(1, put(b"a")), (2, put(b"b"))])
-    assert RangeStateMachine(store).applied_sequence == 2
+    assert RangeStateMachine(store, APPLIERS).applied_sequence == 2

@@ -14,6 +14,7 @@ from tablekeeper_server.range import validation
 from tablekeeper_server.range.events import EventHistory, iter_history
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 from tests.unit.test_state_machine import NOW, Machine, delete, header, incr, put, txn
 
 pytestmark = pytest.mark.unit
@@ -98,7 +99,7 @@ def test_sequential_is_deterministic_on_replay() -> None:
     m = Machine()
     for i in range(5):
         m.one(put(b"s", pkey=b"p%d" % (i % 2), sequential=True))
-    replica = RangeStateMachine(MemoryKvStore())
+    replica = RangeStateMachine(MemoryKvStore(), APPLIERS)
     replica.apply_batch(m.log)
     assert list(replica.store.scan(b"", b"\xff\xff")) == m.dump()
 
@@ -131,7 +132,7 @@ def test_change_events() -> None:
 
 def test_event_history_is_bounded_and_durable() -> None:
     store = MemoryKvStore()
-    sm = RangeStateMachine(store, history=EventHistory(store, limit=5))
+    sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store, limit=5))
     for i in range(1, 13):
         cmd = put(b"k%d" % i)
         cmd.timestamp_ms = NOW
@@ -176,7 +177,7 @@ def test_sessions_and_ephemeral_keys() -> None:
     # Only the table keys and bookkeeping that must stay are left: no index entries.
     assert not [k for k, _ in m.dump() if k.startswith((b"\xffse/", b"\xffsk/", b"\xffss/"))]
     # Replay reaches the same state.
-    replica = RangeStateMachine(MemoryKvStore())
+    replica = RangeStateMachine(MemoryKvStore(), APPLIERS)
     replica.apply_batch(m.log)
     assert list(replica.store.scan(b"", b"\xff\xff")) == m.dump()
 
@@ -184,7 +185,7 @@ def test_sessions_and_ephemeral_keys() -> None:
 def test_event_history_bytes_limit_and_trim_cursor() -> None:
     store = MemoryKvStore()
     history = EventHistory(store, limit=1000, bytes_limit=2000)
-    sm = RangeStateMachine(store, history=history)
+    sm = RangeStateMachine(store, APPLIERS, history=history)
     for i in range(1, 21):
         cmd = put(b"k", b"x" * 200)
         cmd.timestamp_ms = NOW

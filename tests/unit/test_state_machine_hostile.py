@@ -15,19 +15,15 @@ from tablekeeper_server.core.keys import store_key
 from tablekeeper_server.errors import BadRequestError, Code, ResourceLimitError
 from tablekeeper_server.log.memory import MemoryLogBackend
 from tablekeeper_server.range import validation
+from tablekeeper_server.range.apply import APPLIED_KEY, Response
+from tablekeeper_server.range.bookkeeper_apply import sequence_counter_key
+from tablekeeper_server.range.bookkeeper_reads import ROW_OVERHEAD_BYTES, SCAN_BYTES_MAX, ReadBudget
 from tablekeeper_server.range.events import EventHistory, iter_history
 from tablekeeper_server.range.records import INT64_MAX, StoredRecord
 from tablekeeper_server.range.replica import Range, RangeName
-from tablekeeper_server.range.state_machine import (
-    APPLIED_KEY,
-    ROW_OVERHEAD_BYTES,
-    SCAN_BYTES_MAX,
-    RangeStateMachine,
-    ReadBudget,
-    Response,
-    sequence_counter_key,
-)
+from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 from tests.unit.test_state_machine import NOW, Machine, delete, header, incr, put, txn
 
 pytestmark = pytest.mark.unit
@@ -57,7 +53,7 @@ def replay(
 ) -> RangeStateMachine:
     """A fresh state machine (on `store`, default empty) that applied `log` one at a time."""
     store = store if store is not None else MemoryKvStore()
-    sm = RangeStateMachine(store, history=EventHistory(store), **kw)
+    sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store), **kw)
     for entry in log:
         sm.apply_batch([entry])
     return sm
@@ -66,7 +62,7 @@ def replay(
 def history_machine(**kw: int) -> Machine:
     m = Machine()
     store = MemoryKvStore()
-    m.sm = RangeStateMachine(store, history=EventHistory(store), **kw)
+    m.sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store), **kw)
     return m
 
 
@@ -151,7 +147,7 @@ def _craft_max_version(store: MemoryKvStore, lkey: bytes) -> None:
 def test_a_command_whose_apply_raises_changes_nothing_and_replays_the_same() -> None:
     store = MemoryKvStore()
     _craft_max_version(store, b"k")
-    sm = RangeStateMachine(store, history=EventHistory(store))
+    sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store))
     # The txn puts "a" first and fails on "k" while its writes are being flushed: "a" (and its
     # change event) must be undone, the batch's other commands applied.
     log = [
@@ -195,7 +191,7 @@ def test_a_failing_store_is_not_answered_for() -> None:
             return super().get(key)
 
     store = BrokenStore()
-    sm = RangeStateMachine(store)
+    sm = RangeStateMachine(store, APPLIERS)
     sm.apply_batch([(1, put(b"a"))])
     store.broken = True
     with pytest.raises(OSError):
@@ -218,7 +214,7 @@ async def test_a_range_replays_past_a_poisoned_record_and_serves() -> None:
     await writer.close()
 
     store = MemoryKvStore()
-    range_ = Range(name, backend, lambda: store, ManualClock(NOW))
+    range_ = Range(name, backend, lambda: store, ManualClock(NOW), appliers=APPLIERS)
     await range_.open()
     try:
         assert range_.applied_sequence == 3
@@ -228,7 +224,7 @@ async def test_a_range_replays_past_a_poisoned_record_and_serves() -> None:
         assert response.header.code == Code.SUCCESS
     finally:
         await range_.close()
-    reopened = Range(name, backend, MemoryKvStore, ManualClock(NOW))
+    reopened = Range(name, backend, MemoryKvStore, ManualClock(NOW), appliers=APPLIERS)
     await reopened.open()
     try:
         read = reopened.read(kv.RangeRequest(key=b"", range_end=b"\x00", header=header()))
@@ -293,7 +289,7 @@ def test_txn_ops_that_fail_leave_nothing_behind() -> None:
     # The failure branch is just as atomic.
     missing = Compare(target=Compare.VALUE, result=Compare.EQUAL, key=b"bytes", value=b"")
     response = m.one(txn([missing], [op_put(b"s")], [op_put(b"f"), op_put(b"num")]))
-    assert response.header.code == Code.BAD_REQUEST and not response.succeeded  # type: ignore[union-attr]
+    assert response.header.code == Code.BAD_REQUEST and not response.succeeded  # type: ignore[attr-defined]
     assert m.get(b"f").count == 0 and m.get(b"s").count == 0
     ok = m.one(txn([], [op_incr(b"num", 5), op_put(b"new")]))
     assert ok.header.code == Code.SUCCESS and m.get(b"num").kvs[0].number_value == 6
@@ -368,7 +364,7 @@ def test_a_read_only_txn_over_the_bound_is_refused_and_changes_nothing() -> None
     assert m.sm.applied_sequence == before + 1
     within = m.one(txn([], [op_read(b"k0000"), op_read(b"k0001", b"k0003")]))
     assert within.header.code == Code.SUCCESS and m.sm.last_rejections == {}
-    assert [len(r.response_range.kvs) for r in within.responses] == [1, 3]  # type: ignore[union-attr]
+    assert [len(r.response_range.kvs) for r in within.responses] == [1, 3]  # type: ignore[attr-defined]
 
 
 def test_a_writing_txn_is_never_refused_for_its_reads_and_replays_under_any_bound() -> None:
@@ -398,7 +394,9 @@ async def test_the_caller_of_a_refused_txn_hears_resource_limit_error() -> None:
     backend = MemoryLogBackend()
     store = MemoryKvStore()
     name = RangeName(1, 1024, 1025)
-    range_ = Range(name, backend, lambda: store, ManualClock(NOW), response_bytes_max=600)
+    range_ = Range(
+        name, backend, lambda: store, ManualClock(NOW), response_bytes_max=600, appliers=APPLIERS
+    )
     await range_.open()
     try:
         await asyncio.gather(*(range_.execute(put(b"k%d" % i, b"v" * 100)) for i in range(10)))
@@ -428,7 +426,7 @@ def test_delete_in_a_failed_txn_keeps_the_key() -> None:
     )
     assert response.header.code == Code.BAD_REQUEST
     assert m.get(b"a").count == 1
-    assert m.one(delete(b"a")).deleted == 1  # type: ignore[union-attr]
+    assert m.one(delete(b"a")).deleted == 1  # type: ignore[attr-defined]
 
 
 def test_a_shared_read_budget_bounds_a_group_of_reads() -> None:
@@ -451,7 +449,7 @@ def test_a_key_larger_than_a_page_is_read_in_a_txn_when_the_bound_allows() -> No
     m.apply(put(b"a", big), put(b"b", big))
     response = m.one(txn([], [op_read(b"", b"\x00")]))
     assert response.header.code == Code.SUCCESS and m.sm.last_rejections == {}
-    first = response.responses[0].response_range  # type: ignore[union-attr]
+    first = response.responses[0].response_range  # type: ignore[attr-defined]
     assert [x.key for x in first.kvs] == [b"a"] and first.more
 
 
@@ -465,12 +463,12 @@ def test_prev_kvs_over_the_bound_are_refused_before_logging_and_bounded_in_apply
     for command in (wide, span):
         command.timestamp_ms = NOW
         with pytest.raises(ResourceLimitError, match="prev_kv"):
-            m.sm.check_prev_kvs(command)  # a dry run: it wrote nothing
+            m.sm.check(command)  # a dry run: it wrote nothing
         assert dump(m.sm) == before
     narrow = txn([], [op_put(k, b"new", prev_kv=True) for k in keys[:3]])
     narrow.timestamp_ms = NOW
-    m.sm.check_prev_kvs(narrow)  # fits: no error
-    m.sm.check_prev_kvs(delete(b"", b"\xff"))  # no prev_kv: nothing to bound
+    m.sm.check(narrow)  # fits: no error
+    m.sm.check(delete(b"", b"\xff"))  # no prev_kv: nothing to bound
     # Should values grow between the check and the apply, apply still applies everything (its
     # decision cannot depend on the flag) and leaves out the previous values past the bound.
     response = m.one(wide)

@@ -33,6 +33,7 @@ from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.storage.rocksdb import RocksKvStore, RocksMemory
+from tests.support.appliers import APPLIERS
 
 pytestmark = pytest.mark.unit
 NAME = RangeName(0, 1024, 1)
@@ -56,7 +57,14 @@ def checkpointed_range(root: Path, backend: LocalLogBackend) -> Range:
         backend,
         clock,
     )
-    return Range(NAME, backend, lambda: RocksKvStore(path), clock, checkpointer=checkpointer)
+    return Range(
+        NAME,
+        backend,
+        lambda: RocksKvStore(path),
+        clock,
+        checkpointer=checkpointer,
+        appliers=APPLIERS,
+    )
 
 
 def value_of(range_: Range, key: bytes) -> bytes | None:
@@ -141,13 +149,13 @@ class FlushFails(RocksKvStore):
 async def test_a_range_whose_final_flush_fails_still_releases_its_store(tmp_path: Path) -> None:
     backend = LocalLogBackend(tmp_path / "wal")
     path = tmp_path / "db"
-    range_ = Range(NAME, backend, lambda: FlushFails(path), ManualClock())
+    range_ = Range(NAME, backend, lambda: FlushFails(path), ManualClock(), appliers=APPLIERS)
     await range_.open()
     await range_.execute(put(b"k", b"v"))
     with pytest.raises(StorageUnavailableError):
         await range_.close()
     # Reopening in the same process works (used to fail with "LOCK: No locks available").
-    again = Range(NAME, backend, lambda: RocksKvStore(path), ManualClock())
+    again = Range(NAME, backend, lambda: RocksKvStore(path), ManualClock(), appliers=APPLIERS)
     await again.open()
     assert value_of(again, b"k") == b"v"
     await again.close()
@@ -194,6 +202,7 @@ async def test_disk_full_on_append_is_retryable_and_the_range_reopens_by_itself(
         store_factory=RocksKvStore,
         db_dir=tmp_path / "db",
         clock=ManualClock(),
+        appliers=APPLIERS,
     )
     container = StorageContainer(1, env)
     await container.start()
@@ -235,6 +244,7 @@ async def test_open_table_ranges_are_bounded_and_only_idle_ones_are_closed(
         db_dir=tmp_path / "db",
         clock=ManualClock(),
         range_limit=limit,
+        appliers=APPLIERS,
     )
     first, second = StorageContainer(0, env), StorageContainer(1, env)  # 0 has the root too
     await first.start()
@@ -276,6 +286,7 @@ async def test_a_failed_root_range_reopens_by_itself(tmp_path: Path) -> None:
         store_factory=RocksKvStore,
         db_dir=tmp_path / "db",
         clock=ManualClock(),
+        appliers=APPLIERS,
     )
     registry = ContainerRegistry(env, [0])
     await registry.start()

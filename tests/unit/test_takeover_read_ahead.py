@@ -24,6 +24,7 @@ from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+from tests.support.appliers import APPLIERS
 from tests.unit.test_checkpointer import put, read, value
 
 pytestmark = pytest.mark.unit
@@ -81,7 +82,7 @@ class Setup:
         returns the checkpoint's position. The store is lost afterwards (a new owner)."""
         writer = self.log.open_writer(NAME.log_name)
         store = RocksKvStore(self.store_path)
-        sm = RangeStateMachine(store)
+        sm = RangeStateMachine(store, APPLIERS)
         position = 0
         for lo in range(0, len(commands), 50):
             group = commands[lo : lo + 50]
@@ -101,6 +102,7 @@ class Setup:
             lambda: RocksKvStore(self.store_path),
             self.clock,
             checkpointer=self.checkpointer(),
+            appliers=APPLIERS,
         )
 
 

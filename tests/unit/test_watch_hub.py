@@ -23,6 +23,7 @@ from tablekeeper_server.range.watch import (
     event_bytes,
 )
 from tablekeeper_server.storage.memory import MemoryKvStore
+from tests.support.appliers import APPLIERS
 from tests.unit.test_state_machine import NOW, delete, put
 
 pytestmark = pytest.mark.unit
@@ -40,7 +41,7 @@ class Feed:
         budget: HistoryBudget | None = None,
     ) -> None:
         store = MemoryKvStore()
-        self.sm = RangeStateMachine(store, history=EventHistory(store, limit=limit))
+        self.sm = RangeStateMachine(store, APPLIERS, history=EventHistory(store, limit=limit))
         self.hub = WatchHub(
             "r", ring_events=ring, queue_max=queue_max, limits=limits, budget=budget
         )

@@ -31,6 +31,7 @@ from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
 from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.apply import Appliers
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
 from tablekeeper_server.range.validation import Limits
@@ -155,6 +156,9 @@ class ContainerEnv:
     store_factory: StoreOpener
     db_dir: Path
     clock: Clock
+    appliers: Appliers
+    """Every applier of the server (`appliers.server_appliers`): each range applies its log
+    with them."""
     limits: Limits = field(default_factory=Limits)
     metrics: RangeMetrics | None = None
     checkpoint_store: CheckpointStore | None = None
@@ -257,6 +261,7 @@ class StorageContainer:
             env.log_backend,
             lambda: env.store_factory(path),
             env.clock,
+            appliers=env.appliers,
             ttl_seconds=ttl_seconds,
             metrics=env.metrics,
             checkpointer=checkpointer,

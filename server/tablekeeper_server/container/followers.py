@@ -25,6 +25,7 @@ from pathlib import Path
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.apply import Appliers
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.follower import Follower
 from tablekeeper_server.range.replica import RangeName
@@ -48,6 +49,7 @@ class Followers:
         store_factory: StoreOpener,
         checkpoint_store: CheckpointStore | None,
         clock: Clock,
+        appliers: Appliers,
         max_open: int = MAX_OPEN,
         idle_close_s: float = IDLE_CLOSE_S,
     ) -> None:
@@ -56,6 +58,7 @@ class Followers:
         self._store_factory = store_factory
         self._checkpoints = checkpoint_store
         self._clock = clock
+        self._appliers = appliers
         self._max_open = max_open
         self._idle_close_s = idle_close_s
         self._open: dict[str, Follower] = {}
@@ -120,6 +123,7 @@ class Followers:
             store_factory=self._store_factory,
             checkpointer=checkpointer,
             clock=self._clock,
+            appliers=self._appliers,
             ttl_seconds=ttl_seconds,
         )
         started = time.monotonic()

@@ -161,6 +161,7 @@ class Splitter:
             log_backend=env.log_backend,
             clock=env.clock,
             work_dir=env.db_dir,
+            appliers=env.appliers,
             ttl_seconds=props.stream_conf.ttl_seconds,
             failpoints=env.failpoints,
         )

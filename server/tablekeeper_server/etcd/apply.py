@@ -5,9 +5,11 @@ atomically, at the command's revision, with etcd's semantics: compares see the s
 txn (a compare over a range holds for every key in it; on no key, VALUE fails and the others
 compare against zero); ops run in order and later ops see earlier ops' writes; a txn may not write
 one key twice; a put naming a lease that does not exist, or `ignore_value`/`ignore_lease` on a
-missing key, refuses the whole command (nothing changes). Writes go through the state machine's
-`_flush_writes`, so they produce the same change events, history and lease (session) index as
-every other write. The result depends only on the store and the command: replay agrees.
+missing key, refuses the whole command (nothing changes). Writes are staged with
+`ApplyContext.stage_writes`, so they produce the same change events, history and lease (session)
+index as every other write. The result depends only on the store and the command: replay agrees.
+
+`EtcdApplier` is the applier (see `range.apply`) of `WalCommand.etcd_txn` and `etcd_compact`.
 """
 
 from __future__ import annotations
@@ -15,17 +17,48 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.etcd import apply_pb2, rpc_pb2
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.keys import prefix_end, system_key
 from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.keys import COMPACTED_KEY, PREFIX, span, to_kv
-from tablekeeper_server.etcd.state import StoreView, compacted_revision, do_range, owner_key
+from tablekeeper_server.etcd.state import StoreView, compacted_revision, do_range
+from tablekeeper_server.range.apply import ApplyContext, Rejected, Response
 from tablekeeper_server.range.records import StoredRecord, encode_number
-from tablekeeper_server.range.state_machine import _ApplyView, _flush_writes, session_key
+from tablekeeper_server.range.session_keys import session_key
 
 TXN_OPS_MAX = 128
 """etcd's default --max-txn-ops."""
 
 Compare = rpc_pb2.Compare
+NAME = "etcd"
+_BOOKKEEPING_PREFIX = system_key(b"etcd-")
+"""The keyspace's own system keys (its compaction): a split could not divide them by pkey."""
+
+
+class EtcdApplier:
+    """Applies `WalCommand.etcd_txn` (every etcd write) and `etcd_compact`."""
+
+    name = NAME
+    ops = ("etcd_txn", "etcd_compact")
+
+    def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
+        if command.WhichOneof("op") == "etcd_compact":
+            return apply_etcd_compact(ctx, command.etcd_compact)
+        return apply_etcd_txn(ctx, command.etcd_txn)
+
+    def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
+        return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
+
+    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+        return None
+
+    def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:
+        end = prefix_end(_BOOKKEEPING_PREFIX)
+        if next(ctx.scan(_BOOKKEEPING_PREFIX, end), None) is not None:
+            return "this range holds etcd or Oxia bookkeeping: splitting it is not supported"
+        return None
 
 
 class _TxnState(Protocol):
@@ -44,10 +77,9 @@ class _TxnState(Protocol):
 class _Overlay:
     """The range's state during the apply plus this txn's own writes (not yet flushed)."""
 
-    def __init__(self, view: _ApplyView, previous: int, now: int) -> None:
+    def __init__(self, view: ApplyContext) -> None:
         self.view = view
-        self.previous = previous
-        self.now = now
+        self.now = view.now_ms
         self.writes: dict[bytes, StoredRecord | None] = {}
         self.leases: dict[bytes, int] = {}
 
@@ -57,8 +89,7 @@ class _Overlay:
         return self.view.get_live(key, self.now)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
-        if self.view.dirty:  # earlier commands of this batch: scans read the store
-            self.view.commit(self.previous)
+        self.view.write_settled()  # earlier commands of this batch: scans read the store
         base = [(k, r) for k, r in self.view.scan(start, end) if r.is_live(self.now)]
         own = {k: r for k, r in self.writes.items() if start <= k < end}
         if not own:
@@ -74,13 +105,12 @@ class _Overlay:
     def lease(self, key: bytes) -> int:
         if key in self.leases:
             return self.leases[key]
-        if key in self.writes or not self.view.sessions:
+        if key in self.writes:
             return 0
-        owner = self.view.get(owner_key(key))
-        return 0 if owner is None else owner.number
+        return self.view.session_of(key)
 
     def lease_exists(self, lease: int) -> bool:
-        return self.view.get(session_key(lease)) is not None
+        return self.view.session_exists(lease)
 
 
 class _ReadState:
@@ -121,35 +151,32 @@ def run_read_only_txn(view: StoreView, request: rpc_pb2.TxnRequest) -> rpc_pb2.T
     return response
 
 
-def apply_etcd_txn(
-    view: _ApplyView, previous: int, revision: int, now: int, payload: bytes
-) -> apply_pb2.ApplyResult:
+def apply_etcd_txn(view: ApplyContext, payload: bytes) -> apply_pb2.ApplyResult:
+    revision = view.revision
     request = rpc_pb2.TxnRequest.FromString(payload)
-    state = _Overlay(view, previous, now)
+    state = _Overlay(view)
     try:
         response = _txn(state, request, revision)
     except EtcdError as exc:
         return apply_pb2.ApplyResult(error=exc.name)
     for key, lease in state.leases.items():
         view.leases[key] = lease
-    _flush_writes(view, state.writes, revision, now)
+    view.stage_writes(state.writes)
     response.header.revision = revision
     return apply_pb2.ApplyResult(response=response)
 
 
-def apply_etcd_compact(
-    view: _ApplyView, previous: int, revision: int, target: int
-) -> apply_pb2.ApplyResult:
+def apply_etcd_compact(view: ApplyContext, target: int) -> apply_pb2.ApplyResult:
     """etcd's Compact to `target`, applied at `revision` (it changes no key): refused if
     `target` is past the keyspace's revision before this command or not past the last
     compaction; else recorded, and the range's event history below `target` goes at this
     batch's commit (reads and watches from before it are then answered "compacted")."""
+    revision = view.revision
     if target > revision - 1:
         return apply_pb2.ApplyResult(error="future_rev")
     if target <= compacted_revision(view.get(COMPACTED_KEY)):
         return apply_pb2.ApplyResult(error="compacted")
-    if view.dirty:  # earlier commands of this batch: their events reach the store first
-        view.commit(previous)
+    view.write_settled()  # earlier commands of this batch: their events reach the store first
     view.put(COMPACTED_KEY, StoredRecord(revision, revision, 0, True, 0, encode_number(target)))
     if view.history is not None:
         view.history.compact(target)

@@ -26,6 +26,7 @@ from tablekeeper_server.etcd.apply import run_read_only_txn
 from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, KEYSPACE_PKEY
 from tablekeeper_server.etcd.state import PastView, StoreView, do_range
+from tablekeeper_server.range.apply import failure_of
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.frontends import ensure_table
 from tablekeeper_server.rpc.proxy import Forwarder
@@ -104,6 +105,9 @@ class Keyspace:
         range_ = await self.range()
         result = await range_.execute(wal_pb2.WalCommand(etcd_txn=txn.SerializeToString()))
         assert isinstance(result, apply_pb2.ApplyResult), result
+        failure = failure_of(result)
+        if failure is not None:
+            raise failure
         if result.error:
             raise EtcdError(result.error)
         response = result.response
@@ -116,6 +120,9 @@ class Keyspace:
         range_ = await self.range()
         result = await range_.execute(wal_pb2.WalCommand(etcd_compact=revision))
         assert isinstance(result, apply_pb2.ApplyResult), result
+        failure = failure_of(result)
+        if failure is not None:
+            raise failure
         if result.error:
             raise EtcdError(result.error)
         response = result.response

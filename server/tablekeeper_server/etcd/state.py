@@ -16,11 +16,8 @@ from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.keys import COMPACTED_KEY, END, PREFIX, span, to_kv
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.records import StoredRecord, decode_record
-from tablekeeper_server.range.state_machine import (
-    RangeStateMachine,
-    _members_prefix,  # the state machine's index of a session's (lease's) keys
-    _owner_key,  # the state machine's index of a key's session (lease)
-)
+from tablekeeper_server.range.session_keys import members_prefix, owner_key
+from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.api import KvStore
 
 _PAST_EVENTS_MAX = 100_000
@@ -38,12 +35,9 @@ def compacted_revision(record: StoredRecord | None) -> int:
     return 0 if record is None else record.number
 
 
-def owner_key(store_key: bytes) -> bytes:
-    return _owner_key(store_key)
-
-
-def members_prefix(lease: int) -> bytes:
-    return _members_prefix(lease)
+__all__ = ["PastView", "StoreView", "compacted_revision", "do_range", "members_prefix", "owner_key"]
+"""`owner_key` and `members_prefix` are the range's session index (`range.session_keys`): an etcd
+lease is a range session."""
 
 
 class View(Protocol):

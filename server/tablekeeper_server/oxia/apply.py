@@ -19,9 +19,11 @@ delete, then every delete range, each seeing the effects of those before it.
   another version answers UNEXPECTED_VERSION_ID.
 - A delete range removes every key in [start, end) in Oxia's order (see `oxia.keys`).
 
-Writes go through the state machine's `_flush_writes`, so they produce the range's change events
+Writes are staged with `ApplyContext.stage_writes`, so they produce the range's change events
 (and history, which serves Oxia notifications) and session index like every other write. The
 result depends only on the store and the command: replay agrees.
+
+`OxiaApplier` is the applier (see `range.apply`) of `WalCommand.oxia_write`.
 """
 
 from __future__ import annotations
@@ -31,14 +33,17 @@ from collections.abc import Iterator
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.oxia import apply_pb2, client_pb2
-from tablekeeper_server.core.keys import system_key
+from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.keys import prefix_end, system_key
 from tablekeeper_server.oxia import keys
 from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_id, version_of
+from tablekeeper_server.range.apply import ApplyContext, Rejected, Response
 from tablekeeper_server.range.records import StoredRecord
-from tablekeeper_server.range.state_machine import _ApplyView, _flush_writes, session_key
 
 Status = client_pb2.Status
+NAME = "oxia"
 _SEQUENCE_PREFIX = system_key(b"oxseq/")
+"""Sequence keys' last parts, per prefix key: a split could not divide them by pkey."""
 _PART = struct.Struct(">Q")
 SEQUENCE_PART_MAX = 2**64 - 1
 
@@ -52,12 +57,32 @@ def sequence_key(prefix_key: str, parts: list[int]) -> str:
     return prefix_key + "".join(f"-{part:020d}" for part in parts)
 
 
+class OxiaApplier:
+    """Applies `WalCommand.oxia_write`."""
+
+    name = NAME
+    ops = ("oxia_write",)
+
+    def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
+        return apply_oxia_write(ctx, command.oxia_write)
+
+    def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
+        return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
+
+    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+        return None
+
+    def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:
+        if next(ctx.scan(_SEQUENCE_PREFIX, prefix_end(_SEQUENCE_PREFIX)), None) is not None:
+            return "this range holds etcd or Oxia bookkeeping: splitting it is not supported"
+        return None
+
+
 class _Overlay:
     """The range during the apply plus this command's own writes (not yet flushed)."""
 
-    def __init__(self, view: _ApplyView, previous: int) -> None:
+    def __init__(self, view: ApplyContext) -> None:
         self.view = view
-        self.previous = previous
         self.writes: dict[bytes, StoredRecord | None] = {}
 
     def get(self, key: bytes) -> StoredRecord | None:
@@ -66,8 +91,7 @@ class _Overlay:
         return self.view.get(key)
 
     def scan(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, StoredRecord]]:
-        if self.view.dirty:  # earlier commands of this batch: scans read the store
-            self.view.commit(self.previous)
+        self.view.write_settled()  # earlier commands of this batch: scans read the store
         merged: dict[bytes, StoredRecord | None] = dict(self.view.scan(start, end))
         merged.update((k, r) for k, r in self.writes.items() if start <= k < end)
         for key in sorted(merged):
@@ -76,11 +100,10 @@ class _Overlay:
                 yield key, record
 
 
-def apply_oxia_write(
-    view: _ApplyView, previous: int, revision: int, now: int, payload: bytes
-) -> apply_pb2.ApplyResult:
+def apply_oxia_write(view: ApplyContext, payload: bytes) -> apply_pb2.ApplyResult:
+    revision, now = view.revision, view.now_ms
     request = client_pb2.WriteRequest.FromString(payload)
-    state = _Overlay(view, previous)
+    state = _Overlay(view)
     response = client_pb2.WriteResponse()
     for put in request.puts:
         response.puts.append(_put(state, put, revision, now))
@@ -92,7 +115,7 @@ def apply_oxia_write(
             for key, _ in list(state.scan(start, end)):
                 state.writes[key] = None
         response.delete_ranges.append(client_pb2.DeleteRangeResponse(status=Status.OK))
-    _flush_writes(view, state.writes, revision, now)
+    view.stage_writes(state.writes)
     return apply_pb2.ApplyResult(response=response, header=kv_rpc_pb2.ResponseHeader())
 
 
@@ -100,7 +123,7 @@ def _put(
     state: _Overlay, req: client_pb2.PutRequest, revision: int, now: int
 ) -> client_pb2.PutResponse:
     session_id = req.session_id if req.HasField("session_id") else None
-    if session_id is not None and state.view.get(session_key(session_id)) is None:
+    if session_id is not None and not state.view.session_exists(session_id):
         return client_pb2.PutResponse(status=Status.SESSION_DOES_NOT_EXIST)
     key = req.key
     generated = None

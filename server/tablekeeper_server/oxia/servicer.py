@@ -32,6 +32,7 @@ from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import Namespaces, Shard
 from tablekeeper_server.oxia.records import version_id
+from tablekeeper_server.range.apply import failure_of
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import decode_record
 from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
@@ -208,6 +209,9 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         ).SerializeToString()
         result = await range_.execute(wal_pb2.WalCommand(oxia_write=payload))
         assert isinstance(result, apply_pb2.ApplyResult), result
+        failure = failure_of(result)
+        if failure is not None:
+            raise failure
         return result.response
 
     async def Write(  # noqa: N802

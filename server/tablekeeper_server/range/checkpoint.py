@@ -48,7 +48,7 @@ from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import CorruptionError, StorageUnavailableError
 from tablekeeper_server.log.api import LogBackend
-from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.range.apply import applied_sequence
 from tablekeeper_server.storage.api import KvStore, StoreOpener
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ class RangeCheckpointer:
     def _applied_sequence_of(self, directory: Path) -> int:
         store = self._open(directory, read_only=True)
         try:
-            return RangeStateMachine(store).applied_sequence
+            return applied_sequence(store)
         finally:
             store.close()
 

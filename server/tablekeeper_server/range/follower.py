@@ -58,6 +58,7 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.log.api import LogBackend, LogFollower, LogRecord
+from tablekeeper_server.range.apply import Appliers
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.replica import RangeName
@@ -96,6 +97,7 @@ class Follower:
         store_factory: Callable[[Path], KvStore],
         checkpointer: RangeCheckpointer | None,
         clock: Clock,
+        appliers: Appliers,
         ttl_seconds: int = 0,
         idle_poll_s: float = IDLE_POLL_S,
     ) -> None:
@@ -106,6 +108,7 @@ class Follower:
         self._checkpointer = checkpointer
         self._clock = clock
         self._ttl_seconds = ttl_seconds
+        self._appliers = appliers
         self._idle_poll_s = idle_poll_s
         self._store: KvStore | None = None
         self._sm: RangeStateMachine | None = None
@@ -148,7 +151,10 @@ class Follower:
             self._checkpointer.restore()
         self._store = self._store_factory(self.store_path)
         self._sm = RangeStateMachine(
-            self._store, ttl_seconds=self._ttl_seconds, history=EventHistory(self._store)
+            self._store,
+            self._appliers,
+            ttl_seconds=self._ttl_seconds,
+            history=EventHistory(self._store),
         )
         self._tail = self._log.follow(self.name.log_name, self._sm.applied_sequence + 1)
         self.restores += 1

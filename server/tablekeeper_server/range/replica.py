@@ -58,15 +58,12 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
+from tablekeeper_server.range.apply import Appliers, Response, applied_sequence
+from tablekeeper_server.range.bookkeeper_reads import RESPONSE_BYTES_MAX_DEFAULT, ReadBudget
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.sessions import SessionManager
-from tablekeeper_server.range.state_machine import (
-    RESPONSE_BYTES_MAX_DEFAULT,
-    RangeStateMachine,
-    ReadBudget,
-    Response,
-)
+from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.range.watch import WatchHub
 from tablekeeper_server.storage.api import KvStore
 
@@ -149,6 +146,7 @@ class Range:
         store_factory: Callable[[], KvStore],
         clock: Clock,
         *,
+        appliers: Appliers,
         ttl_seconds: int = 0,
         metrics: RangeMetrics | None = None,
         checkpointer: RangeCheckpointer | None = None,
@@ -163,6 +161,7 @@ class Range:
         self._store_factory = store_factory
         self._clock = clock
         self._ttl_seconds = ttl_seconds
+        self._appliers = appliers
         self._metrics = metrics or NullMetrics()
         self._queue: asyncio.Queue[_Pending | _PendingMany | None]
         self._queue = asyncio.Queue(maxsize=queue_depth_max)
@@ -369,11 +368,12 @@ class Range:
             return self._store_factory()
 
     def _applied_of(self, store: KvStore) -> int:
-        return RangeStateMachine(store).applied_sequence
+        return applied_sequence(store)
 
     def _state_machine(self, store: KvStore) -> RangeStateMachine:
         return RangeStateMachine(
             store,
+            self._appliers,
             ttl_seconds=self._ttl_seconds,
             history=EventHistory(store),
             response_bytes_max=self._response_bytes_max,
@@ -514,7 +514,7 @@ class Range:
         Raises `UnavailableError` if the range is not accepting (closing or failed): nothing was
         appended, so retrying elsewhere is safe. Raises `ResourceLimitError` if its previous
         values (prev_kv) would not fit in one response (nothing appended; see
-        `RangeStateMachine.check_prev_kvs`). Raises `IndeterminateError` if the log failed
+        `RangeStateMachine.check`). Raises `IndeterminateError` if the log failed
         during the append that carried this command.
         """
         future = self._prepare(command)
@@ -542,7 +542,7 @@ class Range:
             command.timestamp_ms = now
             if sm is not None:
                 try:
-                    sm.check_prev_kvs(command)
+                    sm.check(command)
                 except TableKeeperError as exc:
                     refused[position] = exc
                     continue
@@ -569,7 +569,7 @@ class Range:
         self._check_serving()
         command.timestamp_ms = self._clock.now_ms()
         if self._sm is not None:
-            self._sm.check_prev_kvs(command)  # ResourceLimitError before anything is logged
+            self._sm.check(command)  # ResourceLimitError before anything is logged
         return asyncio.get_running_loop().create_future()
 
     def _queued(self, future: asyncio.Future[_T]) -> asyncio.Future[_T]:

@@ -19,8 +19,8 @@ from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_proto.v1 import tablekeeper_pb2
 from tablekeeper_server.core.keys import store_key
 from tablekeeper_server.errors import BadRequestError, UnavailableError
+from tablekeeper_server.range.bookkeeper_reads import SCAN_BYTES_MAX, SCAN_ROWS_MAX
 from tablekeeper_server.range.replica import Range
-from tablekeeper_server.range.state_machine import SCAN_BYTES_MAX, SCAN_ROWS_MAX
 
 
 class RangeOpener(Protocol):

@@ -1,7 +1,7 @@
 """Session timers of one range.
 
 A session's state (its id and TTL, and the index of its ephemeral keys) is in the range's store,
-written by logged commands (see `RangeStateMachine._session`). Its *deadline* is not: it lives
+written by logged commands (see `range.session_apply`). Its *deadline* is not: it lives
 only here, in memory, on the range's event loop. Keep-alives renew it without touching the log;
 only the end of a session (close, or expiry found by the timer) goes through the log, as a
 command that deletes the session's ephemeral keys, so replay and failover agree.
@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.errors import BadRequestError, KeyNotFoundError, TableKeeperError
-from tablekeeper_server.range.state_machine import Response
+from tablekeeper_server.range.apply import Response
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,8 @@ from tablekeeper_server.core.keys import SYSTEM_PREFIX, prefix_end, split_store_
 from tablekeeper_server.core.routing import RangeRouter
 from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.log.api import LogBackend
+from tablekeeper_server.range.apply import APPLIED_KEY, Appliers
+from tablekeeper_server.range.bookkeeper_apply import sequence_counter_key
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import (
     HISTORY_END,
@@ -53,16 +55,13 @@ from tablekeeper_server.range.events import (
     decode_event,
 )
 from tablekeeper_server.range.records import decode_record
-from tablekeeper_server.range.state_machine import (
-    APPLIED_KEY,
-    SEAL_KEY,
+from tablekeeper_server.range.session_keys import (
     SESSION_HOME_PREFIX,
     SESSION_KEY_PREFIXES,
-    RangeStateMachine,
     member_store_key,
-    sequence_counter_key,
     session_of_key,
 )
+from tablekeeper_server.range.state_machine import SEAL_KEY, RangeStateMachine
 from tablekeeper_server.storage.api import KvStore, StoreOpener, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -136,6 +135,7 @@ class ChildrenBuilder:
         log_backend: LogBackend,
         clock: Clock,
         work_dir: Path,
+        appliers: Appliers,
         ttl_seconds: int = 0,
         failpoints: Failpoints = NO_FAILPOINTS,
     ) -> None:
@@ -147,6 +147,7 @@ class ChildrenBuilder:
         self._log = log_backend
         self._clock = clock
         self._ttl_seconds = ttl_seconds
+        self._appliers = appliers
         self._failpoints = failpoints
         self._scratch = work_dir / f".split-{parent_log_name}-{uuid.uuid4().hex}"
         self._router = RangeRouter([s.start_hash for s in specs], list(range(len(specs))))
@@ -185,7 +186,12 @@ class ChildrenBuilder:
         position becomes `through` (or the last command applied). Raises `TailGapError` if the
         log misses some of them."""
         machines = [
-            RangeStateMachine(c.store, ttl_seconds=self._ttl_seconds, history=EventHistory(c.store))
+            RangeStateMachine(
+                c.store,
+                self._appliers,
+                ttl_seconds=self._ttl_seconds,
+                history=EventHistory(c.store),
+            )
             for c in self._children
         ]
         pending: list[list[tuple[int, wal_pb2.WalCommand]]] = [[] for _ in machines]
@@ -281,6 +287,7 @@ class ChildrenBuilder:
             log_backend=self._log,
             clock=self._clock,
             work_dir=self._work_dir,
+            appliers=self._appliers,
             ttl_seconds=self._ttl_seconds,
             failpoints=self._failpoints,
         )
@@ -300,6 +307,7 @@ def build_children(
     log_backend: LogBackend,
     clock: Clock,
     work_dir: Path,
+    appliers: Appliers,
     failpoints: Failpoints = NO_FAILPOINTS,
 ) -> SplitBuild:
     """Publish one checkpoint per child from the sealed parent's newest checkpoint."""
@@ -312,6 +320,7 @@ def build_children(
         log_backend=log_backend,
         clock=clock,
         work_dir=work_dir,
+        appliers=appliers,
         failpoints=failpoints,
     )
     try:

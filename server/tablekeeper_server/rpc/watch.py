@@ -34,9 +34,9 @@ from tablekeeper_server.errors import (
     UnavailableError,
     wire_rule,
 )
+from tablekeeper_server.range.bookkeeper_reads import key_span, to_key_value
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.replica import Range
-from tablekeeper_server.range.state_machine import key_span, to_key_value
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 from tablekeeper_server.rpc.proxy import WATCH_SERVICE, Forwarder, was_forwarded

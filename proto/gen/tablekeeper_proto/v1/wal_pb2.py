@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as tablekeeper__proto_dot_bookkeeper_dot_kv__rpc__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etablekeeper_proto/v1/wal.proto\x12\x0etablekeeper.v1\x1a)tablekeeper_proto/bookkeeper/kv_rpc.proto\"\xb5\x03\n\nWalCommand\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\x12\x32\n\x03put\x18\x02 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.PutRequestH\x00\x12\x43\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32+.bookkeeper.proto.kv.rpc.DeleteRangeRequestH\x00\x12\x32\n\x03txn\x18\x04 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.TxnRequestH\x00\x12>\n\tincrement\x18\x05 \x01(\x0b\x32).bookkeeper.proto.kv.rpc.IncrementRequestH\x00\x12\x31\n\x07session\x18\x06 \x01(\x0b\x32\x1e.tablekeeper.v1.SessionCommandH\x00\x12\x12\n\x08\x65tcd_txn\x18\x14 \x01(\x0cH\x00\x12\x14\n\noxia_write\x18\x15 \x01(\x0cH\x00\x12\x16\n\x0c\x65tcd_compact\x18\x16 \x01(\x03H\x00\x12)\n\x04seal\x18\x07 \x01(\x0b\x32\x19.tablekeeper.v1.RangeSealH\x00\x42\x04\n\x02op\"3\n\tRangeSeal\x12\x10\n\x08\x63hildren\x18\x01 \x03(\x03\x12\x14\n\x0cstart_hashes\x18\x02 \x03(\x03\"\x82\x01\n\x0eSessionCommand\x12\x17\n\rcreate_ttl_ms\x18\x01 \x01(\x03H\x00\x12\x12\n\x08\x63lose_id\x18\x02 \x01(\x03H\x00\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x11\n\tcreate_id\x18\x05 \x01(\x03\x12\x0c\n\x04pkey\x18\x06 \x01(\x0c\x42\x04\n\x02opb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etablekeeper_proto/v1/wal.proto\x12\x0etablekeeper.v1\x1a)tablekeeper_proto/bookkeeper/kv_rpc.proto\"\xeb\x03\n\nWalCommand\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x03\x12\x32\n\x03put\x18\x02 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.PutRequestH\x00\x12\x43\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32+.bookkeeper.proto.kv.rpc.DeleteRangeRequestH\x00\x12\x32\n\x03txn\x18\x04 \x01(\x0b\x32#.bookkeeper.proto.kv.rpc.TxnRequestH\x00\x12>\n\tincrement\x18\x05 \x01(\x0b\x32).bookkeeper.proto.kv.rpc.IncrementRequestH\x00\x12\x31\n\x07session\x18\x06 \x01(\x0b\x32\x1e.tablekeeper.v1.SessionCommandH\x00\x12\x12\n\x08\x65tcd_txn\x18\x14 \x01(\x0cH\x00\x12\x14\n\noxia_write\x18\x15 \x01(\x0cH\x00\x12\x16\n\x0c\x65tcd_compact\x18\x16 \x01(\x03H\x00\x12\x34\n\tfront_end\x18\x17 \x01(\x0b\x32\x1f.tablekeeper.v1.FrontEndCommandH\x00\x12)\n\x04seal\x18\x07 \x01(\x0b\x32\x19.tablekeeper.v1.RangeSealH\x00\x42\x04\n\x02op\"3\n\x0f\x46rontEndCommand\x12\x0f\n\x07\x61pplier\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"3\n\tRangeSeal\x12\x10\n\x08\x63hildren\x18\x01 \x03(\x03\x12\x14\n\x0cstart_hashes\x18\x02 \x03(\x03\"\x82\x01\n\x0eSessionCommand\x12\x17\n\rcreate_ttl_ms\x18\x01 \x01(\x03H\x00\x12\x12\n\x08\x63lose_id\x18\x02 \x01(\x03H\x00\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x11\n\tcreate_id\x18\x05 \x01(\x03\x12\x0c\n\x04pkey\x18\x06 \x01(\x0c\x42\x04\n\x02opb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tablekeeper_proto.v1.wal_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WALCOMMAND']._serialized_start=94
-  _globals['_WALCOMMAND']._serialized_end=531
-  _globals['_RANGESEAL']._serialized_start=533
-  _globals['_RANGESEAL']._serialized_end=584
-  _globals['_SESSIONCOMMAND']._serialized_start=587
-  _globals['_SESSIONCOMMAND']._serialized_end=717
+  _globals['_WALCOMMAND']._serialized_end=585
+  _globals['_FRONTENDCOMMAND']._serialized_start=587
+  _globals['_FRONTENDCOMMAND']._serialized_end=638
+  _globals['_RANGESEAL']._serialized_start=640
+  _globals['_RANGESEAL']._serialized_end=691
+  _globals['_SESSIONCOMMAND']._serialized_start=694
+  _globals['_SESSIONCOMMAND']._serialized_end=824
 # @@protoc_insertion_point(module_scope)

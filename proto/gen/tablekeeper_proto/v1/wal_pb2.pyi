@@ -35,6 +35,7 @@ class WalCommand(_message.Message):
     ETCD_TXN_FIELD_NUMBER: _builtins.int
     OXIA_WRITE_FIELD_NUMBER: _builtins.int
     ETCD_COMPACT_FIELD_NUMBER: _builtins.int
+    FRONT_END_FIELD_NUMBER: _builtins.int
     SEAL_FIELD_NUMBER: _builtins.int
     timestamp_ms: _builtins.int
     """The serving range's clock when it accepted the command. Expiry times (table TTL) are derived
@@ -67,6 +68,13 @@ class WalCommand(_message.Message):
     @_builtins.property
     def session(self) -> Global___SessionCommand: ...
     @_builtins.property
+    def front_end(self) -> Global___FrontEndCommand:
+        """A command of any later front-end (ZooKeeper's, ...): applied by the applier registered
+        under `front_end.applier` (server/tablekeeper_server/range/apply.py), which alone reads
+        its payload. A new protocol needs no new field here.
+        """
+
+    @_builtins.property
     def seal(self) -> Global___RangeSeal:
         """Seal the range for a split (`tablekeeper table split`): from this command on it refuses
         every request ("range moved"); its keys are copied to the children it names.
@@ -84,17 +92,44 @@ class WalCommand(_message.Message):
         etcd_txn: _builtins.bytes = ...,
         oxia_write: _builtins.bytes = ...,
         etcd_compact: _builtins.int = ...,
+        front_end: Global___FrontEndCommand | None = ...,
         seal: Global___RangeSeal | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "txn", b"txn"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "front_end", b"front_end", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "txn", b"txn"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete_range", b"delete_range", "etcd_compact", b"etcd_compact", "etcd_txn", b"etcd_txn", "front_end", b"front_end", "increment", b"increment", "op", b"op", "oxia_write", b"oxia_write", "put", b"put", "seal", b"seal", "session", b"session", "timestamp_ms", b"timestamp_ms", "txn", b"txn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write", "etcd_compact", "seal"]  # noqa: Y015
+    _WhichOneofReturnType_op: _TypeAlias = _typing.Literal["put", "delete_range", "txn", "increment", "session", "etcd_txn", "oxia_write", "etcd_compact", "front_end", "seal"]  # noqa: Y015
     _WhichOneofArgType_op: _TypeAlias = _typing.Literal["op", b"op"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_op) -> _WhichOneofReturnType_op | None: ...
 
 Global___WalCommand: _TypeAlias = WalCommand  # noqa: Y015
+
+@_typing.final
+class FrontEndCommand(_message.Message):
+    """A front-end's own command, opaque to the range and the log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIER_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    applier: _builtins.str
+    """The name its applier is registered under (e.g. "zookeeper")."""
+    payload: _builtins.bytes
+    """The applier's own encoding of the command (e.g. a serialized request of its protocol)."""
+    def __init__(
+        self,
+        *,
+        applier: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applier", b"applier", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FrontEndCommand: _TypeAlias = FrontEndCommand  # noqa: Y015
 
 @_typing.final
 class RangeSeal(_message.Message):
