@@ -6,8 +6,11 @@ BookKeeper status code (the generated `StatusCode` enum of storage.proto, which 
 response bodies), the gRPC status that streams and the Admin service answer with, whether the
 request may be sent again, and whether a write's outcome is unknown. The classes' `code`,
 `retryable` and `outcome_unknown` attributes are set from it, and the RPC layer
-(`rpc/status.py`, the Batch path, the forwarder) reads nothing else. The SDK keeps its side of
-the same table in `tablekeeper.errors`, keyed by the same status codes.
+(`rpc/status.py`, the Batch path, the forwarder) reads nothing else. Each other protocol's
+front-end has a column of its own in the same table (`WireRule.etcd`, `WireRule.oxia`: the gRPC
+status and message its clients recognise), so no front-end decides again what an error means.
+The SDK keeps its side of the same table in `tablekeeper.errors`, keyed by the same status
+codes.
 
 gRPC statuses are named here by their `grpc.StatusCode` names (the domain layers do not import
 gRPC); `rpc/status.py` resolves them.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
@@ -35,6 +38,8 @@ GrpcStatusName = Literal[
     "OUT_OF_RANGE",
     "DATA_LOSS",
     "UNKNOWN",
+    "INTERNAL",
+    "ABORTED",
 ]
 
 
@@ -242,6 +247,29 @@ class WatcherTooSlowError(TableKeeperError):
 
 
 @dataclass(frozen=True, slots=True)
+class ProtocolAnswer:
+    """How one front-end answers a class of error: the gRPC status and message its clients
+    recognise. `message` is a template: `{message}` is the error's own message."""
+
+    grpc: GrpcStatusName
+    message: str = "{message}"
+    name: str = ""
+    """The front-end's own name for the answer, where it has names (etcd's error names)."""
+
+    def text(self, error: TableKeeperError) -> str:
+        return self.message.format(message=error.message)
+
+
+_ETCD_INTERNAL = ProtocolAnswer("INTERNAL", name="internal")
+_ETCD_UNAVAILABLE = ProtocolAnswer("UNAVAILABLE", "etcdserver: {message}", "unavailable")
+"""In etcd's style ("etcdserver: ..."): the pass-through of cluster mode tells the answers of an
+etcd port from failures of the connection to it by that prefix. Clients retry UNAVAILABLE, as
+they do with an etcd member that is not ready."""
+_OXIA_UNKNOWN = ProtocolAnswer("UNKNOWN", "oxia: {message}")
+_OXIA_INTERNAL = ProtocolAnswer("INTERNAL", "oxia: {message}")
+
+
+@dataclass(frozen=True, slots=True)
 class WireRule:
     """How one class of error travels. See `ERROR_TABLE`."""
 
@@ -258,19 +286,45 @@ class WireRule:
     """Nothing was applied; the same request may succeed when sent again."""
     outcome_unknown: bool = False
     """A write may or may not have been applied."""
+    # The other protocols' columns. Two rows are equal when they travel alike on TableKeeper's
+    # own wire (what the forwarder reads back from an owner): these columns are left out.
+    etcd: ProtocolAnswer = field(default=_ETCD_INTERNAL, compare=False)
+    """The etcd front-end's answer (`etcd.errors.from_tablekeeper`)."""
+    oxia: ProtocolAnswer = field(default=_OXIA_UNKNOWN, compare=False)
+    """The Oxia front-end's answer (`oxia.errors.from_tablekeeper`)."""
 
 
-_NOT_HERE = WireRule(Code.INTERNAL_SERVER_ERROR, "UNAVAILABLE", "NOT_FOUND", retryable=True)
+_NOT_HERE = WireRule(
+    Code.INTERNAL_SERVER_ERROR,
+    "UNAVAILABLE",
+    "NOT_FOUND",
+    retryable=True,
+    etcd=_ETCD_UNAVAILABLE,
+)
+_OXIA_INVALID = ProtocolAnswer("INVALID_ARGUMENT", "oxia: {message}")
 
 ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
     # Anything without a row of its own (and `ForwardedError`, whose instance carries the
     # owner's status) is answered as its nearest base class is.
     TableKeeperError: WireRule(Code.INTERNAL_SERVER_ERROR, "FAILED_PRECONDITION"),
-    BadRequestError: WireRule(Code.BAD_REQUEST, "INVALID_ARGUMENT"),
-    ResourceLimitError: WireRule(Code.BAD_REQUEST, "RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED"),
+    BadRequestError: WireRule(
+        Code.BAD_REQUEST,
+        "INVALID_ARGUMENT",
+        etcd=ProtocolAnswer("INVALID_ARGUMENT", name="bad_request"),
+        oxia=_OXIA_INVALID,
+    ),
+    ResourceLimitError: WireRule(
+        Code.BAD_REQUEST,
+        "RESOURCE_EXHAUSTED",
+        "RESOURCE_EXHAUSTED",
+        etcd=ProtocolAnswer(
+            "INVALID_ARGUMENT", "etcdserver: request is too large", "request_too_large"
+        ),
+        oxia=ProtocolAnswer("RESOURCE_EXHAUSTED", "oxia: {message}"),
+    ),
     PermissionDeniedError: WireRule(Code.ILLEGAL_OP, "PERMISSION_DENIED", "PERMISSION_DENIED"),
     IllegalOpError: WireRule(Code.ILLEGAL_OP, "FAILED_PRECONDITION"),
-    InvalidKeyError: WireRule(Code.INVALID_KEY, "INVALID_ARGUMENT"),
+    InvalidKeyError: WireRule(Code.INVALID_KEY, "INVALID_ARGUMENT", oxia=_OXIA_INVALID),
     # FAILED_PRECONDITION on a session's keep-alive stream means "this session is gone".
     KeyNotFoundError: WireRule(Code.KEY_NOT_FOUND, "FAILED_PRECONDITION"),
     BadVersionError: WireRule(Code.BAD_VERSION, "FAILED_PRECONDITION"),
@@ -283,15 +337,34 @@ ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
     # Not served here, not ready, shutting down, out of a resource, fenced: sent before anything
     # was appended. Streams resume elsewhere (UNAVAILABLE); a Batch result says `retryable`.
     RouteNotFoundError: _NOT_HERE,
-    UnavailableError: _NOT_HERE,
-    IndeterminateError: WireRule(Code.UNEXPECTED, "UNKNOWN", outcome_unknown=True),
+    # Oxia's clients look for a new leader on this answer.
+    NotServedHereError: replace(
+        _NOT_HERE, oxia=ProtocolAnswer("ABORTED", "oxia: node is not leader")
+    ),
+    UnavailableError: replace(
+        _NOT_HERE, oxia=ProtocolAnswer("UNAVAILABLE", "oxia: resource unavailable: {message}")
+    ),
+    IndeterminateError: WireRule(
+        Code.UNEXPECTED, "UNKNOWN", outcome_unknown=True, oxia=_OXIA_INTERNAL
+    ),
     ForwardedError: WireRule(Code.INTERNAL_SERVER_ERROR, "FAILED_PRECONDITION"),
-    CorruptionError: WireRule(Code.UNEXPECTED, "DATA_LOSS"),
-    CompactedError: WireRule(Code.BAD_REVISION, "OUT_OF_RANGE"),
+    CorruptionError: WireRule(Code.UNEXPECTED, "DATA_LOSS", oxia=_OXIA_INTERNAL),
+    CompactedError: WireRule(
+        Code.BAD_REVISION, "OUT_OF_RANGE", oxia=ProtocolAnswer("OUT_OF_RANGE", "oxia: {message}")
+    ),
     WatcherTooSlowError: WireRule(Code.FAILURE, "RESOURCE_EXHAUSTED"),
 }
-"""Every error class's row; subclasses without a row of their own (`NotServedHereError`,
+"""Every error class's row; subclasses without a row of their own (`RangeMovedError`,
 `StorageUnavailableError`, `LogFencedError`, `StoreCorruptionError`, ...) take their base's."""
+
+
+def class_rule(error: type[TableKeeperError]) -> WireRule:
+    """The row of the class `error`: its own, or its nearest base's."""
+    for cls in error.__mro__:
+        rule = ERROR_TABLE.get(cls)
+        if rule is not None:
+            return rule
+    raise AssertionError(f"{error.__name__} is not a TableKeeperError")  # pragma: no cover
 
 
 def wire_rule(error: type[TableKeeperError] | TableKeeperError) -> WireRule:

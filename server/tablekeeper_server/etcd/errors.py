@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from tablekeeper_server.errors import (
-    BadRequestError,
-    ResourceLimitError,
-    RouteNotFoundError,
-    TableKeeperError,
-    UnavailableError,
-)
+from tablekeeper_server.errors import TableKeeperError, class_rule
 
 # name -> (gRPC code, message). The names travel in `ApplyResult.error` (see etcd.apply).
 ERRORS: dict[str, tuple[grpc.StatusCode, str]] = {
@@ -77,16 +71,7 @@ class EtcdError(Exception):
 
 
 def from_tablekeeper(exc: TableKeeperError) -> EtcdError:
-    """TableKeeper's errors in etcd's terms: what a client should do about them (retry on
-    UNAVAILABLE, like an etcd member that is not ready) with TableKeeper's reason."""
-    if isinstance(exc, UnavailableError | RouteNotFoundError):
-        # In etcd's style ("etcdserver: ..."): the pass-through of cluster mode tells the
-        # answers of an etcd port from failures of the connection to it by that prefix.
-        return EtcdError(
-            "unavailable", code=grpc.StatusCode.UNAVAILABLE, message=f"etcdserver: {exc.message}"
-        )
-    if isinstance(exc, ResourceLimitError):
-        return EtcdError("request_too_large")
-    if isinstance(exc, BadRequestError):
-        return EtcdError("bad_request", code=grpc.StatusCode.INVALID_ARGUMENT, message=exc.message)
-    return EtcdError("internal", code=grpc.StatusCode.INTERNAL, message=exc.message)
+    """TableKeeper's errors in etcd's terms: the etcd column of the one error table
+    (`errors.ERROR_TABLE`, `WireRule.etcd`), by the error's class."""
+    answer = class_rule(type(exc)).etcd
+    return EtcdError(answer.name, code=grpc.StatusCode[answer.grpc], message=answer.text(exc))

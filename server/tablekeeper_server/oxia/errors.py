@@ -3,24 +3,14 @@
 The Java client 0.6.x recognises a missing namespace by gRPC UNKNOWN with the description
 "oxia: namespace not found" (what Oxia servers of that time sent) and fails fast; everything
 else it treats by the status code (UNAVAILABLE and friends are retried by reconnecting).
-TableKeeper's own errors map here, once, for the whole front-end.
+TableKeeper's own errors map in the Oxia column of the one error table (`errors.ERROR_TABLE`).
 """
 
 from __future__ import annotations
 
 import grpc
 
-from tablekeeper_server.errors import (
-    BadRequestError,
-    CompactedError,
-    CorruptionError,
-    IndeterminateError,
-    InvalidKeyError,
-    NotServedHereError,
-    ResourceLimitError,
-    TableKeeperError,
-    UnavailableError,
-)
+from tablekeeper_server.errors import TableKeeperError, class_rule
 
 
 class OxiaError(Exception):
@@ -55,17 +45,7 @@ class OxiaError(Exception):
 
 
 def from_tablekeeper(exc: TableKeeperError) -> OxiaError:
-    """The Oxia status of a TableKeeper error."""
-    if isinstance(exc, NotServedHereError):
-        return OxiaError(grpc.StatusCode.ABORTED, "oxia: node is not leader")
-    if isinstance(exc, UnavailableError):
-        return OxiaError(grpc.StatusCode.UNAVAILABLE, f"oxia: resource unavailable: {exc}")
-    if isinstance(exc, (BadRequestError, InvalidKeyError)):
-        return OxiaError(grpc.StatusCode.INVALID_ARGUMENT, f"oxia: {exc}")
-    if isinstance(exc, ResourceLimitError):
-        return OxiaError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"oxia: {exc}")
-    if isinstance(exc, CompactedError):
-        return OxiaError(grpc.StatusCode.OUT_OF_RANGE, f"oxia: {exc}")
-    if isinstance(exc, (CorruptionError, IndeterminateError)):
-        return OxiaError(grpc.StatusCode.INTERNAL, f"oxia: {exc}")
-    return OxiaError(grpc.StatusCode.UNKNOWN, f"oxia: {exc}")
+    """The Oxia status of a TableKeeper error: the Oxia column of the one error table
+    (`errors.ERROR_TABLE`, `WireRule.oxia`), by the error's class."""
+    answer = class_rule(type(exc)).oxia
+    return OxiaError(grpc.StatusCode[answer.grpc], answer.text(exc))
