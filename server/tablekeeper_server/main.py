@@ -702,6 +702,7 @@ async def _start_etcd(
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
         runtime=config.runtime,
+        clock=registry.env.clock,
     )
     front.secured(etcd.security.access)
     await etcd.start()
@@ -732,6 +733,7 @@ async def _start_oxia(
         forwarder=cluster[0] if cluster is not None else None,
         peers=cluster[1] if cluster is not None else None,
         runtime=config.runtime,
+        clock=registry.env.clock,
     )
     front.secured(oxia.security.access)
     await oxia.start()

@@ -22,6 +22,8 @@ from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_proto.etcd import apply_pb2, rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.startup import retry_until_done
 from tablekeeper_server.etcd.apply import run_read_only_txn
 from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, KEYSPACE_PKEY
@@ -45,10 +47,13 @@ class Keyspace:
         registry: ContainerRegistry,
         forwarder: Forwarder | None = None,
         name: str = DEFAULT_KEYSPACE,
+        *,
+        clock: Clock,
     ) -> None:
         """`forwarder`: cluster mode (the root range may be on another server). `name`: the
-        keyspace's table in namespace `etcd`."""
+        keyspace's table in namespace `etcd`. `clock`: the server's (retries wait on it)."""
         self.registry = registry
+        self._clock = clock
         self.name = name
         self.stream_id = 0
         self._forwarder = forwarder
@@ -79,15 +84,8 @@ class Keyspace:
             await self.range()
 
     async def _open_until_done(self) -> None:
-        pause_s = 0.1
-        while True:
-            try:
-                await self._open_table()
-                return
-            except Exception as exc:  # the root range has no owner yet, or it is starting
-                log.info("etcd keyspace %s not reachable yet (%s); retrying", self.name, exc)
-            await asyncio.sleep(pause_s)
-            pause_s = min(pause_s * 2, OPEN_RETRY_S_MAX)
+        what = f"etcd keyspace {self.name}"
+        await retry_until_done(what, self._open_table, self._clock, pause_s_max=OPEN_RETRY_S_MAX)
 
     async def range(self) -> Range:
         if not self.stream_id:

@@ -19,6 +19,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
 from tablekeeper_server.etcd.errors import ERRORS, EtcdError
@@ -84,12 +85,13 @@ class EtcdServer:
         peers: FrontEndPeers | None = None,
         keyspace: str = DEFAULT_KEYSPACE,
         runtime: str = "grpc-aio",
+        clock: Clock,
     ) -> None:
         """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
         cluster mode or a worker (`forwarder` reaches the root range's owner, `peers` the other
         servers' ports of this keyspace). `namespace_bits`: a role's permissions on a namespace
         (the root range's, here or on its owner), decisions cached `access_cache_s`."""
-        self.keyspace = Keyspace(registry, forwarder, keyspace)
+        self.keyspace = Keyspace(registry, forwarder, keyspace, clock=clock)
         self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
         # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.

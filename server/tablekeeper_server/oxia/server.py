@@ -16,7 +16,8 @@ from typing import Any
 
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
-from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.startup import retry_until_done
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
@@ -50,7 +51,7 @@ class OxiaServer:
         interceptors: Sequence[Any] = (),
         namespace_bits: NamespaceBits,
         access_cache_s: float = 0.0,
-        clock: Clock | None = None,
+        clock: Clock,
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
         runtime: str = "grpc-aio",
@@ -80,9 +81,8 @@ class OxiaServer:
         )
         self.port = self.grpc.port
         self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)
-        self._servicer = OxiaServicer(
-            self.namespaces, self.leaders, key_bytes_max, clock or SystemClock()
-        )
+        self._clock = clock
+        self._servicer = OxiaServicer(self.namespaces, self.leaders, key_bytes_max, clock)
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self.grpc.services)
 
     async def start(self) -> None:
@@ -101,17 +101,13 @@ class OxiaServer:
         await self.grpc.start()
 
     async def _create_until_done(self) -> None:
-        pause_s = 0.1
-        while True:
-            try:
-                await self.namespaces.create_default()
-                self.namespaces.default_pending = False
-                log.info("Oxia namespace %s is ready", DEFAULT_NAMESPACE)
-                return
-            except Exception as exc:  # the root range has no owner yet, or it is starting
-                log.info("Oxia namespace default not reachable yet (%s); retrying", exc)
-            await asyncio.sleep(pause_s)
-            pause_s = min(pause_s * 2, CREATE_RETRY_S_MAX)
+        async def create() -> None:
+            await self.namespaces.create_default()
+            self.namespaces.default_pending = False
+            log.info("Oxia namespace %s is ready", DEFAULT_NAMESPACE)
+
+        what = f"Oxia namespace {DEFAULT_NAMESPACE}"
+        await retry_until_done(what, create, self._clock, pause_s_max=CREATE_RETRY_S_MAX)
 
     async def stop(self, grace_s: float) -> None:
         self._servicer.shutdown()
