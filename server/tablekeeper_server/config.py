@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE
+from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, front_end_name
 from tablekeeper_server.logging_setup import LOG_FORMATS
+from tablekeeper_server.oxia.keys import FRONT_END as OXIA_FRONT_END
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.security.config import SECURITY_SETTINGS, SecurityConfig
 from tablekeeper_server.settings import (
@@ -668,3 +669,28 @@ def worker_command(
     flags = SERVER_SETTINGS.to_argv(effective_values(config))
     env = {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
     return flags, env
+
+
+def front_end_port(worker: WorkerSlot | None, name: str, port: int) -> int:
+    """The port this process serves front-end `name` on: the configured one, or (a worker)
+    the one its supervisor gave it."""
+    if worker is None:
+        return port
+    given = worker.frontend_port(name)
+    assert given is not None, f"the supervisor gave worker {worker.index} no port for {name}"
+    return given
+
+
+def front_end_ports(config: ServerConfig) -> dict[str, int]:
+    """Front-end name -> configured port, of every front-end this server serves."""
+    ports = {front_end_name(ks): port for ks, port in config.etcd_keyspace_ports.items()}
+    if config.oxia_port:
+        ports[OXIA_FRONT_END] = config.oxia_port
+    return ports
+
+
+def front_end_ports_of(config: ServerConfig) -> list[int]:
+    """The ports this process serves its etcd keyspaces and Oxia on (as `serve` opens them)."""
+    return [
+        front_end_port(config.worker, name, port) for name, port in front_end_ports(config).items()
+    ]

@@ -31,7 +31,12 @@ from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
-from tablekeeper_server.config import ServerConfig, worker_command
+from tablekeeper_server.config import (
+    ServerConfig,
+    front_end_port,
+    front_end_ports,
+    worker_command,
+)
 from tablekeeper_server.container.checkpoint_policy import CheckpointPolicy, CheckpointTriggers
 from tablekeeper_server.container.container import ROOT_STREAM_ID, ContainerEnv, OpenRangeLimit
 from tablekeeper_server.container.followers import Followers
@@ -41,7 +46,8 @@ from tablekeeper_server.container.standby import Standby
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
-from tablekeeper_server.etcd.server import EtcdServer, front_end_name
+from tablekeeper_server.etcd.keys import front_end_name
+from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.gc_tuning import tune_garbage_collector
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import INLINE_BELOW_S, LocalLogBackend
@@ -60,10 +66,11 @@ from tablekeeper_server.metrics import (
     TableLabels,
     TableNames,
 )
-from tablekeeper_server.oxia.server import FRONT_END as OXIA_FRONT_END
+from tablekeeper_server.oxia.keys import FRONT_END as OXIA_FRONT_END
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
+from tablekeeper_server.rpc.envoy import EnvoyApp, exec_envoy
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder, RemoteCatalogClient
@@ -437,7 +444,7 @@ async def serve(
         for keyspace, port in config.etcd_keyspace_ports.items():
             name = front_end_name(keyspace)
             peers = _front_end_peers(name, coordinator, member, worker, server)
-            port = _front_end_port(worker, name, port)
+            port = front_end_port(worker, name, port)
             etcds.append(await _start_etcd(config, registry, front, peers, keyspace, port))
             if on_port is not None:
                 on_port(etcds[-1].grpc)
@@ -447,7 +454,7 @@ async def serve(
                 registry,
                 front,
                 _front_end_peers(OXIA_FRONT_END, coordinator, member, worker, server),
-                _front_end_port(worker, OXIA_FRONT_END, config.oxia_port),
+                front_end_port(worker, OXIA_FRONT_END, config.oxia_port),
             )
             if config.oxia_port
             else None
@@ -618,31 +625,6 @@ class _FrontEndSecurity:
     def forget(self) -> None:
         for access in self.accesses:
             access.forget()
-
-
-def _front_end_port(worker: WorkerSlot | None, name: str, port: int) -> int:
-    """The port this process serves front-end `name` on: the configured one, or (a worker)
-    the one its supervisor gave it."""
-    if worker is None:
-        return port
-    given = worker.frontend_port(name)
-    assert given is not None, f"the supervisor gave worker {worker.index} no port for {name}"
-    return given
-
-
-def front_end_ports_of(config: ServerConfig) -> list[int]:
-    """The ports this process serves its etcd keyspaces and Oxia on (as `serve` opens them)."""
-    return [
-        _front_end_port(config.worker, name, port) for name, port in front_end_ports(config).items()
-    ]
-
-
-def front_end_ports(config: ServerConfig) -> dict[str, int]:
-    """Front-end name -> configured port, of every front-end this server serves."""
-    ports = {front_end_name(ks): port for ks, port in config.etcd_keyspace_ports.items()}
-    if config.oxia_port:
-        ports[OXIA_FRONT_END] = config.oxia_port
-    return ports
 
 
 def _front_end_peers(
@@ -819,9 +801,8 @@ def run(config: ServerConfig) -> int:
         finally:
             os.close(lock_fd)
     if config.runtime == "envoy":
-        from tablekeeper_server.rpc.envoy import exec_envoy
-
-        exec_envoy(config)  # this process becomes Envoy, which runs `serve` (never returns)
+        # This process becomes Envoy, which runs `serve` in `envoy_app` (never returns).
+        exec_envoy(config, ENVOY_APP)
     tune_garbage_collector()
     try:
         _run_loop(serve(config), config.event_loop)
@@ -840,3 +821,10 @@ def failure_exit_code(exc: CorruptionError | ClusterError | OSError) -> int:
         return 2
     log.error("cannot start: %s", exc)
     return 2
+
+
+envoy_app = EnvoyApp(serve, failure_exit_code)
+"""The ASGI application Envoy runs with `--runtime envoy` (see `rpc.envoy`): `serve` inside
+Envoy's process."""
+ENVOY_APP = "tablekeeper_server.main:envoy_app"
+"""Where Envoy's embedded interpreter finds `envoy_app`."""

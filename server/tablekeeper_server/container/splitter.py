@@ -35,11 +35,15 @@ import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.meta import MetaCatalog, SplitPlan
-from tablekeeper_server.container.container import REMOTE_ROUTE_TTL_S, StorageContainer
+from tablekeeper_server.container.container import (
+    REMOTE_ROUTE_TTL_S,
+    ContainerEnv,
+    StorageContainer,
+)
 from tablekeeper_server.errors import (
     IllegalOpError,
     NotServedHereError,
@@ -47,11 +51,8 @@ from tablekeeper_server.errors import (
     RouteNotFoundError,
     UnavailableError,
 )
-from tablekeeper_server.range.replica import RangeName
+from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.split import ChildrenBuilder, ChildSpec, TailGapError
-
-if TYPE_CHECKING:
-    from tablekeeper_server.container.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,49 @@ SWITCH_WAIT_S = 5.0
 ("range moved", retryable)."""
 
 
+class RemoteSteps(Protocol):
+    """Asks another server's splitter (cluster mode; the RPC layer's `RemoteCatalog`)."""
+
+    async def range_step(
+        self,
+        container_id: int,
+        stream_id: int,
+        range_id: int,
+        step: RangeStep,
+        children: tuple[int, ...],
+        start_hashes: tuple[int, ...] = (),
+    ) -> int:
+        """`Splitter.step_here` on the container's owner."""
+        ...
+
+
+class SplitHost(Protocol):
+    """What the splitter needs of the server's containers: the narrow side of
+    `container.registry.ContainerRegistry`, which owns the splitter (so the splitter does not
+    import the registry)."""
+
+    @property
+    def env(self) -> ContainerEnv: ...
+
+    @property
+    def containers(self) -> dict[int, StorageContainer]: ...
+
+    @property
+    def remote(self) -> RemoteSteps | None: ...
+
+    def container(self, container_id: int) -> StorageContainer:
+        """The container if this server serves it; `NotServedHereError` otherwise."""
+        ...
+
+    async def stream_props(self, stream_id: int) -> stream_pb2.StreamProperties: ...
+
+    def forget_route(self, stream_id: int) -> None:
+        """Read the table's ranges again on its next request."""
+        ...
+
+    async def checkpoint_range(self, range_: Range, *, force: bool = False) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SplitOutcome:
     plan: SplitPlan
@@ -81,7 +125,7 @@ class Splitter:
     """The splits of the tables whose meta range is hosted here, and the seal and drop of the
     ranges hosted here that a split (run anywhere) asks for."""
 
-    def __init__(self, registry: ContainerRegistry) -> None:
+    def __init__(self, registry: SplitHost) -> None:
         self._registry = registry
         self._running: dict[tuple[int, int], asyncio.Task[SplitOutcome]] = {}
         self._switches: dict[tuple[int, int], asyncio.Event] = {}

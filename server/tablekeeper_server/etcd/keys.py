@@ -50,3 +50,13 @@ def to_kv(
     if not keys_only:
         kv.value = record.value
     return kv
+
+
+FRONT_END = "etcd"
+"""The name this front-end's address is published under in cluster membership (for the default
+keyspace; see `front_end_name`)."""
+
+
+def front_end_name(keyspace: str) -> str:
+    """What a server publishes its port of `keyspace` under in cluster membership."""
+    return FRONT_END if keyspace == DEFAULT_KEYSPACE else f"{FRONT_END}/{keyspace}"

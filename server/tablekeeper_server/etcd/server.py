@@ -45,16 +45,6 @@ from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
-FRONT_END = "etcd"
-"""The name this front-end's address is published under in cluster membership (for the default
-keyspace; see `front_end_name`)."""
-
-
-def front_end_name(keyspace: str) -> str:
-    """What a server publishes its port of `keyspace` under in cluster membership."""
-    return FRONT_END if keyspace == DEFAULT_KEYSPACE else f"{FRONT_END}/{keyspace}"
-
-
 PASSED_THROUGH = method_kinds(
     service
     for service in rpc_pb2.DESCRIPTOR.services_by_name.values()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from tablekeeper_server.core.keys import pkey_prefix, prefix_end
 
+FRONT_END = "oxia"
+"""The name this front-end's address is published under in cluster membership."""
 OXIA_PKEY = b"oxia"
 PREFIX = pkey_prefix(OXIA_PKEY)
 END = prefix_end(PREFIX)

@@ -27,8 +27,6 @@ from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.security.frontend import NamespaceBits, secure_front_end
 from tablekeeper_server.security.tls import ServerTls
 
-FRONT_END = "oxia"
-"""The name this front-end's address is published under in cluster membership."""
 FINITE_STREAMS = tuple(
     f"/io.streamnative.oxia.proto.OxiaClient/{method}" for method in ("Read", "List", "RangeScan")
 )

