@@ -26,6 +26,7 @@ from tablekeeper_server.config import (
     printed_config,
     resolve_settings,
 )
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.workers import WorkerSlot
 
 EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
@@ -176,7 +177,7 @@ def _coordinator(args: argparse.Namespace) -> Any:
     from tablekeeper_server.cluster.zookeeper import ZkCoordinator
 
     try:
-        coordinator = ZkCoordinator(args.zk, args.cluster)
+        coordinator = ZkCoordinator(args.zk, args.cluster, clock=SystemClock())
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,6 +24,7 @@ import pytest
 
 from tablekeeper import Client
 from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+from tablekeeper_server.core.clock import SystemClock
 from tests.support.cluster import TestCluster
 from tests.support.server import REPO, TABLEKEEPER, ServerProcess, free_port
 
@@ -927,7 +928,7 @@ def test_listings_and_cluster_status_in_cluster_mode(
     init = json.loads(ok(tk("-o", "json", "cluster", "init", *zk, "--containers", "2")))
     assert init == {"cluster": cluster.name, "containers": 2, "created": False}
     # A registered server that never answers: the cluster is not ready while it is live.
-    ghost = ZkCoordinator(cluster.zk_hosts, cluster.name)
+    ghost = ZkCoordinator(cluster.zk_hosts, cluster.name, clock=SystemClock())
     ghost.start()
     try:
         ghost.register(dead)

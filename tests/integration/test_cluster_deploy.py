@@ -23,6 +23,7 @@ from tablekeeper._cli_cluster import report
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 from tablekeeper_server.cluster.status import ZooKeeperView
 from tablekeeper_server.cluster.zookeeper import Controller, ZkCoordinator
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.rpc.admin import cluster_status_response
 from tests.support.pulsar import PulsarService, unique_namespace
 from tests.support.server import REPO, TABLEKEEPER, free_port
@@ -182,7 +183,7 @@ def test_cli_status_shows_owners_and_moving_containers(tmp_path: Path) -> None:
     service's ClusterStatus; here composed in-process, since no real server runs: test_cli and
     test_cluster_status ask real ones)."""
     zookeeper = ZooKeeperProcess(tmp_path / "zookeeper").start()
-    server = ZkCoordinator(zookeeper.hosts, "owners")
+    server = ZkCoordinator(zookeeper.hosts, "owners", clock=SystemClock())
     try:
         server.start()
         server.init_cluster(3)

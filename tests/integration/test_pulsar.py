@@ -33,6 +33,7 @@ import pytest
 
 from tablekeeper import AsyncClient, Client, RetryPolicy
 from tablekeeper_server.checkpoint.pulsar import PulsarCheckpointStore
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
 from tablekeeper_server.log import pulsar as pulsar_log
 from tablekeeper_server.log.api import LogRecord
@@ -454,7 +455,10 @@ def test_pulsar_unreachable_is_unavailable() -> None:
         f"pulsar://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}", timeout_s=2
     )
     store = PulsarCheckpointStore(
-        f"pulsar://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}", timeout_s=2
+        f"pulsar://127.0.0.1:{free_port()}",
+        f"http://127.0.0.1:{free_port()}",
+        timeout_s=2,
+        clock=SystemClock(),
     )
     try:
         started = time.monotonic()
@@ -483,7 +487,11 @@ def test_checkpoint_store(pulsar_service: PulsarService, tmp_path: Path) -> None
 
     def make() -> PulsarCheckpointStore:
         return PulsarCheckpointStore(
-            pulsar_service.service_url, pulsar_service.admin_url, namespace=namespace, timeout_s=10
+            pulsar_service.service_url,
+            pulsar_service.admin_url,
+            namespace=namespace,
+            timeout_s=10,
+            clock=SystemClock(),
         )
 
     store, other = make(), make()

@@ -20,6 +20,7 @@ from tablekeeper_server.cluster.zookeeper import (
     Ownership,
     ZkCoordinator,
 )
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.errors import UnavailableError
 from tests.support.zookeeper import ZooKeeperProcess
 
@@ -41,7 +42,9 @@ def connect(
     made: list[ZkCoordinator] = []
 
     def make() -> ZkCoordinator:
-        coordinator = ZkCoordinator(zookeeper.hosts, cluster, session_timeout_s=2.0)
+        coordinator = ZkCoordinator(
+            zookeeper.hosts, cluster, session_timeout_s=2.0, clock=SystemClock()
+        )
         coordinator.start()
         made.append(coordinator)
         return coordinator
@@ -225,7 +228,7 @@ def test_cluster_cli_init_and_the_status_view(
     ZooKeeper (`cluster.status.ZooKeeperView`; the CLI's `cluster status` asks a server for it,
     see test_cli and test_cluster_status)."""
     zk = ["--zk", zookeeper.hosts, "--cluster", "cli-cluster"]
-    server = ZkCoordinator(zookeeper.hosts, "cli-cluster")
+    server = ZkCoordinator(zookeeper.hosts, "cli-cluster", clock=SystemClock())
     server.start()
     try:
         view = ZooKeeperView(server, "cli-cluster", "127.0.0.1:7001", lambda: [0, 1, 2, 3])

@@ -30,6 +30,7 @@ from kazoo.exceptions import KazooException
 
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc
 from tablekeeper_server.cluster.zookeeper import Ownership, ZkCoordinator
+from tablekeeper_server.core.clock import SystemClock
 from tests.support.pulsar import PulsarService, unique_namespace
 from tests.support.server import ServerProcess, stop_all
 from tests.support.zookeeper import ZooKeeperProcess
@@ -95,7 +96,7 @@ class TestCluster:
         if self.zookeeper is not None:
             self.zookeeper.start()
             self._zk_started = True
-        admin = ZkCoordinator(self.zk_hosts, self.name, session_timeout_s=10.0)
+        admin = ZkCoordinator(self.zk_hosts, self.name, session_timeout_s=10.0, clock=SystemClock())
         admin.start()
         self._admin = admin
         admin.init_cluster(self.containers)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pulsar
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
-from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import CorruptionError, UnavailableError
 from tablekeeper_server.pulsar_common.admin import PulsarAdmin
 from tablekeeper_server.pulsar_common.client import SharedClient
@@ -123,10 +123,10 @@ class PulsarCheckpointStore:
         tenant: str = "public",
         namespace: str = DEFAULT_NAMESPACE,
         timeout_s: float = 30.0,
-        clock: Clock | None = None,
+        clock: Clock,
     ) -> None:
         self.service_url = service_url
-        self._clock = clock or SystemClock()
+        self._clock = clock
         """Names data topics by creation time, times the orphan sweep and upload deadlines."""
         self.tenant = tenant
         self.namespace = namespace

@@ -39,7 +39,7 @@ except ModuleNotFoundError as exc:  # installed without the `cluster` extra
 from tablekeeper_proto.bookkeeper import cluster_pb2
 from tablekeeper_server.cluster.errors import ClusterError as ClusterError
 from tablekeeper_server.cluster.placement import Assignment, compute_assignment
-from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.core.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,12 @@ class ZkCoordinator:
         cluster: str,
         *,
         session_timeout_s: float = 2.0,
-        clock: Clock | None = None,
+        clock: Clock,
     ) -> None:
         if not cluster or "/" in cluster:
             raise ValueError(f"invalid cluster name {cluster!r}")
         self.root = f"/tablekeeper/{cluster}"
-        self.clock = clock or SystemClock()
+        self.clock = clock
         """What the hand-over wait and the controller's pauses run on (not ZooKeeper's own
         session timers, which are the client library's)."""
         self.zk = KazooClient(hosts=hosts, timeout=session_timeout_s)

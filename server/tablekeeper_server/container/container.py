@@ -27,7 +27,7 @@ from tablekeeper_server.catalog.meta import (
 from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.container.followers import Followers
-from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
 from tablekeeper_server.log.api import LogBackend
@@ -63,8 +63,8 @@ class OpenRangeLimit:
 
     def __init__(self, max_open: int = 0, clock: Clock | None = None) -> None:
         self.max_open = max_open
-        self._clock = clock or SystemClock()
-        """Only paces the eviction log lines."""
+        self._clock = clock
+        """Only paces the eviction log lines (None: each is logged; `main` passes its clock)."""
         self.evictions = 0
         """Table ranges closed to stay within the bound, since start."""
         self._open: OrderedDict[RangeKey, tuple[StorageContainer, Range]] = OrderedDict()
@@ -124,8 +124,8 @@ class OpenRangeLimit:
         log.debug(
             "closing idle range %s (--max-open-ranges %d)", range_.name.log_name, self.max_open
         )
-        now = self._clock.monotonic_s()
-        if now - self._logged_at >= _EVICTION_LOG_INTERVAL_S:
+        now = self._clock.monotonic_s() if self._clock is not None else None
+        if now is None or now - self._logged_at >= _EVICTION_LOG_INTERVAL_S:
             log.info(
                 "closed %d idle table ranges to stay within --max-open-ranges %d (%d since "
                 "start); they reopen on their next request",
@@ -133,7 +133,7 @@ class OpenRangeLimit:
                 self.max_open,
                 self.evictions,
             )
-            self._logged_at = now
+            self._logged_at = now or 0.0
             self._logged_evictions = self.evictions
 
 

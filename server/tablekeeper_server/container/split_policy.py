@@ -59,7 +59,7 @@ class SplitPolicy:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.thresholds.interval_s)
+            await self._clock.sleep(self.thresholds.interval_s)
             try:
                 await self.check()
             except asyncio.CancelledError:

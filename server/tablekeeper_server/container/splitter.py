@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -225,10 +224,10 @@ class Splitter:
                     builder.close()
                     builder = builder.again()
             await env.failpoints.hit_async("split.before_seal")
-            started = time.monotonic()
+            started = env.clock.monotonic_s()
             step: RangeStep = "seal" if copied_live else "seal+checkpoint"
             sealed = await self._step(parent, plan.stream_id, step, children, starts)
-            marks = [("seal", time.monotonic())]
+            marks = [("seal", env.clock.monotonic_s())]
             await env.failpoints.hit_async("split.after_seal")
             tail = copied_live and await self._apply_tail(builder, sealed)
             if not tail:
@@ -237,16 +236,16 @@ class Splitter:
                     builder.close()
                     builder = builder.again()
                 await asyncio.to_thread(builder.copy_checkpoint, sealed=True)
-            marks.append(("tail" if tail else "copy", time.monotonic()))
+            marks.append(("tail" if tail else "copy", env.clock.monotonic_s()))
             await asyncio.to_thread(builder.publish)
-            marks.append(("publish", time.monotonic()))
+            marks.append(("publish", env.clock.monotonic_s()))
             await env.failpoints.hit_async("split.before_switch")
             await meta.finish_split(plan)
             registry.forget_route(plan.stream_id)
             if (switch := self._switches.get((plan.stream_id, parent.range_id))) is not None:
                 switch.set()
-            marks.append(("switch", time.monotonic()))
-            paused = time.monotonic() - started
+            marks.append(("switch", env.clock.monotonic_s()))
+            paused = env.clock.monotonic_s() - started
         finally:
             builder.close()
         steps = ", ".join(
@@ -383,7 +382,7 @@ class Splitter:
         `REMOTE_ROUTE_TTL_S`) meets the sealed parent and is sent on to a child, instead of
         opening the deleted range anew, empty."""
         if delay_s:
-            await asyncio.sleep(delay_s)
+            await self._registry.env.clock.sleep(delay_s)
         for plan, unfinished in work:
             attempt = 0
             while self._registry.containers.get(container.id) is container:
@@ -406,7 +405,7 @@ class Splitter:
                         exc.message,
                         pause,
                     )
-                    await asyncio.sleep(pause)
+                    await self._registry.env.clock.sleep(pause)
                 except Exception:
                     log.exception(
                         "table %d: cannot finish the split of range %d",

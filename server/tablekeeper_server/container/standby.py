@@ -84,7 +84,7 @@ class Standby:
             except Exception as exc:  # a container moving, Pulsar away: look again later
                 message = exc.message if isinstance(exc, TableKeeperError) else repr(exc)
                 log.warning("standby: %s", message)
-            await asyncio.sleep(self._look_s)
+            await self._registry.env.clock.sleep(self._look_s)
 
     async def look(self) -> int:
         """Follow what the module docstring says; how many ranges that is."""

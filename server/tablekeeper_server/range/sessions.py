@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
-from tablekeeper_server.core.clock import Clock, SystemClock
+from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.errors import BadRequestError, KeyNotFoundError, TableKeeperError
 from tablekeeper_server.range.apply import Response
 
@@ -41,11 +41,11 @@ class SessionManager:
         self,
         name: str,
         execute: Callable[[wal_pb2.WalCommand], Awaitable[Response]],
-        clock: Clock | None = None,
+        clock: Clock,
     ) -> None:
         self.name = name
         self._execute = execute
-        self._clock = clock or SystemClock()
+        self._clock = clock
         """Deadlines are on its `monotonic_s`; the timer waits on it."""
         self._ttl_s: dict[int, float] = {}
         self._roles: dict[int, str] = {}
