@@ -10,10 +10,13 @@ crash, all on one event loop with a hand-moved clock, so a seed replays exactly:
 Each round sends a burst of concurrent client operations (puts with and without expected
 versions, deletes, increments, txns moving an amount between two counters, reads, and hostile
 puts whose fields the state machine cannot honour, logged without validation) on distinct
-keys of each range, so a sequential model per key is exact. Faults between and during rounds:
-a crash (the store keeps a random prefix of its unflushed writes, the log keeps what it
-acknowledged), a torn append (the log fails mid-append, having persisted the records or not),
-a new writer fencing the old one, and lost responses (the client never hears a success).
+keys of each range, so a sequential model per key is exact. The same ranges also take etcd
+writes (puts, deletes and compare-and-puts, as the etcd front-end logs them: `etcd_txn`) and
+Oxia writes (puts, some only if absent, and deletes: `oxia_write`) on keys of their own, so one
+log mixes all three protocols' commands, each applied by its own applier. Faults between and
+during rounds: a crash (the store keeps a random prefix of its unflushed writes, the log keeps
+what it acknowledged), a torn append (the log fails mid-append, having persisted the records or
+not), a new writer fencing the old one, and lost responses (the client never hears a success).
 
 What every run checks:
 - an operation acknowledged as successful is applied, with the model's result code and values;
@@ -37,6 +40,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
+from tablekeeper_proto.etcd import apply_pb2 as etcd_apply_pb2
+from tablekeeper_proto.etcd import rpc_pb2 as etcd
+from tablekeeper_proto.oxia import apply_pb2 as oxia_apply_pb2
+from tablekeeper_proto.oxia import client_pb2 as oxia
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import (
@@ -45,12 +52,17 @@ from tablekeeper_server.errors import (
     TableKeeperError,
     UnavailableError,
 )
+from tablekeeper_server.etcd.keys import PREFIX as ETCD_PREFIX
 from tablekeeper_server.log.memory import MemoryLogBackend
+from tablekeeper_server.oxia import keys as oxia_keys
+from tablekeeper_server.oxia.records import unpack as oxia_unpack
+from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.storage.memory import MemoryKvStore, MemoryWriteBatch
 from tests.support.appliers import APPLIERS
 
 PKEY = b"p"
+OxiaStatus = oxia.Status
 T = TypeVar("T")
 KEYS_PER_RANGE = 24
 Number = int
@@ -124,6 +136,8 @@ class Op:
     """ack, refused, unknown"""
     response: Any = None
     """the range's answer (a response message) once acknowledged"""
+    check: Callable[[Any], str | None] | None = None
+    """What else the answer must say (a protocol's own result): None if it does, else why not."""
 
 
 def _header() -> kv.RoutingHeader:
@@ -253,6 +267,81 @@ def _transfer(rng: random.Random, model: dict[bytes, KeyState], a: bytes, b: byt
     return Op("txn", (a, b), wal_pb2.WalCommand(txn=request), code, apply)
 
 
+def etcd_store_key(key: bytes) -> bytes:
+    return ETCD_PREFIX + key
+
+
+def make_etcd_op(rng: random.Random, model: dict[bytes, KeyState], key: bytes, uid: int) -> Op:
+    """An etcd write on `key`, logged as the etcd front-end logs every write (one txn)."""
+    skey = etcd_store_key(key)
+    state = model[skey]
+    value = b"e%d" % uid
+    put = etcd.RequestOp(request_put=etcd.PutRequest(key=key, value=value))
+    roll = rng.random()
+    if roll < 0.5:
+        txn, kind, holds = etcd.TxnRequest(success=[put]), "etcd-put", True
+        apply = _set(skey, value)
+    elif roll < 0.7:
+        delete = etcd.RequestOp(request_delete_range=etcd.DeleteRangeRequest(key=key))
+        txn, kind, holds = etcd.TxnRequest(success=[delete]), "etcd-delete", True
+        apply = _remove(skey) if state.value is not None else _nothing
+    else:  # put if the key's version (etcd's: 0 when absent) is what the client last saw
+        current = 0 if state.value is None else state.version + 1
+        seen = current + (1 if rng.random() < 0.3 else 0)
+        compare = etcd.Compare(
+            key=key, target=etcd.Compare.VERSION, result=etcd.Compare.EQUAL, version=seen
+        )
+        txn, kind, holds = etcd.TxnRequest(compare=[compare], success=[put]), "etcd-cas", False
+        holds = seen == current
+        apply = _set(skey, value) if holds else _nothing
+    present = state.value is not None
+
+    def check(response: Any) -> str | None:
+        if not isinstance(response, etcd_apply_pb2.ApplyResult) or response.error:
+            return f"not an etcd result: {response}"
+        if response.response.succeeded != holds:
+            return f"succeeded={response.response.succeeded}, the model says {holds}"
+        if kind == "etcd-delete":
+            deleted = response.response.responses[0].response_delete_range.deleted
+            if deleted != int(present):
+                return f"deleted {deleted}, the model says {int(present)}"
+        return None
+
+    command = wal_pb2.WalCommand(etcd_txn=txn.SerializeToString())
+    return Op(kind, (skey,), command, Code.SUCCESS, apply, check=check)
+
+
+def make_oxia_op(rng: random.Random, model: dict[bytes, KeyState], key: str, uid: int) -> Op:
+    """An Oxia write on `key` (a put, perhaps only if absent, or a delete), as the Oxia
+    front-end logs one `WriteRequest`."""
+    skey = oxia_keys.store_key(key)
+    state = model[skey]
+    if rng.random() < 0.7:
+        value = b"o%d" % uid
+        put = oxia.PutRequest(key=key, value=value)
+        if rng.random() < 0.4:
+            put.expected_version_id = -1
+        refused = put.HasField("expected_version_id") and state.value is not None
+        expected = OxiaStatus.UNEXPECTED_VERSION_ID if refused else OxiaStatus.OK
+        request, kind = oxia.WriteRequest(puts=[put]), "oxia-put"
+        apply = _nothing if refused else _set(skey, value)
+    else:
+        request, kind = oxia.WriteRequest(deletes=[oxia.DeleteRequest(key=key)]), "oxia-delete"
+        expected = OxiaStatus.OK if state.value is not None else OxiaStatus.KEY_NOT_FOUND
+        apply = _remove(skey) if state.value is not None else _nothing
+
+    def check(response: Any) -> str | None:
+        if not isinstance(response, oxia_apply_pb2.ApplyResult):
+            return f"not an Oxia result: {response}"
+        answers = response.response.puts or response.response.deletes
+        if len(answers) != 1 or answers[0].status != expected:
+            return f"answered {list(answers)}, the model says status {expected}"
+        return None
+
+    command = wal_pb2.WalCommand(oxia_write=request.SerializeToString())
+    return Op(kind, (skey,), command, Code.SUCCESS, apply, check=check)
+
+
 # ------------------------------------------------------------------------------------ runner
 
 
@@ -290,6 +379,11 @@ class Simulation:
             SimRange(RangeName(i, 1024, 1024 + i), CrashableStore()) for i in range(ranges)
         ]
         self.keys = [b"k%02d" % i for i in range(KEYS_PER_RANGE)]
+        """BookKeeper's keys (lkeys of pkey `PKEY`)."""
+        self.etcd_keys = {etcd_store_key(b"e%02d" % i): b"e%02d" % i for i in range(8)}
+        """etcd's keys: store key -> etcd key."""
+        self.oxia_keys = {oxia_keys.store_key(f"o/{i:02d}"): f"o/{i:02d}" for i in range(8)}
+        """Oxia's keys: store key -> Oxia key."""
         self.uid = 0
 
     def say(self, message: str) -> None:
@@ -310,7 +404,8 @@ class Simulation:
         asyncio.get_running_loop().set_default_executor(InlineExecutor())
         try:
             for sim in self.ranges:
-                sim.model = {key: KeyState() for key in self.keys}
+                model_keys = [*self.keys, *self.etcd_keys, *self.oxia_keys]
+                sim.model = {key: KeyState() for key in model_keys}
                 await self.open(sim)
             for round_number in range(self.rounds):
                 self.stats.rounds += 1
@@ -339,10 +434,22 @@ class Simulation:
         rng.shuffle(free)
         ops: list[Op] = []
         wanted_ops = rng.randint(1, 10)
+        free_etcd, free_oxia = list(self.etcd_keys), list(self.oxia_keys)
+        rng.shuffle(free_etcd)
+        rng.shuffle(free_oxia)
         while len(free) >= 2 and len(ops) < wanted_ops:
+            self.uid += 1
+            protocol = rng.random()
+            if protocol < 0.2 and free_etcd:
+                skey = free_etcd.pop()
+                ops.append(make_etcd_op(rng, sim.model, self.etcd_keys[skey], self.uid))
+                continue
+            if protocol < 0.4 and free_oxia:
+                skey = free_oxia.pop()
+                ops.append(make_oxia_op(rng, sim.model, self.oxia_keys[skey], self.uid))
+                continue
             wanted = 2 if rng.random() < 0.3 else 1
             keys, free = free[:wanted], free[wanted:]
-            self.uid += 1
             ops.append(make_op(rng, sim.model, keys, self.uid))
         fault = rng.random()
         fenced_by: Range | None = None
@@ -411,6 +518,9 @@ class Simulation:
         if op.kind == "get":
             self.check_read(sim, op.keys[0], op.response, "a get")
             return
+        wrong = op.check(op.response) if op.check is not None else None
+        if wrong is not None:
+            raise self.fail(f"{op.kind} {op.keys}: {wrong}")
         op.apply(sim.model)
 
     def resolve(self, sim: SimRange) -> None:
@@ -446,7 +556,16 @@ class Simulation:
 
     def read_state(self, sim: SimRange, key: bytes) -> KeyState:
         assert sim.serving is not None
+        if key in self.etcd_keys or key in self.oxia_keys:
+            return self.front_end_state(sim.serving.applied_state().get(key), key)
         return _state_of(sim.serving.read(kv.RangeRequest(key=key, header=_header())))
+
+    def front_end_state(self, record: StoredRecord | None, key: bytes) -> KeyState:
+        """An etcd or Oxia key's state from its stored record (Oxia's carries its metadata)."""
+        if record is None:
+            return KeyState()
+        value = oxia_unpack(record.value)[1] if key in self.oxia_keys else record.value
+        return KeyState(value, record.version)
 
     def check_read(self, sim: SimRange, key: bytes, response: object, what: str) -> None:
         assert isinstance(response, kv.RangeResponse)
@@ -458,7 +577,7 @@ class Simulation:
 
     def check_state(self, sim: SimRange, when: str) -> None:
         uncertain = {k for op in sim.unresolved for k in op.keys}
-        for key in self.keys:
+        for key in sim.model:
             if key in uncertain:
                 continue
             got = self.read_state(sim, key)
@@ -487,6 +606,9 @@ class Simulation:
             served = sim.serving.read(request)
             if list(replayed.kvs) != list(served.kvs):
                 raise self.fail(f"replay differs for {key!r}: {replayed.kvs} vs {served.kvs}")
+        for key in [*self.etcd_keys, *self.oxia_keys]:
+            if fresh.get(key) != sim.serving.applied_state().get(key):
+                raise self.fail(f"replay differs for {key!r}")
 
 
 def _state_of(response: kv.RangeResponse) -> KeyState:
