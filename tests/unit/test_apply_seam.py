@@ -5,6 +5,8 @@ sessions it attaches keys to end with them)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
@@ -66,7 +68,7 @@ class CounterApplier:
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return kv_rpc_pb2.PutResponse(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         if command.front_end.payload == b"":
             raise IllegalOpError("an empty counter name")
 

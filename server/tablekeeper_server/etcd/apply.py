@@ -14,7 +14,7 @@ index as every other write. The result depends only on the store and the command
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
@@ -51,7 +51,7 @@ class EtcdApplier:
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         return None
 
     def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:

@@ -29,7 +29,7 @@ result depends only on the store and the command: replay agrees.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.oxia import apply_pb2, client_pb2
@@ -69,7 +69,7 @@ class OxiaApplier:
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         return None
 
     def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:

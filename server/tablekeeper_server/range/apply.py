@@ -55,9 +55,10 @@ What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a to
   `bookkeeper.proto.kv.rpc.ResponseHeader`: SUCCESS unless the range itself failed the command)
   and whatever the front-end needs besides; the range passes it back to the front-end's
   `Range.execute` untouched and never looks inside (see `Response`).
-- **Before the log.** `check(ctx, command)` may refuse a command before it is logged (raise a
-  `TableKeeperError`): `ctx` is then a throwaway context over the applied state, and nothing
-  staged on it is written.
+- **Before the log.** `check(command, context)` may refuse a command before it is logged (raise
+  a `TableKeeperError`); `context()` makes a throwaway context over the applied state (nothing
+  staged on it is written). It runs for every command on the write path: return at once when
+  there is nothing to check.
 - **Splits.** `refuse_split(ctx, seal)` says why the range cannot be sealed for `seal` (the
   applier keeps bookkeeping a split cannot divide between the children by pkey), or None.
 """
@@ -65,7 +66,7 @@ What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a to
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -416,9 +417,10 @@ class Applier(Protocol):
         command the range refused or that failed)."""
         ...
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         """Refuse `command` before it is logged by raising a `TableKeeperError`, or return.
-        `ctx` is a throwaway context over the applied state (nothing staged is written)."""
+        `context()` makes a throwaway context over the applied state (nothing staged on it is
+        written); make one only when needed (this runs for every command)."""
         ...
 
     def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:
@@ -450,7 +452,10 @@ class Appliers:
 
     def for_command(self, command: wal_pb2.WalCommand) -> Applier | None:
         """The applier of `command`, or None when no registered applier claims it."""
-        op = command.WhichOneof("op")
+        return self.for_op(command.WhichOneof("op"), command)
+
+    def for_op(self, op: str | None, command: wal_pb2.WalCommand) -> Applier | None:
+        """`for_command`, given the command's op (`command.WhichOneof("op")`)."""
         if op == FRONT_END_OP:
             return self._by_name.get(command.front_end.applier)
         return self._by_op.get(op) if op is not None else None

@@ -19,6 +19,7 @@ same state) but leaves out the values past the bound, with a warning in the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
@@ -65,12 +66,13 @@ class BookKeeperApplier:
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         return _Command(ctx, stop=False).run(command)
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         """Refuse a write whose previous values (`prev_kv` of a DeleteRange over a span, or of
         a txn's puts and deletes) would carry more than `response_bytes_max` bytes:
         `ResourceLimitError`. A dry run, stopped as soon as the bound is passed."""
         if not _asks_prev_kvs(command):
             return
+        ctx = context()
         try:
             _Command(ctx, stop=True).run(command)
         except _OverBudgetError:
@@ -119,7 +121,9 @@ class _Command:
         self.now = ctx.now_ms
         self.response_bytes_max = ctx.settings.response_bytes_max
         self.ttl_ms = ctx.settings.ttl_ms
-        self.prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=stop)
+        self.stop = stop
+        self.prev_kvs: _PrevKvBudget | None = None
+        """Made when the command first returns a previous value."""
 
     def run(self, command: wal_pb2.WalCommand) -> Response | Rejected:
         ctx = self.ctx
@@ -204,6 +208,8 @@ class _Command:
         """Whether the previous value of `lkey` fits in what this command's prev_kvs may still
         carry (and takes its room). A dry run stops at the first that does not."""
         budget = self.prev_kvs
+        if budget is None:
+            budget = self.prev_kvs = _PrevKvBudget(self.response_bytes_max, stop=self.stop)
         size = row_bytes(lkey, record, False)
         if size <= budget.remaining:
             budget.remaining -= size

@@ -13,6 +13,8 @@ would divide a session's pkey and ephemeral keys between children.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.keys import prefix_end, split_store_key
 from tablekeeper_server.core.routing import RangeRouter
@@ -52,7 +54,7 @@ class SessionApplier:
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return session_pb2.SessionResponse(header=header(code))
 
-    def check(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: wal_pb2.WalCommand, context: Callable[[], ApplyContext]) -> None:
         return None
 
     def refuse_split(self, ctx: ApplyContext, seal: wal_pb2.RangeSeal) -> str | None:

@@ -121,11 +121,14 @@ class RangeStateMachine:
         if self.sealed is not None:
             return
         applier = self.appliers.for_command(command)
-        if applier is None:
-            return
-        ctx = ApplyContext(self.store, None, self.sessions, self.settings)  # discarded
+        if applier is not None:
+            applier.check(command, lambda: self._throwaway_context(command))
+
+    def _throwaway_context(self, command: wal_pb2.WalCommand) -> ApplyContext:
+        """A context over the applied state for `command` as the next command (discarded)."""
+        ctx = ApplyContext(self.store, None, self.sessions, self.settings)
         ctx.begin(self.applied_sequence, self.applied_sequence + 1, command.timestamp_ms)
-        applier.check(ctx, command)
+        return ctx
 
     # ------------------------------------------------------------------ writes
 
@@ -184,7 +187,7 @@ class RangeStateMachine:
             return self._after_seal(op, command)
         if op == "seal":
             return self._seal(ctx, command.seal)
-        applier = self.appliers.for_command(command)
+        applier = self.appliers.for_op(op, command)
         if applier is None:  # no applier claims it (a newer server's command?): nothing changes
             return kv_rpc_pb2.PutResponse(header=header(Code.BAD_REQUEST))
         return applier.apply(ctx, command)
