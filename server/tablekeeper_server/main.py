@@ -685,6 +685,7 @@ async def _start_etcd(
         peers=cluster[1] if cluster is not None else None,
         runtime=config.runtime,
         clock=registry.env.clock,
+        metrics=front.metrics,
     )
     front.secured(etcd.security.access)
     await etcd.start()
@@ -716,6 +717,7 @@ async def _start_oxia(
         peers=cluster[1] if cluster is not None else None,
         runtime=config.runtime,
         clock=registry.env.clock,
+        metrics=front.metrics,
     )
     front.secured(oxia.security.access)
     await oxia.start()

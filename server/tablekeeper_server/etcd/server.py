@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
 from tablekeeper_server.etcd.errors import ERRORS, EtcdError
@@ -76,6 +77,7 @@ class EtcdServer:
         keyspace: str = DEFAULT_KEYSPACE,
         runtime: str = "grpc-aio",
         clock: Clock,
+        metrics: RequestObserver | None = None,
     ) -> None:
         """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
         cluster mode or a worker (`forwarder` reaches the root range's owner, `peers` the other
@@ -105,6 +107,8 @@ class EtcdServer:
                 message_bytes_max=message_max,
             )
             interceptors.insert(0, self._pass_through)
+        if metrics is not None:  # last: it times the servicer, as on the BookKeeper path
+            interceptors.append(RequestMetrics(metrics, clock))
         self.grpc = GrpcPort(
             bind_host,
             port,

@@ -17,6 +17,7 @@ from typing import Any
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
 from tablekeeper_server.edge.startup import retry_until_done
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
@@ -53,6 +54,7 @@ class OxiaServer:
         forwarder: Forwarder | None = None,
         peers: FrontEndPeers | None = None,
         runtime: str = "grpc-aio",
+        metrics: RequestObserver | None = None,
     ) -> None:
         """`forwarder` and `peers`: cluster mode (`forwarder` reaches the catalog ranges' owners,
         `peers` the other servers' Oxia ports). `namespace_bits`: a role's permissions on a
@@ -67,7 +69,11 @@ class OxiaServer:
             bind_host,
             port,
             tls,
-            interceptors=self.security.interceptors,
+            interceptors=[
+                *self.security.interceptors,
+                # Last: it times the servicer, as on the BookKeeper path.
+                *([RequestMetrics(metrics, clock)] if metrics is not None else []),
+            ],
             options=[
                 ("grpc.max_receive_message_length", message_max),
                 ("grpc.max_send_message_length", -1),
