@@ -106,10 +106,6 @@ class RangeStateMachine:
         command that changed nothing is rejected this way."""
 
     @property
-    def ttl_ms(self) -> int:
-        return self.settings.ttl_ms
-
-    @property
     def response_bytes_max(self) -> int:
         """Bytes of keys and values one Range response, or the reads of one Txn, may carry."""
         return self.settings.response_bytes_max
