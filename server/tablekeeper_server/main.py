@@ -286,41 +286,14 @@ async def serve(
     # A worker: its share.
     hosted = [c for c in range(num_containers) if worker is None or worker.owns(c)]
     registry = ContainerRegistry(env, [] if coordinator else hosted)
-    metrics.register_range_stats(
-        lambda: [_range_stats(r, env.clock, table_names) for r in registry.all_ranges()],
-        TableLabels(config.metrics_max_tables),
-    )
-    metrics.register_open_files(
-        lambda: OpenFilesStats(
-            open_table_ranges=env.range_limit.open_count,
-            max_open_ranges=env.range_limit.max_open,
-            evictions=env.range_limit.evictions,
-            open_files=_open_files(),
-            open_files_limit=files_limit,
-        )
-    )
-    metrics.register_container_stats(
-        lambda: {
-            cid: (len(c.ranges), sum(r.estimate_num_keys() for r in c.ranges.values()))
-            for cid, c in list(registry.containers.items())  # scraped from another thread
-        }
-    )
-    metrics.register_process()
-    metrics.register_rocksdb_memory(rocks_memory.usage, rocks_memory.bytes)
-    if followers is not None:
-        known = followers
-        metrics.register_followers(
-            lambda: FollowerStats(
-                open=known.open_count,
-                handed_over=known.handed_over,
-                staleness_max_s=known.staleness_max_s(),
-            )
-        )
-    metrics.register_live_counts(
-        lambda: LiveCounts(
-            watches=sum(r.watch.watchers for r in registry.all_ranges()),
-            sessions=sum(len(r.sessions) for r in registry.all_ranges()),
-        )
+    _register_metrics(
+        metrics,
+        registry,
+        table_names,
+        rocks_memory,
+        followers,
+        config.metrics_max_tables,
+        files_limit,
     )
     log.info(
         "starting: data dir %s, logs: %s, checkpoints in %s, %d containers%s",
@@ -477,29 +450,7 @@ async def serve(
         server.port,
         f"{config.bind_host}:{config.metrics_port}/metrics" if config.metrics_port else "off",
     )
-    triggers = CheckpointTriggers(config.checkpoint_interval_s, config.checkpoint_records)
-    checkpoints = (
-        asyncio.create_task(
-            CheckpointPolicy(registry.all_ranges, registry.checkpoint_range, triggers, clock).run()
-        )
-        if triggers.enabled
-        else None
-    )
-    thresholds = SplitThresholds(
-        config.split_keys, config.split_writes, config.split_check_interval_s
-    )
-    splits = (
-        asyncio.create_task(
-            SplitPolicy(
-                registry.all_ranges,
-                admin.split_by_id,
-                thresholds,
-                clock,
-            ).run()
-        )
-        if thresholds.enabled
-        else None
-    )
+    policies = _start_policies(config, registry, admin, clock)
     if stop is None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -509,9 +460,8 @@ async def serve(
             # New connections get the re-read certificate; open ones go on.
             loop.add_signal_handler(signal.SIGHUP, tls.reload)
     await stop.wait()
-    for periodic in (checkpoints, splits):
-        if periodic is not None:
-            periodic.cancel()
+    for periodic in policies:
+        periodic.cancel()
     if member is not None:
         # Hand the containers over first, while this server still forwards requests to
         # their next owners.
@@ -536,6 +486,75 @@ async def serve(
     if lock_fd is not None:
         os.close(lock_fd)
     log.info("stopped cleanly")
+
+
+def _register_metrics(
+    metrics: ServerMetrics,
+    registry: ContainerRegistry,
+    table_names: TableNames,
+    rocks_memory: RocksMemory,
+    followers: Followers | None,
+    metrics_max_tables: int,
+    files_limit: int,
+) -> None:
+    """What the metrics read at each scrape: ranges, open files, containers, the process,
+    RocksDB's memory, followers, live watches and sessions."""
+    env = registry.env
+    metrics.register_range_stats(
+        lambda: [_range_stats(r, env.clock, table_names) for r in registry.all_ranges()],
+        TableLabels(metrics_max_tables),
+    )
+    metrics.register_open_files(
+        lambda: OpenFilesStats(
+            open_table_ranges=env.range_limit.open_count,
+            max_open_ranges=env.range_limit.max_open,
+            evictions=env.range_limit.evictions,
+            open_files=_open_files(),
+            open_files_limit=files_limit,
+        )
+    )
+    metrics.register_container_stats(
+        lambda: {
+            cid: (len(c.ranges), sum(r.estimate_num_keys() for r in c.ranges.values()))
+            for cid, c in list(registry.containers.items())  # scraped from another thread
+        }
+    )
+    metrics.register_process()
+    metrics.register_rocksdb_memory(rocks_memory.usage, rocks_memory.bytes)
+    if followers is not None:
+        known = followers
+        metrics.register_followers(
+            lambda: FollowerStats(
+                open=known.open_count,
+                handed_over=known.handed_over,
+                staleness_max_s=known.staleness_max_s(),
+            )
+        )
+    metrics.register_live_counts(
+        lambda: LiveCounts(
+            watches=sum(r.watch.watchers for r in registry.all_ranges()),
+            sessions=sum(len(r.sessions) for r in registry.all_ranges()),
+        )
+    )
+
+
+def _start_policies(
+    config: ServerConfig, registry: ContainerRegistry, admin: AdminServicer, clock: Clock
+) -> list[asyncio.Task[None]]:
+    """The periodic work of a serving server (each only if configured): checkpoints by time
+    and records, and splits of ranges past their thresholds."""
+    tasks = []
+    triggers = CheckpointTriggers(config.checkpoint_interval_s, config.checkpoint_records)
+    if triggers.enabled:
+        policy = CheckpointPolicy(registry.all_ranges, registry.checkpoint_range, triggers, clock)
+        tasks.append(asyncio.create_task(policy.run()))
+    thresholds = SplitThresholds(
+        config.split_keys, config.split_writes, config.split_check_interval_s
+    )
+    if thresholds.enabled:
+        splits = SplitPolicy(registry.all_ranges, admin.split_by_id, thresholds, clock)
+        tasks.append(asyncio.create_task(splits.run()))
+    return tasks
 
 
 def _enable_reflection(server: GrpcServer) -> None:
