@@ -23,7 +23,7 @@ class RequestObserver(Protocol):
     def observe_request(self, method: str, code: int, seconds: float) -> None: ...
 
 
-class RequestMetrics:
+class RequestMetrics(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """A gRPC server interceptor (grpc.aio's and `rpc.asgi`'s) that records each unary call of
     the port it is on. Put it last, so that it times the servicer only, as on the BookKeeper
     path."""
