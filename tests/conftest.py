@@ -11,6 +11,21 @@ from tests.support.pulsar_fixtures import pulsar_service  # noqa: F401 (a sessio
 from tests.support.server import ServerProcess
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reverse",
+        action="store_true",
+        help="run the selected tests in reverse order: a test that relies on what an earlier "
+        "test of its module left behind (a key, a revision, a count) fails",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by their shared fixtures
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("reverse"):
+        items.reverse()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "pulsar: needs a real Pulsar (started by the `pulsar_service` fixture)"

@@ -15,6 +15,7 @@ from tablekeeper import (
     Client,
     InvalidNamespaceNameError,
     InvalidTableNameError,
+    RetryPolicy,
     UnexpectedError,
 )
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2, kv_rpc_pb2_grpc, storage_pb2, storage_pb2_grpc
@@ -163,9 +164,11 @@ def test_a_range_that_cannot_be_recovered_fails_fast(
     shutil.rmtree(tmp_path / "ckpt")
     shutil.rmtree(tmp_path / "data" / "db")
     server.start()
-    with Client(server.service) as client:
+    policy = RetryPolicy(deadline_s=60.0)
+    with Client(server.service, retry=policy) as client:
         table = client.table("gone", "t")
         started = time.monotonic()
         with pytest.raises(UnexpectedError, match="were truncated"):
             table.get("p", "k000")
-        assert time.monotonic() - started < 10
+        # Not retried: a retryable refusal would have been tried again for the policy's 60 s.
+        assert time.monotonic() - started < policy.deadline_s

@@ -948,7 +948,7 @@ def test_listings_and_cluster_status_in_cluster_mode(
 
 
 def _metrics(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         assert response.status == 200
         return str(response.read().decode())
 

@@ -42,7 +42,7 @@ FAST_FAIL = RetryPolicy(deadline_s=0.5)
 def envoy_server(tmp_path: Path, server_factory: list[ServerProcess]) -> ServerProcess:
     server = ServerProcess(tmp_path / "data", extra_args=["--runtime", "envoy"])
     server_factory.append(server)
-    return server.start(timeout_s=60)
+    return server.start(timeout_s=120)
 
 
 def _table_id(server: ServerProcess) -> int:
@@ -159,7 +159,7 @@ def test_sigterm_stops_cleanly_and_kill_9_loses_nothing_acknowledged(
     assert envoy_server.process is not None
     envoy_server.process.send_signal(signal.SIGKILL)
     envoy_server.process.wait(TIMEOUT_S)
-    envoy_server.start(timeout_s=60)
+    envoy_server.start(timeout_s=120)
     with Client(envoy_server.service) as client:
         table = client.table("e", "t")
         assert all(table.get(f"p{i}", "k").value == f"v{i}".encode() for i in range(200))  # type: ignore[union-attr]
@@ -167,7 +167,7 @@ def test_sigterm_stops_cleanly_and_kill_9_loses_nothing_acknowledged(
     assert envoy_server.process.wait(TIMEOUT_S) == 0
     log = envoy_server.log_path.read_text()
     assert "stopped cleanly" in log
-    envoy_server.start(timeout_s=60)
+    envoy_server.start(timeout_s=120)
     with Client(envoy_server.service) as client:
         assert client.table("e", "t").get("p199", "k").value == b"v199"  # type: ignore[union-attr]
 
@@ -177,7 +177,7 @@ def test_workers_on_envoy_share_the_containers_and_stop_on_sigterm(
 ) -> None:
     server = ServerProcess(tmp_path / "data", extra_args=["--runtime", "envoy", "--workers", "2"])
     server_factory.append(server)
-    server.start(timeout_s=60)
+    server.start(timeout_s=120)
     assert server.process is not None
     workers = Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text()
     assert [Path(f"/proc/{pid}/exe").resolve().name for pid in workers.split()] == ["envoy"] * 2
@@ -213,7 +213,7 @@ def test_sigterm_answers_the_call_in_flight_then_stops_cleanly(
         env={FAILPOINTS: f"checkpoint.during_upload=wait:{release}"},
     )
     server_factory.append(server)
-    server.start(timeout_s=60)
+    server.start(timeout_s=120)
     table_id = _table_id(server)
     with Client(server.service) as client:
         table = client.table("e", "t")

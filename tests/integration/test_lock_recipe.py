@@ -43,7 +43,7 @@ async def expire(client: AsyncClient, session: AsyncSession) -> None:
             stream_id=session.table_id, pkey=session.pkey, session_id=session.id
         )
     )
-    await asyncio.wait_for(session.expired.wait(), 10)
+    await asyncio.wait_for(session.expired.wait(), 60)
 
 
 async def test_async_with_lock_and_acquire_timeout(server: ServerProcess, namespace: str) -> None:
@@ -61,7 +61,7 @@ async def test_async_with_lock_and_acquire_timeout(server: ServerProcess, namesp
                     await lock_a.acquire()  # not reentrant
             assert not lock_a.locked
             # B's timed-out attempt left no node: it gets the lock at once now.
-            second = await asyncio.wait_for(lock_b.acquire(timeout=10), 20)
+            second = await asyncio.wait_for(lock_b.acquire(timeout=60), 90)
             assert second.fencing_token > held.fencing_token
             await lock_b.release()
             assert await store_a.get_children("/locks/job") == []
@@ -75,7 +75,7 @@ async def test_a_lost_session_is_session_expired(server: ServerProcess, namespac
             MetadataStore(table, session_ttl_s=3) as waiter_store,
         ):
             holder = CoordinationService(holder_store).lock("/locks/x")
-            held = await holder.acquire(timeout=10)
+            held = await holder.acquire(timeout=60)
             # A waiter whose own session expires gives up at once with SessionExpiredError.
             waiter = asyncio.create_task(CoordinationService(waiter_store).acquire_lock("/locks/x"))
             async with asyncio.timeout(30):
@@ -83,7 +83,7 @@ async def test_a_lost_session_is_session_expired(server: ServerProcess, namespac
                     await asyncio.sleep(0.02)
             await expire(client, await waiter_store.session_for("/locks/x"))
             with pytest.raises(SessionExpiredError):
-                await asyncio.wait_for(waiter, 10)
+                await asyncio.wait_for(waiter, 60)
 
             # The holder's session expires while it holds the lock: the lock says so.
             assert held.session is not None
@@ -98,7 +98,7 @@ async def test_a_lost_session_is_session_expired(server: ServerProcess, namespac
             with pytest.raises(SessionExpiredError):
                 await table.put("/locks/x", "late", "v", session=held.session)
             # The store makes a new session: the lock can be taken again.
-            again = await CoordinationService(holder_store).acquire_lock("/locks/x", timeout_s=10)
+            again = await CoordinationService(holder_store).acquire_lock("/locks/x", timeout_s=60)
             assert again.fencing_token > held.fencing_token and not again.expired
 
 
@@ -113,7 +113,7 @@ def test_sync_recipes(server: ServerProcess, namespace: str) -> None:
                 assert store.get_children("/locks/s") == [held.node.rsplit("/", 1)[1]]
                 with pytest.raises(TimeoutError):
                     rival.acquire(timeout=0.3)
-            assert rival.acquire(timeout=10).fencing_token > held.fencing_token
+            assert rival.acquire(timeout=60).fencing_token > held.fencing_token
             rival.release()
             assert coordination.next_counter_value("/counters/c") == 1
             assert coordination.next_counter_value("/counters/c") == 2
@@ -127,7 +127,7 @@ def test_sync_recipes(server: ServerProcess, namespace: str) -> None:
 
             election = sync.LeaderElection(store, "/elections/e")
             assert election.leader() is None
-            election.campaign("me", timeout_s=10)
+            election.campaign("me", timeout_s=60)
             leader = election.leader()
             assert leader is not None and leader[1] == b"me"
             election.resign()

@@ -52,6 +52,10 @@ async def until_async(
             await asyncio.sleep(0.05)
 
 
+async def count(children: Awaitable[list[str]]) -> int:
+    return len(await children)
+
+
 @pytest.fixture()
 def namespace(server: ServerProcess) -> str:
     ns = "r" + uuid.uuid4().hex[:8]
@@ -259,10 +263,10 @@ async def test_groups_election_counter_and_shared_map(
             lead_a = await election_a.campaign("a")
             assert await election_a.leader() == (lead_a.node, b"a")
             waiting = asyncio.create_task(election_b.campaign("b"))
-            await asyncio.sleep(0.3)
-            assert not waiting.done()
+            await until_async(lambda: count(store_a.get_children("/elections/e1")), 2)
+            assert not waiting.done()  # B's candidacy is queued behind the leader's
             await election_a.resign()
-            lead_b = await asyncio.wait_for(waiting, 10)
+            lead_b = await asyncio.wait_for(waiting, 60)
             assert lead_b.fencing_token > lead_a.fencing_token
             assert await election_b.leader() == (lead_b.node, b"b")
             await election_b.store.close()
@@ -318,7 +322,7 @@ async def test_typed_cache_and_session_events(server: ServerProcess, namespace: 
                     stream_id=table.info.table_id, pkey=b"/eph", session_id=session.id
                 )
             )
-            await asyncio.wait_for(session.expired.wait(), 5)
+            await asyncio.wait_for(session.expired.wait(), 60)
             assert events == [("session-lost", "/eph")]
             assert not await store.exists("/eph/a")
             await store.put("/eph/a", "x", ephemeral=True)

@@ -42,8 +42,11 @@ def connect(
     made: list[ZkCoordinator] = []
 
     def make() -> ZkCoordinator:
+        # Sessions end by `stop()` (closed at once) in these tests, never by expiry: a long
+        # timeout keeps a test process that a busy machine leaves unscheduled for a while from
+        # losing its session.
         coordinator = ZkCoordinator(
-            zookeeper.hosts, cluster, session_timeout_s=2.0, clock=SystemClock()
+            zookeeper.hosts, cluster, session_timeout_s=20.0, clock=SystemClock()
         )
         coordinator.start()
         made.append(coordinator)
@@ -55,7 +58,8 @@ def connect(
             coordinator.stop()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Until `condition()` holds (the timeout only guards against a hang)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:

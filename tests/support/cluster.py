@@ -53,7 +53,7 @@ class TestCluster:
         pulsar_namespace: str | None = None,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
-        start_timeout_s: float = 60.0,
+        start_timeout_s: float = 120.0,
         tls_files: tuple[Path, Path | None, Path | None] | None = None,
         token: str | None = None,
         zk_hosts: str | None = None,
@@ -81,7 +81,7 @@ class TestCluster:
 
     # ------------------------------------------------------------------ life cycle
 
-    def start(self, n: int, timeout_s: float = 90.0) -> TestCluster:
+    def start(self, n: int, timeout_s: float = 180.0) -> TestCluster:
         """`init`, start `n` servers and wait until ready."""
         self.init()
         for _ in range(n):
@@ -280,7 +280,7 @@ class TestCluster:
                 problems.append(f"{endpoint} serves {sorted(served)}, assigned {sorted(wanted)}")
         return problems
 
-    def wait_ready(self, timeout_s: float = 60.0, *, balanced: bool = False) -> None:
+    def wait_ready(self, timeout_s: float = 120.0, *, balanced: bool = False) -> None:
         """Wait until `not_ready(balanced=...)` is empty; `TimeoutError` with the reasons and the
         end of every server's log otherwise. A dead server that is still registered keeps the
         cluster not ready until its session times out and the controller moves its containers."""

@@ -108,8 +108,9 @@ class ServerProcess:
         """Started and not exited (yet)."""
         return self.process is not None and self.process.poll() is None
 
-    def start(self, timeout_s: float = 30.0, *, poll_s: float = 0.1) -> ServerProcess:
-        """Start the process and wait until it reports SERVING (see `wait_serving`)."""
+    def start(self, timeout_s: float = 120.0, *, poll_s: float = 0.1) -> ServerProcess:
+        """Start the process and wait until it reports SERVING (see `wait_serving`). The
+        deadline is generous: a start is set-up, and a busy machine may take its time."""
         self.launch()
         self.wait_serving(timeout_s, poll_s=poll_s)
         return self
@@ -225,7 +226,7 @@ class ServerProcess:
         except FileNotFoundError:
             return ""
 
-    def stop(self, timeout_s: float = 20.0) -> int:
+    def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM and wait: the graceful path. Returns the exit code."""
         assert self.process is not None
         if self.process.poll() is None:

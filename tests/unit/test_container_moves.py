@@ -61,10 +61,9 @@ async def test_the_next_owner_opens_moved_ranges_at_once_and_has_the_data() -> N
 
     await first.remove(0)
     await second.add(0, epoch=2)
-    for _ in range(100):  # opened in the background, before any request for them
-        if len(second.containers[0].ranges) == 4:  # meta, root and the two data ranges
-            break
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(60):  # opened in the background, before any request for them
+        while len(second.containers[0].ranges) < 4:  # meta, root and the two data ranges
+            await asyncio.sleep(0.01)
     assert {key for key in second.containers[0].ranges} >= {
         (table.stream_id, 1024),
         (table.stream_id, 1025),

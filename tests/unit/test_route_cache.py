@@ -164,7 +164,8 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_lookup() -> None:
     cache = make_cache(meta, containers)
     first = asyncio.ensure_future(cache.locate(TABLE, b"x"))
     second = asyncio.ensure_future(cache.locate(TABLE, b"x"))
-    await asyncio.sleep(0.01)
+    while meta.calls == 0:  # until the shared lookup is under way, both waiting on it
+        await asyncio.sleep(0)
     first.cancel()
     assert (await second).endpoint is not None
     assert meta.calls == 1
