@@ -10,13 +10,14 @@ that configuration). Then:
   in TableKeeper (namespace `public_default`, table `wordcount`: Pulsar's
   `getStateNamespace` is `<tenant>_<namespace>` with '-' turned into '_', the table is the
   function's name; each key is its own pkey), and the table holds nothing else;
-* `putstate` then `querystate`, and the value is in TableKeeper;
 * Pulsar's own table service was not used: the worker runs with our URL and the BookKeeper
   state store, no Pulsar process listens on any other port (the table service would be a gRPC
   port of its own), and ZooKeeper has no `/stream` (its cluster metadata);
-* a function that reads its state back (`getCounter`, `getState`, a value from `putstate`):
-  the Java client's reads (RangeRequest.limit = -1) as the function runtime sends them;
-* deleting a function drops its state table in TableKeeper.
+* a function that reads its state back (`getCounter`, `getState`, a value from `putstate`,
+  which `querystate` and TableKeeper also show): the Java client's reads
+  (RangeRequest.limit = -1) as the function runtime sends them; then deleting that function
+  drops its state table in TableKeeper (that function's own: the wordcount function stays for
+  the other tests, whatever their order).
 """
 
 from __future__ import annotations
@@ -209,19 +210,6 @@ def test_wordcount_counters_exact_in_querystate_and_tablekeeper(
     assert scan_table(deployment, wordcount) == dict(EXPECTED)  # nothing else in the table
 
 
-def test_putstate_then_querystate(
-    deployment: FunctionsDeployment, tablekeeper: Client, wordcount: str
-) -> None:
-    state = json.dumps({"key": "greeting", "stringValue": GREETING}, separators=(",", ":"))
-    deployment.admin("functions", "putstate", *FN, "--name", wordcount, "--state", state)
-    (output,) = deployment.shell(
-        [f"functions querystate {' '.join(FN)} --name {wordcount} --key greeting"]
-    )
-    assert json.loads(output)["stringValue"] == GREETING
-    kv = tablekeeper.table(STATE_NAMESPACE, wordcount).get("greeting", "greeting")
-    assert kv is not None and kv.value == GREETING.encode() and kv.number is None
-
-
 def test_pulsar_table_service_not_used(
     deployment: FunctionsDeployment, tablekeeper: Client, wordcount: str
 ) -> None:
@@ -275,8 +263,16 @@ def test_function_reads_its_state_back(
         "--classname", READBACK_CLASS, "--inputs", inputs, "--output", outputs,
         "--subs-position", "Earliest",
     )  # fmt: skip
+    # State put from outside (pulsar-admin putstate): querystate and TableKeeper see it, and
+    # so does the function (get:greeting below).
     state = json.dumps({"key": "greeting", "stringValue": GREETING}, separators=(",", ":"))
     deployment.admin("functions", "putstate", *FN, "--name", name, "--state", state)
+    (output,) = deployment.shell(
+        [f"functions querystate {' '.join(FN)} --name {name} --key greeting"]
+    )
+    assert json.loads(output)["stringValue"] == GREETING
+    kv = tablekeeper.table(STATE_NAMESPACE, name).get("greeting", "greeting")
+    assert kv is not None and kv.value == GREETING.encode() and kv.number is None
     sent = ["alpha", "alpha", "beta", "get:last", "get:greeting", "get:absent"]
     producer = pulsar_client.create_producer(inputs, schema=pulsar.schema.StringSchema())
     for message in sent:
@@ -315,22 +311,12 @@ def test_function_reads_its_state_back(
     last = tablekeeper.table(STATE_NAMESPACE, name).get("last", "last")
     assert last is not None and last.value == b"beta"
 
+    # Deleting the function drops its state table (here, not on the module's wordcount
+    # function, which the other tests read: no test depends on running before this one).
     assert "Deleted successfully" in deployment.admin("functions", "delete", *FN, "--name", name)
     wait_for(
         "the readback state table to be dropped",
         lambda: True if name not in state_tables(tablekeeper) else None,
     )
-
-
-def test_deleting_the_function_drops_its_state_table(
-    deployment: FunctionsDeployment, tablekeeper: Client, wordcount: str
-) -> None:
-    assert wordcount in state_tables(tablekeeper)
-    output = deployment.admin("functions", "delete", *FN, "--name", wordcount)
-    assert "Deleted successfully" in output
-    wait_for(
-        "the wordcount state table to be dropped",
-        lambda: True if wordcount not in state_tables(tablekeeper) else None,
-    )
     (listing,) = deployment.shell([f"functions list {' '.join(FN)}"])
-    assert wordcount not in listing.split()
+    assert name not in listing.split()

@@ -82,11 +82,16 @@ class TestCluster:
     # ------------------------------------------------------------------ life cycle
 
     def start(self, n: int, timeout_s: float = 180.0) -> TestCluster:
-        """`init`, start `n` servers and wait until ready."""
-        self.init()
-        for _ in range(n):
-            self.add_server()
-        self.wait_ready(timeout_s)
+        """`init`, start `n` servers and wait until ready. If that fails, everything started
+        is stopped again (a caller's `with` or fixture teardown never runs for a failed start)."""
+        try:
+            self.init()
+            for _ in range(n):
+                self.add_server()
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def init(self) -> TestCluster:

@@ -112,7 +112,13 @@ class ServerProcess:
         """Start the process and wait until it reports SERVING (see `wait_serving`). The
         deadline is generous: a start is set-up, and a busy machine may take its time."""
         self.launch()
-        self.wait_serving(timeout_s, poll_s=poll_s)
+        try:
+            self.wait_serving(timeout_s, poll_s=poll_s)
+        except BaseException:
+            # Not left running: a module fixture whose start failed has no teardown, and a
+            # leaked server would load the machine (and hold its ports) for every later test.
+            self.kill()
+            raise
         return self
 
     def launch(self) -> ServerProcess:
