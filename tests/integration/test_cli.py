@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 import urllib.request
@@ -802,14 +803,23 @@ def test_sessions_and_ephemeral_keys(svc: str) -> None:
     assert doc["ttl_seconds"] == 0.5 and doc["id"] > int(session)
 
 
+KEEP_ALIVE_WHEN_TOLD = """
+import sys
+from tablekeeper.cli import main
+print("imported", flush=True)
+sys.exit(main(sys.stdin.readline().split()))
+"""
+
+
 def test_session_keep_alive_until_interrupted(svc: str) -> None:
     ok(tk("ns", "create", "cli_ka", service=svc))
     ok(tk("table", "create", "cli_ka/t", service=svc))
-    # A TTL that outlasts starting the keep-alive process on a busy machine.
-    session = ok(tk("session", "create", "cli_ka/t", "p", "--ttl", "4", service=svc)).strip()
+    # The CLI's entry point in a process that has done its imports before the session exists:
+    # starting Python and importing can take longer than the 4 s TTL on a busy machine, and
+    # that start-up is set-up, not the keep-alive under test.
     process = subprocess.Popen(
-        [str(TABLEKEEPER), "--service", svc, "session", "keep-alive", "cli_ka/t", "p", session],
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", KEEP_ALIVE_WHEN_TOLD],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -817,7 +827,12 @@ def test_session_keep_alive_until_interrupted(svc: str) -> None:
         env=_env(),
     )
     try:
-        assert process.stdout is not None and process.stderr is not None
+        assert process.stdin is not None and process.stdout is not None
+        assert process.stderr is not None
+        assert process.stdout.readline() == "imported\n", process.stderr.read()
+        session = ok(tk("session", "create", "cli_ka/t", "p", "--ttl", "4", service=svc)).strip()
+        process.stdin.write(f"--service {svc} session keep-alive cli_ka/t p {session}\n")
+        process.stdin.close()
         for _ in range(5):  # every TTL/3: five keep-alives outlast the TTL
             assert process.stdout.readline() == f"session {session} kept alive, ttl 4s\n"
         ok(tk("put", "cli_ka/t", "--pkey", "p", "e", "v", "--session", session, service=svc))
