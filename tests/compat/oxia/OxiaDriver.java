@@ -75,12 +75,22 @@ public final class OxiaDriver {
         System.err.printf("[driver %.3fs] %s%n", (System.nanoTime() - STARTED) / 1e9, what);
     }
 
+    // A session outlives a busy machine's pauses (a JVM left unscheduled for a few seconds
+    // must not lose it); only the client whose session is meant to expire gets a short one.
+    private static final Duration SESSION = Duration.ofSeconds(30);
+    private static final Duration EXPIRING_SESSION = Duration.ofSeconds(2);
+
     private static SyncOxiaClient client(String address, String identity) throws Exception {
+        return client(address, identity, SESSION);
+    }
+
+    private static SyncOxiaClient client(String address, String identity, Duration session)
+            throws Exception {
         trace("connecting as " + identity);
         return OxiaClientBuilder.create(address)
                 .namespace("default")
                 .clientIdentifier(identity)
-                .sessionTimeout(Duration.ofSeconds(2))
+                .sessionTimeout(session)
                 .requestTimeout(Duration.ofSeconds(30))
                 .syncClient();
     }
@@ -272,7 +282,7 @@ public final class OxiaDriver {
 
     // Creates an ephemeral record, then dies without closing its session.
     static void ephemeralCrash(String address, String key) throws Exception {
-        SyncOxiaClient owner = client(address, "driver-crash");
+        SyncOxiaClient owner = client(address, "driver-crash", EXPIRING_SESSION);
         owner.put(key, b("mine"), Set.of(PutOption.AsEphemeralRecord));
         checkEq("mine", s(owner.get(key).getValue()), "written");
         System.out.println("PASS ephemeral-crash");
