@@ -117,7 +117,9 @@ def test_mutex_among_five_contenders_one_killed_while_holding(
     etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     _, endpoint = etcd_server
-    holder = etcdgo("mutex", "-endpoint", endpoint, "-name", "killed", "-hold")
+    # Only the contender that is killed has a short session (its expiry frees the lock); the
+    # others keep the program's long default, so a pause of a busy machine ends none of theirs.
+    holder = etcdgo("mutex", "-endpoint", endpoint, "-name", "killed", "-hold", "-ttl", "2")
     holder.wait_line("LOCKED killed")
     others = [
         etcdgo("mutex", "-endpoint", endpoint, "-name", f"c{i}", "-rounds", "5") for i in range(4)
@@ -134,7 +136,7 @@ def test_election_five_contenders_leader_killed(
     etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
     _, endpoint = etcd_server
-    first = etcdgo("elect", "-endpoint", endpoint, "-name", "killed", "-hold")
+    first = etcdgo("elect", "-endpoint", endpoint, "-name", "killed", "-hold", "-ttl", "2")
     first.wait_line("LEADER killed")
     others = [etcdgo("elect", "-endpoint", endpoint, "-name", f"e{i}") for i in range(4)]
     first.kill()

@@ -213,8 +213,9 @@ def test_lease_grant_attach_keep_alive_revoke_and_expiry(endpoint: str) -> None:
     bad = etcdctl(endpoint, "put", "--lease", lease, "lease/k", "v", check=False)
     assert bad.returncode != 0 and "requested lease not found" in bad.stderr
 
-    # Expiry deletes the lease's keys through the log: a watcher sees each as a DELETE.
-    short = etcdctl(endpoint, "lease", "grant", "2").stdout.split()[1]
+    # Expiry deletes the lease's keys through the log: a watcher sees each as a DELETE. (The
+    # TTL outlasts the two etcdctl runs below on a busy machine: the put must find the lease.)
+    short = etcdctl(endpoint, "lease", "grant", "5").stdout.split()[1]
     etcdctl(endpoint, "put", "--lease", short, "lease/short", "v")
     start = get_json(endpoint, "lease/short")["kvs"][0]["mod_revision"]
     process = _watch(endpoint, "lease/short", f"--rev={start}")

@@ -32,7 +32,7 @@ var (
 	name      = flag.String("name", "c", "contender name")
 	rounds    = flag.Int("rounds", 5, "mutex rounds")
 	hold      = flag.Bool("hold", false, "after the first lock/election, hold it until killed")
-	ttl       = flag.Int("ttl", 2, "session TTL in seconds")
+	ttl       = flag.Int("ttl", 30, "session TTL in seconds (long: a busy machine's pauses must not end a live session)")
 	accounts  = flag.Int("accounts", 10, "bank accounts")
 	workers   = flag.Int("workers", 8, "concurrent workers")
 	transfers = flag.Int("transfers", 100, "transfers per worker")
