@@ -99,7 +99,7 @@ async def test_ephemeral_keys_survive_a_server_restart_while_kept_alive(
         assert await table.get("members", "m1") is not None
         async with table.watch("members", start=b"") as watch:
             await session.close()
-            event = await asyncio.wait_for(watch.__anext__(), 10)
+            event = await asyncio.wait_for(watch.__anext__(), 60)
             assert (event.type, event.lkey) == ("delete", b"m1")
         assert await table.get("members", "m1") is None
         assert await table.get("members", "durable") is not None

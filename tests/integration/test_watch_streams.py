@@ -226,5 +226,5 @@ async def test_closing_a_watch_ends_an_iteration_waiting_on_it(server: ServerPro
             await asyncio.sleep(0)  # until the iteration waits for an update
         await watch.close()
         with pytest.raises(StopAsyncIteration):
-            await asyncio.wait_for(waiting, 10)
+            await asyncio.wait_for(waiting, 60)
         await other.close()
