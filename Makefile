@@ -141,7 +141,9 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata
 	@# default is Envoy's HTTP/2): the BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on
 	@# etcd) and Oxia clients. Pulsar's metadata suite runs once, above (`make
 	@# test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio` runs all of it on grpc.aio), and
-	@# so does python-etcd3's suite.
+	@# so does python-etcd3's suite; tests marked default_runtime_only (nothing about the runtime
+	@# that the others do not prove: a kill -9 under Pulsar-on-Oxia, deploy/pulsar.sh) are
+	@# skipped there.
 	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat \
 		--ignore=tests/compat/test_pulsar_metadata.py --ignore=tests/compat/test_python_etcd3.py
 

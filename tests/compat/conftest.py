@@ -10,6 +10,7 @@ server's own life cycle) are skipped in the cluster pass.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import pytest
 
 from tests.compat.cluster import DeployedCluster, Server, StopInProgress, cluster_size
 from tests.support.pulsar import PulsarService, unique_namespace
-from tests.support.server import ServerProcess
+from tests.support.server import RUNTIME_ENV_VAR, ServerProcess
 from tests.support.zookeeper import ZooKeeperProcess
 
 CLUSTER_KEY = pytest.StashKey[DeployedCluster]()
@@ -31,16 +32,27 @@ def pytest_configure(config: pytest.Config) -> None:
         "standalone_only(reason): about a standalone server's own process; skipped when the "
         "suite runs against a cluster (TABLEKEEPER_TEST_CLUSTER)",
     )
+    config.addinivalue_line(
+        "markers",
+        "default_runtime_only(reason): proves nothing about the gRPC runtime that the suite's "
+        "other tests do not; skipped when the suite runs again on another runtime "
+        f"({RUNTIME_ENV_VAR})",
+    )
+
+
+def _reason(marker: pytest.Mark) -> str:
+    return str(marker.kwargs.get("reason") or (marker.args[0] if marker.args else ""))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if not cluster_size():
-        return
+    other_runtime = os.environ.get(RUNTIME_ENV_VAR, "") not in ("", "auto")
     for item in items:
         marker = item.get_closest_marker("standalone_only")
-        if marker is not None:
-            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
-            item.add_marker(pytest.mark.skip(reason=f"standalone only: {reason}"))
+        if marker is not None and cluster_size():
+            item.add_marker(pytest.mark.skip(reason=f"standalone only: {_reason(marker)}"))
+        marker = item.get_closest_marker("default_runtime_only")
+        if marker is not None and other_runtime:
+            item.add_marker(pytest.mark.skip(reason=f"default runtime only: {_reason(marker)}"))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -373,6 +373,11 @@ def _admin_until(pulsar: PulsarOnOxia, method: str, path: str) -> None:
     _wait_until(lambda: _try_admin(pulsar, method, path))
 
 
+@pytest.mark.default_runtime_only(
+    "a kill -9 looks the same to the client on every runtime (refused connections); the "
+    "client's reconnection through a runtime's own shutdown is test_pulsar_standalone_keeps_"
+    "its_metadata_in_tablekeeper's restart, which runs on both"
+)
 def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
     oxia: Oxia, tmp_path: Path
 ) -> None:
@@ -455,6 +460,10 @@ def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
         pulsar.stop()
 
 
+@pytest.mark.default_runtime_only(
+    "about deploy/pulsar.sh's set-up; the same client's calls on both runtimes are the "
+    "scenarios and test_pulsar_standalone_keeps_its_metadata_in_tablekeeper"
+)
 def test_deploy_pulsar_with_tablekeeper_as_its_metadata_store(oxia: Oxia, tmp_path: Path) -> None:
     """`deploy/pulsar.sh start --metadata oxia://…` (the documented one-command set-up): Pulsar
     starts and passes its produce/consume check with its broker and bookie metadata in
