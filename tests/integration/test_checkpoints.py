@@ -54,7 +54,7 @@ ROOT_LOG = "00000-000000000000-000000000000"
 # The SDK retries a range that refuses to open (INTERNAL_SERVER_ERROR is retryable) until its
 # deadline: keep that short where a test expects the refusal.
 SHORT_RETRY = RetryPolicy(deadline_s=1.0, call_timeout_s=20.0)
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 180.0
 
 CHECKPOINT_FAILPOINTS = [
     "checkpoint.during_upload",

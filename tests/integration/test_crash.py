@@ -57,7 +57,7 @@ ROOT_LOG = "00000-000000000000-000000000000"
 def _start(server: ServerProcess) -> int:
     """Start (or restart) `server`; return the offset in its log file where this run begins."""
     offset = server.log_path.stat().st_size if server.log_path.exists() else 0
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     return offset
 
 
@@ -442,7 +442,7 @@ def test_corruption_in_the_root_log_refuses_to_start(
     for _ in range(2):  # the refusal is stable: the first attempt changed nothing
         offset = server.log_path.stat().st_size
         with pytest.raises(RuntimeError, match="server exited with 3"):
-            server.start(timeout_s=90)
+            server.start(timeout_s=180)
         log = _log_since(server, offset)
         assert "refusing to start" in log, log
         assert ROOT_LOG in log and str(segment) in log, log

@@ -574,7 +574,7 @@ def shared_server(
     server = ServerProcess(
         tmp_path_factory.mktemp("sdk-pulsar") / "data",
         extra_args=pulsar_args(pulsar_service, unique_namespace("sdk")),
-    ).start(timeout_s=90)
+    ).start(timeout_s=180)
     yield server
     assert server.process is not None
     if server.process.poll() is None:
@@ -590,7 +590,7 @@ def server(
         tmp_path / "data", extra_args=pulsar_args(pulsar_service, unique_namespace("sdk"))
     )
     server_factory.append(s)
-    return s.start(timeout_s=90)
+    return s.start(timeout_s=180)
 
 
 # --------------------------------------------------------------------------- disk loss
@@ -608,7 +608,7 @@ def test_disk_loss_under_load_loses_no_acknowledged_write(
     ]
     first = ServerProcess(tmp_path / "first", extra_args=args)
     server_factory.append(first)
-    first.start(timeout_s=90)
+    first.start(timeout_s=180)
     table_id = _create_table(first)
     with _workers(first, tmp_path, 0, count=2) as workers:
         for worker in workers:
@@ -627,7 +627,7 @@ def test_disk_loss_under_load_loses_no_acknowledged_write(
 
     second = ServerProcess(tmp_path / "second", extra_args=args)
     server_factory.append(second)
-    second.start(timeout_s=90)
+    second.start(timeout_s=180)
     with Client(second.service) as c:
         checked = _check_state(c, journals)
     assert checked.acked >= 100, checked
@@ -704,7 +704,7 @@ def test_a_frozen_server_is_fenced_by_the_server_that_takes_over(
     args = pulsar_args(pulsar_service, unique_namespace("fencing"), checkpoints=True)
     first = ServerProcess(tmp_path / "first", extra_args=args)
     server_factory.append(first)
-    first.start(timeout_s=90)
+    first.start(timeout_s=180)
     _create_table(first)
     assert first.process is not None
     # Keys outside the workers' pkeys (their check scans those), spread over every range.
@@ -720,7 +720,7 @@ def test_a_frozen_server_is_fenced_by_the_server_that_takes_over(
             held.send()  # requests the frozen server holds (on its sockets) when it resumes
             second = ServerProcess(tmp_path / "second", extra_args=args)  # own dir and ports
             server_factory.append(second)
-            second.start(timeout_s=90)
+            second.start(timeout_s=180)
             with Client(second.service) as c:
                 t = c.table(NS, TABLE)
                 for pkey in ALL_DATA_PKEYS + ALL_COUNTER_PKEYS:
@@ -776,7 +776,7 @@ def test_a_frozen_server_is_fenced_by_the_server_that_takes_over(
     assert second.stop() == 0
     third = ServerProcess(tmp_path / "third", extra_args=args)
     server_factory.append(third)
-    third.start(timeout_s=90)
+    third.start(timeout_s=180)
     with Client(third.service) as c:
         check(c)
 
@@ -805,7 +805,7 @@ def test_pulsar_restart_under_load(
         extra_args=pulsar_args(pulsar_service, unique_namespace("restart"), timeout_s=5),
     )
     server_factory.append(server)
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     _create_table(server)
     with _workers(server, tmp_path, 0, count=2) as workers:
         for worker in workers:
@@ -845,7 +845,7 @@ def test_pulsar_restart_under_load(
         checked = _check_state(c, journals)
     # The logs hold everything: a kill -9 and a replay from Pulsar give the same state.
     server.kill()
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     with Client(server.service) as c:
         _check_state(c, journals)
     print(f"pulsar restart: {checked.acked} acked of {checked.attempted}; errors {dict(kinds)}")

@@ -47,7 +47,7 @@ from tests.support.pulsar_functions import (
 )
 from tests.support.server import TABLEKEEPER
 
-pytestmark = [pytest.mark.integration, pytest.mark.pulsar, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.pulsar, pytest.mark.timeout(1800)]
 
 T = TypeVar("T")
 FN = ["--tenant", "public", "--namespace", "default"]

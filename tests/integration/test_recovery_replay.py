@@ -92,7 +92,7 @@ def test_replay_from_the_wal_alone_rebuilds_identical_state(
 ) -> None:
     server = ServerProcess(tmp_path / "data")
     server_factory.append(server)
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     with Client(server.service) as client:
         for namespace in {ns for ns, _ in TABLES}:
             client.create_namespace(namespace)
@@ -110,7 +110,7 @@ def test_replay_from_the_wal_alone_rebuilds_identical_state(
     assert server.stop(timeout_s=60) == 0
     shutil.rmtree(server.data_dir / "db")
     offset = server.log_path.stat().st_size
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     with Client(server.service) as client:
         after, catalog_after = _snapshot(client)
         assert catalog_after == catalog_before

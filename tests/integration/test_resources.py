@@ -72,7 +72,7 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
         small_disk, extra_args=["--containers", "2", "--checkpoint-interval", "0"]
     )
     server_factory.append(server)
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     assert server.process is not None
     pid = server.process.pid
     acked: dict[str, bytes] = {}
@@ -192,7 +192,7 @@ def test_open_ranges_stay_within_the_bound_and_a_watched_range_stays_open(
         ],
     )
     server_factory.append(server)
-    server.start(timeout_s=90)
+    server.start(timeout_s=180)
     pkeys = [f"pk-{i:02d}".encode() for i in range(40)]
     watched = pkeys[0]
     rounds = 3
