@@ -124,7 +124,7 @@ def test_java_client_scenario(plain_results: dict[str, str], scenario: str) -> N
 def test_ephemeral_record_goes_when_its_session_expires(oxia: Oxia) -> None:
     key = f"/ephemeral/crash-{uuid.uuid4().hex}"
     assert "PASS ephemeral-crash" in oxia.run("ephemeral-crash", key)
-    oxia.run("wait-gone", key)  # the session (2 s) expires on the server: the key goes
+    oxia.run("wait-gone", key)  # the session (10 s) expires on the server: the key goes
 
 
 def test_ephemeral_record_of_a_dead_client_goes_after_a_server_restart(oxia: Oxia) -> None:

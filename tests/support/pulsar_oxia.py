@@ -178,7 +178,8 @@ rootLogger.appenderRef.stdout.ref = STDOUT
             namespaces = self.admin("GET", "/admin/v2/namespaces/public")
         except (OSError, urllib.error.URLError):
             return False
-        return "standalone" in clusters and "public/default" in namespaces
+        # A broker still starting may answer with an empty body (None): not ready yet.
+        return "standalone" in (clusters or []) and "public/default" in (namespaces or [])
 
     def admin(self, method: str, path: str, body: object = None) -> Any:
         """One call of Pulsar's admin REST API; its JSON answer (None when empty)."""

@@ -78,7 +78,9 @@ public final class OxiaDriver {
     // A session outlives a busy machine's pauses (a JVM left unscheduled for a few seconds
     // must not lose it); only the client whose session is meant to expire gets a short one.
     private static final Duration SESSION = Duration.ofSeconds(30);
-    private static final Duration EXPIRING_SESSION = Duration.ofSeconds(2);
+    // Long enough for its put and get on a busy machine (2 s was not: the session expired
+    // before the put), short enough that the test's wait for its expiry stays short.
+    private static final Duration EXPIRING_SESSION = Duration.ofSeconds(10);
 
     private static SyncOxiaClient client(String address, String identity) throws Exception {
         return client(address, identity, SESSION);
