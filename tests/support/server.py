@@ -188,7 +188,7 @@ class ServerProcess:
         )
         return grpc.secure_channel(self.target, credentials, options=options)
 
-    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 180.0) -> None:
         """Poll `condition` until it holds; fail (with the log's tail) if the process exits or
         `timeout_s` passes. The timeout is a hang guard, not a measurement."""
         deadline = time.monotonic() + timeout_s
