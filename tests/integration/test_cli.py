@@ -747,7 +747,7 @@ def test_watch_streams_until_interrupted(svc: str) -> None:
             table.delete("P", "a")
             assert process.stdout.readline() == "DELETE\ta\n"
         process.send_signal(signal.SIGINT)  # Ctrl-C is how a watch ends: exit 0, no traceback
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=120) == 0
         assert "Traceback" not in process.stderr.read()
         assert process.stdout.read() == ""
     finally:
@@ -837,7 +837,7 @@ def test_session_keep_alive_until_interrupted(svc: str) -> None:
             assert process.stdout.readline() == f"session {session} kept alive, ttl 4s\n"
         ok(tk("put", "cli_ka/t", "--pkey", "p", "e", "v", "--session", session, service=svc))
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=120) == 0
         assert "Traceback" not in process.stderr.read()
     finally:
         if process.poll() is None:
@@ -1055,7 +1055,7 @@ def test_server_command_metrics_and_sigterm(tmp_path: Path) -> None:
         assert sum(keys.values()) > 0
 
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=120) == 0
         assert "stopped cleanly" in log.read_text()
     finally:
         if process.poll() is None:
