@@ -2,7 +2,10 @@ module tablekeeper.test/etcdgo
 
 go 1.24.0
 
-require go.etcd.io/etcd/client/v3 v3.6.8
+require (
+	go.etcd.io/etcd/api/v3 v3.6.8
+	go.etcd.io/etcd/client/v3 v3.6.8
+)
 
 require (
 	github.com/coreos/go-semver v0.3.1 // indirect
@@ -10,7 +13,6 @@ require (
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.26.3 // indirect
-	go.etcd.io/etcd/api/v3 v3.6.8 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.8 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect

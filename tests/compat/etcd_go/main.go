@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -310,7 +311,9 @@ func load() {
 						out.Unlock()
 						break
 					}
-					if errors.Is(err, context.Canceled) {
+					// A lost lease never comes back: say so instead of retrying until the
+					// test's hang guard (every other error is retried, as a client would).
+					if errors.Is(err, context.Canceled) || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 						fail("put: %v", err)
 					}
 					time.Sleep(50 * time.Millisecond)
