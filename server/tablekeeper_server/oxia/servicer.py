@@ -204,10 +204,8 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         if not (request.puts or request.deletes or request.delete_ranges):
             return client_pb2.WriteResponse()
         range_ = await self.namespaces.range(shard_id)
-        payload = client_pb2.WriteRequest(
-            puts=request.puts, deletes=request.deletes, delete_ranges=request.delete_ranges
-        ).SerializeToString()
-        result = await range_.execute(wal_pb2.WalCommand(oxia_write=payload))
+        request.ClearField("shard")  # the log keeps what the write does, not where it came in
+        result = await range_.execute(wal_pb2.WalCommand(oxia_write=request.SerializeToString()))
         assert isinstance(result, apply_pb2.ApplyResult), result
         failure = failure_of(result)
         if failure is not None:
@@ -262,6 +260,11 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         try:
             async with _oxia_errors(context):
                 while True:
+                    if not pending.empty() and not any(end.done() for end in ends):
+                        # Writes are in the range's queue: answer the oldest when it is done
+                        # (the stream's ends are looked at again before the next).
+                        yield await pending.get_nowait()
+                        continue
                     getter = asyncio.ensure_future(pending.get())
                     await asyncio.wait((getter, reader, *ends), return_when=asyncio.FIRST_COMPLETED)
                     if getter.done():
