@@ -172,3 +172,41 @@ def test_the_registry_refuses_two_appliers_of_one_name_or_op() -> None:
 
     with pytest.raises(ValueError, match="put"):
         Appliers([BookKeeperApplier(), Thief()])
+
+
+def test_a_session_ending_hook_ends_an_appliers_own_state_in_the_same_command() -> None:
+    """`SessionApplier(session_ending=...)`: a hook scans before anything is staged, its finisher
+    stages after the session's keys, and `record_event` reports the applier's own changes."""
+    seen: list[tuple[int, list[bytes]]] = []
+    mine = store_key(b"c", b"mine")
+
+    def ending(ctx: ApplyContext, session_id: int) -> Callable[[], None] | None:
+        seen.append((session_id, [key for key, _ in ctx.scan(mine, mine + b"\x00")]))
+        if ctx.get(mine) is None:
+            return None
+
+        def finish() -> None:
+            prev = ctx.get(mine)
+            ctx.delete(mine)
+            ctx.record_event(mine, None, prev)
+
+        return finish
+
+    store = MemoryKvStore()
+    sm = RangeStateMachine(
+        store,
+        Appliers([BookKeeperApplier(), CounterApplier(), SessionApplier(session_ending=(ending,))]),
+        history=EventHistory(store),
+    )
+    create = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=5000))
+    sm.apply_batch([(1, create), (2, create), (3, count(b"mine")), (4, count(b"a@1"))])
+    close = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=1))
+    sm.apply_batch([(5, close)])
+    assert seen == [(1, [mine])]
+    assert sm.get(mine) is None and sm.get(store_key(b"c", b"a")) is None
+    assert [(e.revision, e.key, e.record) for e in sm.last_events] == [
+        (5, store_key(b"c", b"a"), None),
+        (5, mine, None),
+    ]
+    sm.apply_batch([(6, wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=2)))])
+    assert seen[-1] == (2, [])  # nothing of its own left: the hook returns None

@@ -24,7 +24,8 @@ What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a to
   another, and after any restart, must rebuild the same keys, versions, revisions, events and
   responses.
 - **Revisions.** Every key a command writes gets the command's revision (`ctx.revision`) as its
-  mod revision; a command writes each key at most once (collect the writes, then stage them).
+  mod revision; a command writes each key at most once (collect the writes, then stage them),
+  except as "Events of its own" below says.
 - **Staging.** `ctx.get`/`get_live` read the store plus what earlier commands of the batch and
   this command staged. `ctx.stage_writes(writes)` stages a command's table-key writes (store key
   -> new record, None = delete): each one is recorded as a change event (watchers, history) and
@@ -50,7 +51,13 @@ What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a to
   (`WalCommand.session`); an applier makes a key ephemeral by setting `ctx.leases[key] =
   session_id` before `stage_writes` (0 detaches it), checks that a session exists with
   `ctx.session_exists`, and reads a key's session with `ctx.session_of`. Ending a session
-  deletes its ephemeral keys through `stage_writes`, so their events reach every watcher.
+  deletes its ephemeral keys through `stage_writes`, so their events reach every watcher. An
+  applier that keeps ephemeral state of its own ends it in the same command through the
+  session applier's `session_ending` hooks (`range.session_apply.SessionEnding`; the ZooKeeper
+  front-end's ephemeral nodes, whose parents change with them).
+- **Events of its own.** An applier whose command changes a key more than once (a ZooKeeper
+  multi), or whose events must come in its own order, stages with `ctx.put`/`ctx.delete` and
+  reports each change with `ctx.record_event`, in order.
 - **Results.** `apply` returns a protobuf message with a `header` (a
   `bookkeeper.proto.kv.rpc.ResponseHeader`: SUCCESS unless the range itself failed the command)
   and whatever the front-end needs besides; the range passes it back to the front-end's
@@ -287,6 +294,17 @@ class ApplyContext:
                 lease = self.leases.get(key, 0) if record is not None else 0
                 self._index_lease(key, lease, revision)
         self.leases.clear()
+
+    def record_event(
+        self, key: bytes, record: StoredRecord | None, prev: StoredRecord | None
+    ) -> None:
+        """Report one change of table key `key` at the current command's revision (`record`:
+        its new record, None for a delete; `prev`: its record before this change), for an
+        applier that stages its writes with `put`/`delete` and reports its changes itself:
+        one event per change, in the order they happened, a key changed twice in one command
+        reported twice (`stage_writes` reports one per key). The events reach watchers and the
+        history only if the command completes."""
+        self._record_event(self.revision, key, record, prev)
 
     def session_exists(self, session_id: int) -> bool:
         """Whether `session_id` is a live session of this range."""

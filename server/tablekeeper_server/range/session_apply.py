@@ -13,7 +13,7 @@ would divide a session's pkey and ephemeral keys between children.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.keys import prefix_end, split_store_key
@@ -39,11 +39,23 @@ free one of revision + k * step (deterministic, so replay agrees)."""
 _SUCCESS = Code.SUCCESS
 
 
+SessionEnding = Callable[[ApplyContext, int], Callable[[], None] | None]
+"""Another applier's part in ending a session: called with the context and the session's id once
+the batch's settled changes are written (`ctx.scan` works) and before anything of the command
+is staged; returns what to stage once the session's own keys are (or None: nothing to do). How
+an applier that keeps ephemeral state of its own (the ZooKeeper front-end's ephemeral nodes,
+whose parents' counters change with them) ends it in the command that ends the session."""
+
+
 class SessionApplier:
     """Applies `WalCommand.session`: create a session, or end one and delete its keys."""
 
     name = NAME
     ops = ("session",)
+
+    def __init__(self, session_ending: Sequence[SessionEnding] = ()) -> None:
+        """`session_ending`: the other appliers' parts in ending a session, in order."""
+        self._session_ending = tuple(session_ending)
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         session = command.session
@@ -109,12 +121,16 @@ class SessionApplier:
             header=header(_SUCCESS), session_id=session_id, ttl_ms=command.create_ttl_ms
         )
 
-    @staticmethod
-    def _end(ctx: ApplyContext, session_id: int) -> Response:
+    def _end(self, ctx: ApplyContext, session_id: int) -> Response:
         skey = session_key(session_id)
         if ctx.get(skey) is None:
             return session_pb2.SessionResponse(header=header(Code.KEY_NOT_FOUND))
         ctx.write_settled()
+        finishing = [
+            finish
+            for finish in (ending(ctx, session_id) for ending in self._session_ending)
+            if finish is not None
+        ]
         members = members_prefix(session_id)
         writes: dict[bytes, StoredRecord | None] = {}
         for member, _ in ctx.scan(members, prefix_end(members)):
@@ -125,6 +141,8 @@ class SessionApplier:
                 ctx.delete(member)
                 ctx.delete(owner_key(key))
         ctx.stage_writes(writes)  # also drops the keys' index entries
+        for finish in finishing:
+            finish()
         ctx.delete(skey)
         ctx.delete(session_role_key(session_id))
         ctx.delete(session_home_key(session_id))
