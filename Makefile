@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # everything else (tests, lint, protos, benchmarks) needs the full set, which includes it.
 SERVER_STAMP := $(VENV)/.installed-server
 STAMP := $(VENV)/.installed
-PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto proto/tablekeeper_proto/etcd/*.proto proto/tablekeeper_proto/oxia/*.proto)
+PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto proto/tablekeeper_proto/etcd/*.proto proto/tablekeeper_proto/oxia/*.proto proto/tablekeeper_proto/zookeeper/*.proto)
 DATA_DIR ?= ./data
 # The Pulsar tests start a Pulsar standalone through deploy/pulsar.sh (its first run downloads
 # the jars with mvn into ~/.cache); under make they must run, never be skipped.
@@ -16,6 +16,7 @@ PORT ?= 4181
 METRICS_PORT ?= 9181
 ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
+ZOOKEEPER_PORT ?= 2181
 
 .PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
 
@@ -57,14 +58,14 @@ $(FLOORS_STAMP): pyproject.toml
 	$(FLOORS_VENV)/bin/pip install -q --no-deps -e .
 	touch $(FLOORS_STAMP)
 
-run: $(SERVER_STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT, OXIA_PORT)
-	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT) --etcd-port $(ETCD_PORT) --oxia-port $(OXIA_PORT)
+run: $(SERVER_STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT, OXIA_PORT, ZOOKEEPER_PORT)
+	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT) --etcd-port $(ETCD_PORT) --oxia-port $(OXIA_PORT) --zookeeper-port $(ZOOKEEPER_PORT)
 
 proto: $(STAMP)  ## regenerate proto/gen from proto/*.proto
 	rm -rf proto/gen/tablekeeper_proto
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto --python_out=proto/gen --grpc_python_out=proto/gen \
 		--mypy_out=proto/gen --mypy_grpc_out=proto/gen $(PROTO_FILES)
-	for d in proto/gen/tablekeeper_proto proto/gen/tablekeeper_proto/bookkeeper proto/gen/tablekeeper_proto/v1 proto/gen/tablekeeper_proto/etcd proto/gen/tablekeeper_proto/oxia; do \
+	for d in proto/gen/tablekeeper_proto proto/gen/tablekeeper_proto/bookkeeper proto/gen/tablekeeper_proto/v1 proto/gen/tablekeeper_proto/etcd proto/gen/tablekeeper_proto/oxia proto/gen/tablekeeper_proto/zookeeper; do \
 		touch $$d/__init__.py; done
 	touch proto/gen/tablekeeper_proto/py.typed
 

@@ -13,9 +13,19 @@ from tablekeeper_server.oxia.apply import OxiaApplier
 from tablekeeper_server.range.apply import Appliers
 from tablekeeper_server.range.bookkeeper_apply import BookKeeperApplier
 from tablekeeper_server.range.session_apply import SessionApplier
+from tablekeeper_server.zookeeper.apply import ZooKeeperApplier
 
 
 def server_appliers() -> Appliers:
     """Every applier of the server. The order is the order in which a split asks them whether
     they refuse it (`Applier.refuse_split`): the front-ends' bookkeeping before sessions."""
-    return Appliers([BookKeeperApplier(), EtcdApplier(), OxiaApplier(), SessionApplier()])
+    zookeeper = ZooKeeperApplier()
+    return Appliers(
+        [
+            BookKeeperApplier(),
+            EtcdApplier(),
+            OxiaApplier(),
+            zookeeper,
+            SessionApplier(session_ending=(zookeeper.session_ending,)),
+        ]
+    )

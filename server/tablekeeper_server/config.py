@@ -84,6 +84,20 @@ class ServerConfig:
     port (`etcd_keyspace_ports`)."""
     oxia_port: int = 0
     """Oxia's client protocol (`tablekeeper_server.oxia`) on this port; 0 = off."""
+    zookeeper_port: int = 0
+    """ZooKeeper's client protocol (`tablekeeper_server.zookeeper`) on this port; 0 = off. Not
+    to be confused with `zk_hosts`, the ZooKeeper a cluster of servers coordinates through."""
+    zookeeper_tick_s: float = 2.0
+    """ZooKeeper's tickTime: session timeouts default to 2 and 20 ticks."""
+    zookeeper_min_session_timeout_s: float = 0.0
+    """The shortest session timeout a client is given; 0 = 2 ticks."""
+    zookeeper_max_session_timeout_s: float = 0.0
+    """The longest session timeout a client is given; 0 = 20 ticks."""
+    zookeeper_max_packet_bytes: int = 0xFFFFF
+    """ZooKeeper's jute.maxbuffer: a longer packet closes its connection."""
+    zookeeper_container_check_interval_s: float = 60.0
+    """How often empty containers and expired TTL nodes are deleted (ZooKeeper's
+    znode.container.checkIntervalMs); 0 = never."""
     containers: int = 8
     workers: int = 1
     """Server processes sharing this host's containers (`tablekeeper_server.workers`)."""
@@ -197,10 +211,11 @@ class ServerConfig:
         if not 0 <= self.oxia_port < 65536:
             raise ValueError("--oxia-port must be in 0..65535 (0 = off)")
         etcd_ports = list(self.etcd_keyspace_ports.values())
-        taken = [self.port, self.metrics_port, self.oxia_port, *etcd_ports]
+        taken = [self.port, self.metrics_port, self.oxia_port, self.zookeeper_port, *etcd_ports]
         for port in etcd_ports:
             if taken.count(port) > 1:
                 raise ValueError(f"etcd port {port} is also used by another port setting")
+        self._validate_zookeeper(taken)
         if self.max_open_ranges < 1:
             raise ValueError("--max-open-ranges must be at least 1")
         if self.max_followers < 0:
@@ -246,6 +261,36 @@ class ServerConfig:
             raise ValueError("--pulsar-timeout must be positive")
         if self.cluster_mode:
             self._validate_cluster()
+
+    def _validate_zookeeper(self, taken: list[int]) -> None:
+        if not 0 <= self.zookeeper_port < 65536:
+            raise ValueError("--zookeeper-port must be in 0..65535 (0 = off)")
+        if self.zookeeper_port and taken.count(self.zookeeper_port) > 1:
+            raise ValueError(
+                f"--zookeeper-port {self.zookeeper_port} is also used by another port setting"
+            )
+        if self.zookeeper_tick_s <= 0:
+            raise ValueError("--zookeeper-tick-time must be positive")
+        if self.zookeeper_min_session_timeout_s < 0 or self.zookeeper_max_session_timeout_s < 0:
+            raise ValueError("ZooKeeper session timeouts must be >= 0 (0 = from the tick time)")
+        if (
+            self.zookeeper_min_session_timeout_s
+            and self.zookeeper_max_session_timeout_s
+            and self.zookeeper_min_session_timeout_s > self.zookeeper_max_session_timeout_s
+        ):
+            raise ValueError(
+                "--zookeeper-min-session-timeout is over --zookeeper-max-session-timeout"
+            )
+        if self.zookeeper_max_packet_bytes < 1024:
+            raise ValueError("--zookeeper-max-packet-bytes must be at least 1KiB")
+        if self.zookeeper_container_check_interval_s < 0:
+            raise ValueError("--zookeeper-container-check-interval must be >= 0 (0 = never)")
+        if self.zookeeper_port and (self.security.tls_on or self.security.auth_on):
+            raise ValueError(
+                "--zookeeper-port serves neither TLS nor TableKeeper's tokens and roles yet "
+                "(ZooKeeper's own ACLs and digest authentication are enforced on it): leave it "
+                "off on a server with --tls-cert or authentication"
+            )
 
     def _validate_workers(self) -> None:
         if self.cluster_mode:
@@ -412,6 +457,44 @@ NETWORK_SETTINGS = (
     ),
     _s("oxia-port", INT, "oxia_port", "serve Oxia's client protocol on this port, 0 = off"),
 )
+ZOOKEEPER_SETTINGS = (
+    _s(
+        "zookeeper-port",
+        INT,
+        "zookeeper_port",
+        "serve ZooKeeper's client protocol (jute over TCP) on this port, 0 = off",
+    ),
+    _s(
+        "zookeeper-tick-time",
+        DURATION,
+        "zookeeper_tick_s",
+        "ZooKeeper's tickTime: session timeouts default to 2 and 20 ticks",
+    ),
+    _s(
+        "zookeeper-min-session-timeout",
+        DURATION,
+        "zookeeper_min_session_timeout_s",
+        "the shortest session timeout a client is given, 0 = 2 ticks",
+    ),
+    _s(
+        "zookeeper-max-session-timeout",
+        DURATION,
+        "zookeeper_max_session_timeout_s",
+        "the longest session timeout a client is given, 0 = 20 ticks",
+    ),
+    _s(
+        "zookeeper-max-packet-bytes",
+        SIZE,
+        "zookeeper_max_packet_bytes",
+        "ZooKeeper's jute.maxbuffer: a longer packet closes its connection",
+    ),
+    _s(
+        "zookeeper-container-check-interval",
+        DURATION,
+        "zookeeper_container_check_interval_s",
+        "how often empty containers and expired TTL znodes are deleted, 0 = never",
+    ),
+)
 PROCESS_SETTINGS = (
     _s("containers", INT, "containers", "storage containers"),
     _s(
@@ -537,6 +620,10 @@ SERVER_SETTINGS = SettingsSpec(
     groups=(
         SettingGroup("storage: data, logs and checkpoints", STORAGE_SETTINGS),
         SettingGroup("network", NETWORK_SETTINGS),
+        SettingGroup(
+            "ZooKeeper's client protocol (not --zk, the cluster's own ZooKeeper)",
+            ZOOKEEPER_SETTINGS,
+        ),
         SettingGroup("processes and logging", PROCESS_SETTINGS),
         SettingGroup("cluster mode", CLUSTER_SETTINGS),
         SettingGroup(

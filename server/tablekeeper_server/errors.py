@@ -8,7 +8,8 @@ request may be sent again, and whether a write's outcome is unknown. The classes
 `retryable` and `outcome_unknown` attributes are set from it, and the RPC layer
 (`rpc/status.py`, the Batch path, the forwarder) reads nothing else. Each other protocol's
 front-end has a column of its own in the same table (`WireRule.etcd`, `WireRule.oxia`: the gRPC
-status and message its clients recognise), so no front-end decides again what an error means.
+status and message its clients recognise; `WireRule.zookeeper`: the `KeeperException` code, or
+closing the connection), so no front-end decides again what an error means.
 The SDK keeps its side of the same table in `tablekeeper.errors`, keyed by the same status
 codes.
 
@@ -267,6 +268,12 @@ etcd port from failures of the connection to it by that prefix. Clients retry UN
 they do with an etcd member that is not ready."""
 _OXIA_UNKNOWN = ProtocolAnswer("UNKNOWN", "oxia: {message}")
 _OXIA_INTERNAL = ProtocolAnswer("INTERNAL", "oxia: {message}")
+# ZooKeeper's codes (`KeeperException.Code`) the ZooKeeper column names.
+_ZK_SYSTEM_ERROR = -1
+_ZK_BAD_ARGUMENTS = -8
+_ZK_NO_NODE = -101
+_ZK_NO_AUTH = -102
+_ZK_BAD_VERSION = -103
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +299,10 @@ class WireRule:
     """The etcd front-end's answer (`etcd.errors.from_tablekeeper`)."""
     oxia: ProtocolAnswer = field(default=_OXIA_UNKNOWN, compare=False)
     """The Oxia front-end's answer (`oxia.errors.from_tablekeeper`)."""
+    zookeeper: int | None = field(default=_ZK_SYSTEM_ERROR, compare=False)
+    """The ZooKeeper port's answer: a `KeeperException.Code`, or None: it closes the connection,
+    which ZooKeeper's clients see as CONNECTIONLOSS and retry on another connection (for a
+    write: outcome unknown, ZooKeeper's own meaning of it)."""
 
 
 _NOT_HERE = WireRule(
@@ -300,6 +311,7 @@ _NOT_HERE = WireRule(
     "NOT_FOUND",
     retryable=True,
     etcd=_ETCD_UNAVAILABLE,
+    zookeeper=None,
 )
 _OXIA_INVALID = ProtocolAnswer("INVALID_ARGUMENT", "oxia: {message}")
 
@@ -312,6 +324,7 @@ ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
         "INVALID_ARGUMENT",
         etcd=ProtocolAnswer("INVALID_ARGUMENT", name="bad_request"),
         oxia=_OXIA_INVALID,
+        zookeeper=_ZK_BAD_ARGUMENTS,
     ),
     ResourceLimitError: WireRule(
         Code.BAD_REQUEST,
@@ -321,13 +334,18 @@ ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
             "INVALID_ARGUMENT", "etcdserver: request is too large", "request_too_large"
         ),
         oxia=ProtocolAnswer("RESOURCE_EXHAUSTED", "oxia: {message}"),
+        zookeeper=None,  # ZooKeeper closes a connection whose packet is over jute.maxbuffer
     ),
-    PermissionDeniedError: WireRule(Code.ILLEGAL_OP, "PERMISSION_DENIED", "PERMISSION_DENIED"),
-    IllegalOpError: WireRule(Code.ILLEGAL_OP, "FAILED_PRECONDITION"),
-    InvalidKeyError: WireRule(Code.INVALID_KEY, "INVALID_ARGUMENT", oxia=_OXIA_INVALID),
+    PermissionDeniedError: WireRule(
+        Code.ILLEGAL_OP, "PERMISSION_DENIED", "PERMISSION_DENIED", zookeeper=_ZK_NO_AUTH
+    ),
+    IllegalOpError: WireRule(Code.ILLEGAL_OP, "FAILED_PRECONDITION", zookeeper=_ZK_BAD_ARGUMENTS),
+    InvalidKeyError: WireRule(
+        Code.INVALID_KEY, "INVALID_ARGUMENT", oxia=_OXIA_INVALID, zookeeper=_ZK_BAD_ARGUMENTS
+    ),
     # FAILED_PRECONDITION on a session's keep-alive stream means "this session is gone".
-    KeyNotFoundError: WireRule(Code.KEY_NOT_FOUND, "FAILED_PRECONDITION"),
-    BadVersionError: WireRule(Code.BAD_VERSION, "FAILED_PRECONDITION"),
+    KeyNotFoundError: WireRule(Code.KEY_NOT_FOUND, "FAILED_PRECONDITION", zookeeper=_ZK_NO_NODE),
+    BadVersionError: WireRule(Code.BAD_VERSION, "FAILED_PRECONDITION", zookeeper=_ZK_BAD_VERSION),
     InvalidNamespaceNameError: WireRule(Code.INVALID_NAMESPACE_NAME, "INVALID_ARGUMENT"),
     NamespaceExistsError: WireRule(Code.NAMESPACE_EXISTS, "FAILED_PRECONDITION"),
     NamespaceNotFoundError: WireRule(Code.NAMESPACE_NOT_FOUND, "FAILED_PRECONDITION"),
@@ -345,14 +363,14 @@ ERROR_TABLE: dict[type[TableKeeperError], WireRule] = {
         _NOT_HERE, oxia=ProtocolAnswer("UNAVAILABLE", "oxia: resource unavailable: {message}")
     ),
     IndeterminateError: WireRule(
-        Code.UNEXPECTED, "UNKNOWN", outcome_unknown=True, oxia=_OXIA_INTERNAL
+        Code.UNEXPECTED, "UNKNOWN", outcome_unknown=True, oxia=_OXIA_INTERNAL, zookeeper=None
     ),
     ForwardedError: WireRule(Code.INTERNAL_SERVER_ERROR, "FAILED_PRECONDITION"),
-    CorruptionError: WireRule(Code.UNEXPECTED, "DATA_LOSS", oxia=_OXIA_INTERNAL),
+    CorruptionError: WireRule(Code.UNEXPECTED, "DATA_LOSS", oxia=_OXIA_INTERNAL, zookeeper=None),
     CompactedError: WireRule(
         Code.BAD_REVISION, "OUT_OF_RANGE", oxia=ProtocolAnswer("OUT_OF_RANGE", "oxia: {message}")
     ),
-    WatcherTooSlowError: WireRule(Code.FAILURE, "RESOURCE_EXHAUSTED"),
+    WatcherTooSlowError: WireRule(Code.FAILURE, "RESOURCE_EXHAUSTED", zookeeper=None),
 }
 """Every error class's row; subclasses without a row of their own (`RangeMovedError`,
 `StorageUnavailableError`, `LogFencedError`, `StoreCorruptionError`, ...) take their base's."""

@@ -80,6 +80,8 @@ from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore, RocksMemory
 from tablekeeper_server.workers import WorkerSlot, supervise, worker_argv
+from tablekeeper_server.zookeeper.server import FRONT_END as ZOOKEEPER_FRONT_END
+from tablekeeper_server.zookeeper.server import ZooKeeperServer, ZooKeeperSettings
 
 if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): only with --zk
     from tablekeeper_server.cluster.member import ClusterMember
@@ -347,6 +349,12 @@ async def serve(
         # And Oxia clients are told each shard's leader: its container's owner's Oxia port.
         if config.oxia_port:
             coordinator.frontends[OXIA_FRONT_END] = f"{config.advertised_host}:{config.oxia_port}"
+        # And ZooKeeper connections to a server that does not own the keyspace are relayed to
+        # the owner's ZooKeeper port.
+        if config.zookeeper_port:
+            coordinator.frontends[ZOOKEEPER_FRONT_END] = (
+                f"{config.advertised_host}:{config.zookeeper_port}"
+            )
     owner_of = member.owner_of if member is not None else None
     if worker is not None:
         owner_of = worker.owner_of
@@ -391,6 +399,7 @@ async def serve(
     if on_port is not None:
         on_port(server.grpc)
     etcds: list[EtcdServer] = []  # one per etcd keyspace
+    zookeeper: ZooKeeperServer | None = None
     try:
         # Metrics before recovery, so a long recovery can be watched (and a taken port fails
         # now, not after the server already serves).
@@ -436,6 +445,15 @@ async def serve(
             on_port(oxia.grpc)
         if oxia is not None and member is not None:
             member.on_assignment_changed(oxia.leaders.assignment_changed)
+        if config.zookeeper_port:
+            zookeeper = await _start_zookeeper(
+                config,
+                registry,
+                clock,
+                metrics,
+                _front_end_peers(ZOOKEEPER_FRONT_END, coordinator, member, worker, server),
+                front_end_port(worker, ZOOKEEPER_FRONT_END, config.zookeeper_port),
+            )
     except BaseException:
         await server.stop(0)
         if coordinator is not None:
@@ -473,6 +491,8 @@ async def serve(
         await etcd.stop(config.shutdown_grace_s)
     if oxia is not None:
         await oxia.stop(config.shutdown_grace_s)
+    if zookeeper is not None:
+        await zookeeper.stop()
     await server.stop(config.shutdown_grace_s)
     table_names.close()
     metrics.close()
@@ -646,6 +666,15 @@ class _FrontEndSecurity:
             access.forget()
 
 
+def _worker_front_end_ports(config: ServerConfig) -> dict[str, int]:
+    """Front-end name -> configured port, of every front-end a worker serves (the gRPC ones,
+    which Envoy listens on, and ZooKeeper's, which the Python serves itself)."""
+    ports = front_end_ports(config)
+    if config.zookeeper_port:
+        ports[ZOOKEEPER_FRONT_END] = config.zookeeper_port
+    return ports
+
+
 def _front_end_peers(
     name: str,
     coordinator: ZkCoordinator | None,
@@ -744,6 +773,38 @@ async def _start_oxia(
     return oxia
 
 
+async def _start_zookeeper(
+    config: ServerConfig,
+    registry: ContainerRegistry,
+    clock: Clock,
+    metrics: ServerMetrics,
+    cluster: tuple[Forwarder, FrontEndPeers] | None,
+    port: int,
+) -> ZooKeeperServer:
+    """ZooKeeper's client protocol on `port`, over table zookeeper/keyspace (created on first
+    start). `cluster`: cluster mode or a worker (connections to a server that does not own the
+    keyspace's range are relayed to its owner)."""
+    zookeeper = ZooKeeperServer(
+        registry,
+        clock,
+        bind_host=config.bind_host,
+        port=port,
+        settings=ZooKeeperSettings(
+            tick_ms=round(config.zookeeper_tick_s * 1000),
+            min_session_timeout_ms=round(config.zookeeper_min_session_timeout_s * 1000),
+            max_session_timeout_ms=round(config.zookeeper_max_session_timeout_s * 1000),
+            packet_bytes_max=config.zookeeper_max_packet_bytes,
+            sweep_interval_s=config.zookeeper_container_check_interval_s,
+        ),
+        forwarder=cluster[0] if cluster is not None else None,
+        peers=cluster[1] if cluster is not None else None,
+        metrics=metrics,
+    )
+    await zookeeper.start()
+    log.info("ZooKeeper client protocol on %s:%d", config.bind_host, zookeeper.port)
+    return zookeeper
+
+
 async def _table_name(
     registry: ContainerRegistry, admin: AdminServicer, stream_id: int
 ) -> TableKey | None:
@@ -817,7 +878,7 @@ def run(config: ServerConfig) -> int:
                 port=config.port,
                 argv=worker_argv(server_args),
                 env=worker_env,
-                frontend_ports=front_end_ports(config),
+                frontend_ports=_worker_front_end_ports(config),
             )
         finally:
             os.close(lock_fd)

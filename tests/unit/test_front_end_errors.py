@@ -1,5 +1,5 @@
-"""Each front-end's column of the one error table (`errors.ERROR_TABLE`): what an etcd or Oxia
-client is answered for each of TableKeeper's errors."""
+"""Each front-end's column of the one error table (`errors.ERROR_TABLE`): what an etcd, Oxia or
+ZooKeeper client is answered for each of TableKeeper's errors."""
 
 from __future__ import annotations
 
@@ -66,3 +66,28 @@ def test_each_front_end_answers_from_its_column(
     assert (answered.code, answered.message) == etcd
     answered_oxia = oxia_answer(error)
     assert (answered_oxia.code, answered_oxia.message) == oxia
+
+
+ZK_CASES: list[tuple[e.TableKeeperError, int | None]] = [
+    # error, ZooKeeper's `KeeperException.Code` (None: the connection is closed: CONNECTIONLOSS)
+    (e.UnavailableError("down"), None),
+    (e.NotServedHereError(3), None),
+    (e.RangeMovedError("moved"), None),
+    (e.ResourceLimitError("big"), None),
+    (e.IndeterminateError("maybe"), None),
+    (e.CorruptionError("rot"), None),
+    (e.WatcherTooSlowError("slow"), None),
+    (e.BadRequestError("bad"), -8),  # BADARGUMENTS
+    (e.InvalidKeyError("key"), -8),
+    (e.IllegalOpError("no"), -8),
+    (e.PermissionDeniedError("no"), -102),  # NOAUTH
+    (e.KeyNotFoundError("gone"), -101),  # NONODE
+    (e.BadVersionError("old"), -103),  # BADVERSION
+    (e.ForwardedError(5, "far"), -1),  # SYSTEMERROR
+    (e.TableKeeperError("other"), -1),
+]
+
+
+@pytest.mark.parametrize(("error", "code"), ZK_CASES, ids=lambda c: type(c).__name__)
+def test_zookeeper_column(error: e.TableKeeperError, code: int | None) -> None:
+    assert e.wire_rule(error).zookeeper == code
