@@ -10,6 +10,8 @@ For each metadata store (`--stores`, in order; the first is the anchor of the ra
   (default $OXIA_BIN, else .deploy/bin/oxia; built from an Oxia source checkout, see
   tests/support/oxia_server.py), Pulsar on `--metadata oxia://127.0.0.1:PORT` (Pulsar's own Oxia
   client); skipped with a note when the binary is missing;
+* `tk-zk`: a TableKeeper standalone server with `--zookeeper-port`, Pulsar on `zk:…` (the same
+  driver as `zk`, Pulsar's own ZooKeeper driver, the one it is cheapest with);
 * `tk-oxia`: a TableKeeper standalone server with `--oxia-port`, Pulsar on `oxia://…` (the same
   driver as `oxia`);
 * `etcd`: a real etcd (deploy/etcd.sh, Debian's etcd-server, fsync on), Pulsar on
@@ -63,16 +65,17 @@ cost in metadata requests, counted twice:
   (`grpc_server_msg_received_total` per method, and its database's puts, gets, deletes, lists,
   range scans as `db:…`), etcd's `grpc_server_msg_received_total` per method (unary calls,
   and messages received on streams: Watch, LeaseKeepAlive), TableKeeper's metrics endpoint:
-  `tablekeeper_requests_total` counts only the BookKeeper-protocol port's calls, so for the Oxia
-  and etcd front-ends it shows the commands the server appended to its write-ahead log
+  `tablekeeper_requests_total` counts the BookKeeper-protocol port's calls and the ZooKeeper
+  port's requests (`zk:<op>`), not the Oxia and etcd ports' calls, so for those front-ends it
+  shows the commands the server appended to its write-ahead log
   (`wal-commands`, `tablekeeper_wal_append_records_sum`) and the group commits (`wal-appends`);
   its Oxia or etcd calls per method are the broker's count above.
 
 Then each store's ratio to the anchor, and each TableKeeper front-end's ratio to the real server
-of its protocol (tk-oxia / oxia, tk-etcd / etcd): ops/s ratio > 1 is faster, latency and CPU
-ratios < 1 are better. `--profile` records the TableKeeper server with py-spy during each timed
-phase (collapsed stacks in benchmarks/out/, one file per store and phase; the profiled run's
-figures are not comparable with an unprofiled one). The JSON goes to benchmarks/out/
+of its protocol (tk-zk / zk, tk-oxia / oxia, tk-etcd / etcd): ops/s ratio > 1 is faster,
+latency and CPU ratios < 1 are better. `--profile` records the TableKeeper server with py-spy
+during each timed phase (collapsed stacks in benchmarks/out/, one file per store and phase; the
+profiled run's figures are not comparable with an unprofiled one). The JSON goes to benchmarks/out/
 (gitignored).
 
     .venv/bin/python benchmarks/pulsar_metadata.py                # 1,000 topics, C=1,16, zk,tk-oxia
@@ -132,8 +135,8 @@ from tests.support.server import ServerProcess, free_port  # noqa: E402
 from tests.support.zookeeper import ZooKeeperProcess  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
-STORES = ("zk", "oxia", "tk-oxia", "etcd", "tk-etcd")
-PROTOCOL_ANCHORS = {"tk-oxia": "oxia", "tk-etcd": "etcd"}
+STORES = ("zk", "tk-zk", "oxia", "tk-oxia", "etcd", "tk-etcd")
+PROTOCOL_ANCHORS = {"tk-zk": "zk", "tk-oxia": "oxia", "tk-etcd": "etcd"}
 """Each TableKeeper front-end and the real server of its protocol."""
 SKIPPABLE = ("partitioned", "restart", "delete")
 TENANT = "bench"
@@ -258,11 +261,11 @@ def etcd_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str,
 
 
 def tk_counters(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
-    """TableKeeper's own counts: BookKeeper-protocol calls per method (its Oxia and etcd ports'
-    calls are not counted there), and the commands appended to its write-ahead log and the
-    group commits that appended them."""
+    """TableKeeper's own counts: BookKeeper-protocol calls and ZooKeeper-port requests per
+    method (its Oxia and etcd ports' calls are not counted there), and the commands appended to
+    its write-ahead log and the group commits that appended them."""
     found = {
-        f"bk:{method}": n
+        (f"zk:{method[10:]}" if method.startswith("ZooKeeper/") else f"bk:{method}"): n
         for method, n in counter_by(samples, "tablekeeper_requests_total", "method").items()
     }
     for kind, name in (
@@ -409,8 +412,12 @@ def etcd_store(workdir: Path) -> Iterator[Store]:
 @contextmanager
 def tablekeeper_store(name: str, workdir: Path) -> Iterator[Store]:
     port = free_port()
-    api = {"tk-oxia": "--oxia-port", "tk-etcd": "--etcd-port"}[name]
-    url = {"tk-oxia": f"oxia://127.0.0.1:{port}", "tk-etcd": f"etcd:http://127.0.0.1:{port}"}[name]
+    api = {"tk-zk": "--zookeeper-port", "tk-oxia": "--oxia-port", "tk-etcd": "--etcd-port"}[name]
+    url = {
+        "tk-zk": f"zk:127.0.0.1:{port}",
+        "tk-oxia": f"oxia://127.0.0.1:{port}",
+        "tk-etcd": f"etcd:http://127.0.0.1:{port}",
+    }[name]
     server = ServerProcess(
         workdir / name / "data",
         extra_args=[api, str(port)],
