@@ -60,6 +60,13 @@ SERVER_COMMANDS = {
 get them when it is missing."""
 SERVER_CLUSTER_COMMANDS = {"init": "create the cluster's metadata in ZooKeeper"}
 """The same for the `cluster` group (through `CLUSTER_PLUGIN_GROUP`)."""
+ADMIN_PLUGIN_GROUP = "tablekeeper.cli.admin"
+SERVER_ADMIN_COMMANDS = {
+    "backup": "copy the service, a namespace or a table into a backup, online",
+    "restore": "restore a backup into a server that is not running",
+}
+"""The same for the `admin` group (through `ADMIN_PLUGIN_GROUP`, whose entry points take the
+global flags' parser too: `register(subparsers, common)`)."""
 
 
 # ---------------------------------------------------------------------------------- arguments
@@ -249,6 +256,7 @@ def _add_plugins(
     reserved: Sequence[str] = (),
     path: str = "",
     listed: bool = True,
+    common: argparse.ArgumentParser | None = None,
 ) -> None:
     """Commands of installed packages (entry-point `group`), added to `subparsers` (the
     commands under `path`, e.g. "cluster"). An `expected` command (name -> help) whose package
@@ -267,7 +275,11 @@ def _add_plugins(
         module = entry_point.value.partition(":")[0]
         name = f"{path} {entry_point.name}".strip()
         try:
-            entry_point.load()(subparsers)
+            register = entry_point.load()
+            if common is not None:
+                register(subparsers, common)
+            else:
+                register(subparsers)
         except Exception as exc:
             if isinstance(exc, ModuleNotFoundError) and exc.name in (
                 module,
@@ -544,7 +556,16 @@ def _add_auth_commands(commands: _Commands) -> None:
 
 
 def _add_admin_commands(commands: _Commands) -> None:
-    admin = commands.group(commands.add("admin", "checkpoints and per-range status"), "action")
+    admin = commands.group(
+        commands.add("admin", "checkpoints, per-range status, backup and restore"), "action"
+    )
+    _add_plugins(
+        admin.subparsers,
+        ADMIN_PLUGIN_GROUP,
+        SERVER_ADMIN_COMMANDS,
+        path="admin",
+        common=commands.common,
+    )
     checkpoint = admin.add("checkpoint", "checkpoint ranges now and truncate their logs")
     checkpoint.add_argument(
         "--table",

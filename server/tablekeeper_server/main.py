@@ -26,9 +26,11 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from tablekeeper_server.appliers import server_appliers
+from tablekeeper_server.backup.source import RangeBackups
 from tablekeeper_server.catalog.meta import CONTAINER_META_STREAM_ID
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
+from tablekeeper_server.checkpoint.pinning import PinningCheckpointStore
 from tablekeeper_server.cluster.errors import ClusterError
 from tablekeeper_server.cluster.status import FixedView, ZooKeeperView
 from tablekeeper_server.config import (
@@ -48,6 +50,7 @@ from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.keys import front_end_name
 from tablekeeper_server.etcd.server import EtcdServer
+from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.gc_tuning import tune_garbage_collector
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import INLINE_BELOW_S, LocalLogBackend
@@ -243,7 +246,9 @@ async def serve(
     metrics = ServerMetrics(registry_metrics)
     failpoints = Failpoints.from_env()
     log_backend, log_description, close_log = _log_backend(config, failpoints)
-    checkpoint_store, close_checkpoint_store = _checkpoint_store(config, clock)
+    stored_checkpoints, close_checkpoint_store = _checkpoint_store(config, clock)
+    # Backups pin the checkpoint they copy against the ranges' garbage collection.
+    checkpoint_store = PinningCheckpointStore(stored_checkpoints)
     # Table names for the metrics' labels, learned as table ranges open (from the root range,
     # here or on its owner; `registry` and `admin` exist by the time the first range opens).
     table_names = TableNames(
@@ -318,6 +323,7 @@ async def serve(
         records=config.checkpoint_records,
         runtime=config.runtime,
     )
+    admin.backups = RangeBackups(registry, checkpoint_store, config.data_dir)
     access = (
         AccessControl(admin.access, config.security.is_superuser)
         if authenticator is not None
@@ -735,6 +741,10 @@ async def _start_etcd(
         clock=registry.env.clock,
         metrics=front.metrics,
     )
+    if front.admin.backups is not None:  # etcdctl snapshot save: a backup of the keyspace
+        etcd.maintenance.snapshots = KeyspaceSnapshots(
+            etcd.keyspace, front.admin.backups, config.data_dir
+        )
     front.secured(etcd.security.access)
     await etcd.start()
     log.info("etcd v3 API (keyspace %s) on %s:%d", keyspace, config.bind_host, etcd.port)

@@ -160,6 +160,12 @@ class MetaCatalog:
                 out[range_id] = tuple(ancestors)
         return out
 
+    def current_ranges(self, stream_id: int) -> list[stream_pb2.RangeProperties] | None:
+        """The table's ranges in ascending hash order as recorded; None if none are recorded
+        yet (they are made on the table's first use). Reads only: a backup reads its copy of
+        the meta range with it."""
+        return self._read(stream_id)
+
     def _read(self, stream_id: int) -> list[stream_pb2.RangeProperties] | None:
         raw = self._kv.get(_stream_key(stream_id))
         if raw is None:

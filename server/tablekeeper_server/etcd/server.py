@@ -135,7 +135,8 @@ class EtcdServer:
             ClusterServicer(client_url, peers.members if peers is not None else None, scheme),
             services,
         )
-        rpc_pb2_grpc.add_MaintenanceServicer_to_server(MaintenanceServicer(self.keyspace), services)
+        self.maintenance = MaintenanceServicer(self.keyspace)
+        rpc_pb2_grpc.add_MaintenanceServicer_to_server(self.maintenance, services)
         rpc_pb2_grpc.add_AuthServicer_to_server(
             AuthServicer(self.keyspace, self.security), services
         )

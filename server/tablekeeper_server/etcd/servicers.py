@@ -16,6 +16,7 @@ from typing import Any, TypeAlias, TypeVar
 import grpc
 
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from tablekeeper_server.backup.format import BackupError
 from tablekeeper_server.core.keys import prefix_end
 from tablekeeper_server.errors import (
     Code,
@@ -28,6 +29,7 @@ from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
 from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
 from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
 from tablekeeper_server.etcd.keyspace import MEMBER_ID, Keyspace
+from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.etcd.state import PastView, StoreView, members_prefix
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import StoredRecord
@@ -596,6 +598,28 @@ def _member_id(endpoint: str) -> int:
 class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
     def __init__(self, keyspace: Keyspace) -> None:
         self._keyspace = keyspace
+        self.snapshots: KeyspaceSnapshots | None = None
+        """What Snapshot streams (`etcd.snapshot`); None: UNIMPLEMENTED."""
+
+    async def Snapshot(  # noqa: N802
+        self, request: rpc_pb2.SnapshotRequest, context: Context
+    ) -> AsyncIterator[rpc_pb2.SnapshotResponse]:
+        snapshots = self.snapshots
+        if snapshots is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "snapshots are not enabled here")
+            return
+        try:
+            async with contextlib.aclosing(snapshots.stream()) as responses:
+                async for response in responses:
+                    yield response
+        except EtcdError as exc:
+            await context.abort(exc.code, exc.message)
+        except TableKeeperError as exc:
+            error = from_tablekeeper(exc)
+            await context.abort(error.code, error.message)
+        except BackupError as exc:
+            log.warning("etcd snapshot failed: %s", exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcdserver: snapshot failed: {exc}")
 
     async def Alarm(  # noqa: N802
         self, request: rpc_pb2.AlarmRequest, context: Context

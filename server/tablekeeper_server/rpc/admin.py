@@ -5,12 +5,14 @@ namespaces and tables (for `tablekeeper ns list` / `table list`), and permission
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
 
 from tablekeeper_proto.v1 import admin_pb2, admin_pb2_grpc, tablekeeper_pb2
+from tablekeeper_server.backup.source import RangeBackups
 from tablekeeper_server.cluster.status import ClusterView, ViewSource
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.container.splitter import RANGE_STEPS
@@ -19,6 +21,7 @@ from tablekeeper_server.errors import (
     BadRequestError,
     IllegalOpError,
     InvalidNamespaceNameError,
+    NotServedHereError,
     StreamNotFoundError,
     UnavailableError,
 )
@@ -31,7 +34,7 @@ from tablekeeper_server.rpc.proxy import (
     local_or_forward,
     was_forwarded,
 )
-from tablekeeper_server.rpc.status import serve, serve_admin
+from tablekeeper_server.rpc.status import serve, serve_admin, stream_errors
 from tablekeeper_server.security.access import Permission, parse_permissions, permission_names
 
 _ADMIN_SERVICE = "/tablekeeper.v1.Admin/"
@@ -148,6 +151,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self.cluster_view: ViewSource | None = None
         """What ClusterStatus reports (set by the composition root): ZooKeeper's record in
         cluster mode, the fixed split of a standalone server (and its workers) otherwise."""
+        self.backups: RangeBackups | None = None
+        """Backups of the ranges hosted here (set by the composition root)."""
 
     async def _siblings(
         self, method: str, request: Any, response_type: Any, context: Any
@@ -340,6 +345,35 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             return admin_pb2.SealRangeResponse(sequence=sequence)
 
         return await serve_admin("SealRange", context, handle)
+
+    async def BackupRange(  # noqa: N802
+        self, request: admin_pb2.BackupRangeRequest, context: Any
+    ) -> AsyncIterator[admin_pb2.BackupChunk]:
+        """One range's backup (`backup.source`), from here or relayed from its owner."""
+        async with stream_errors("BackupRange", context):
+            backups = self.backups
+            if backups is None:
+                raise UnavailableError("this server takes no backups (no checkpoint store)")
+            try:
+                await backups.locate(request.container_id, request.stream_id, request.range_id)
+            except NotServedHereError as elsewhere:
+                forwarder = self._forwarder()
+                if forwarder is None or was_forwarded(context):
+                    raise
+                relayed = forwarder.relay(
+                    elsewhere.container_id,
+                    _ADMIN_SERVICE + "BackupRange",
+                    request,
+                    admin_pb2.BackupChunk,
+                    context,
+                )
+                async with contextlib.aclosing(relayed) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            async with contextlib.aclosing(backups.chunks(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
 
     def _forwarder(self) -> Forwarder | None:
         remote = self._registry.remote

@@ -183,6 +183,7 @@ RULES: dict[str, Rule] = {
     _ADMIN + "CheckAccess": SUPERUSER,  # servers asking the root's owner
     _ADMIN + "SplitRange": SUPERUSER,
     _ADMIN + "SealRange": SUPERUSER,  # the server running a split, asking a range's owner
+    _ADMIN + "BackupRange": SUPERUSER,
     # The etcd v3 API (--etcd-port).
     "/etcdserverpb.KV/Range": _etcd(Permission.READ),
     "/etcdserverpb.KV/Put": _etcd_with_prev,
@@ -199,6 +200,7 @@ RULES: dict[str, Rule] = {
     "/etcdserverpb.Maintenance/Alarm": ANY,
     "/etcdserverpb.Maintenance/Status": ANY,
     "/etcdserverpb.Maintenance/Defragment": _etcd(Permission.ADMIN),
+    "/etcdserverpb.Maintenance/Snapshot": _etcd(Permission.ADMIN),
     "/etcdserverpb.Maintenance/HashKV": _etcd(Permission.READ),
     "/etcdserverpb.Auth/Authenticate": ANY,  # needs no credentials at all (auth.py)
     "/etcdserverpb.Auth/AuthStatus": ANY,

@@ -1933,6 +1933,54 @@ class DefragmentResponse(_message.Message):
 Global___DefragmentResponse: _TypeAlias = DefragmentResponse  # noqa: Y015
 
 @_typing.final
+class SnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    REMAINING_BYTES_FIELD_NUMBER: _builtins.int
+    BLOB_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    remaining_bytes: _builtins.int
+    """Bytes still to come after this message's blob (0 in the last one, whose blob is the
+    SHA-256 of every blob before it).
+    """
+    blob: _builtins.bytes
+    version: _builtins.str
+    """The server's storage version (etcd 3.6; empty before)."""
+    @_builtins.property
+    def header(self) -> Global___ResponseHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___ResponseHeader | None = ...,
+        remaining_bytes: _builtins.int = ...,
+        blob: _builtins.bytes = ...,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "header", b"header", "remaining_bytes", b"remaining_bytes", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotResponse: _TypeAlias = SnapshotResponse  # noqa: Y015
+
+@_typing.final
 class HashKVRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

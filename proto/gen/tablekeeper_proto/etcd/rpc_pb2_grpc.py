@@ -686,6 +686,11 @@ class MaintenanceStub:
                 request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/etcdserverpb.Maintenance/Snapshot',
+                request_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class MaintenanceServicer:
@@ -715,6 +720,12 @@ class MaintenanceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MaintenanceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -737,6 +748,11 @@ def add_MaintenanceServicer_to_server(servicer, server):
                     servicer.HashKV,
                     request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -847,6 +863,33 @@ class Maintenance:
             '/etcdserverpb.Maintenance/HashKV',
             tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVRequest.SerializeToString,
             tablekeeper__proto_dot_etcd_dot_rpc__pb2.HashKVResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/etcdserverpb.Maintenance/Snapshot',
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotRequest.SerializeToString,
+            tablekeeper__proto_dot_etcd_dot_rpc__pb2.SnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

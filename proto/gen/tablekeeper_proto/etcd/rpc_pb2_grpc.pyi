@@ -200,6 +200,7 @@ class MaintenanceStub:
     Status: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.StatusRequest, _rpc_pb2.StatusResponse]
     Defragment: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.DefragmentRequest, _rpc_pb2.DefragmentResponse]
     HashKV: _grpc.UnaryUnaryMultiCallable[_rpc_pb2.HashKVRequest, _rpc_pb2.HashKVResponse]
+    Snapshot: _grpc.UnaryStreamMultiCallable[_rpc_pb2.SnapshotRequest, _rpc_pb2.SnapshotResponse]
 
 @_typing.type_check_only
 class MaintenanceAsyncStub(MaintenanceStub):
@@ -208,6 +209,7 @@ class MaintenanceAsyncStub(MaintenanceStub):
     Status: _aio.UnaryUnaryMultiCallable[_rpc_pb2.StatusRequest, _rpc_pb2.StatusResponse]  # type: ignore[assignment]
     Defragment: _aio.UnaryUnaryMultiCallable[_rpc_pb2.DefragmentRequest, _rpc_pb2.DefragmentResponse]  # type: ignore[assignment]
     HashKV: _aio.UnaryUnaryMultiCallable[_rpc_pb2.HashKVRequest, _rpc_pb2.HashKVResponse]  # type: ignore[assignment]
+    Snapshot: _aio.UnaryStreamMultiCallable[_rpc_pb2.SnapshotRequest, _rpc_pb2.SnapshotResponse]  # type: ignore[assignment]
 
 class MaintenanceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -237,6 +239,13 @@ class MaintenanceServicer(metaclass=_abc_1.ABCMeta):
         request: _rpc_pb2.HashKVRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rpc_pb2.HashKVResponse, _abc.Awaitable[_rpc_pb2.HashKVResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Snapshot(
+        self,
+        request: _rpc_pb2.SnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_rpc_pb2.SnapshotResponse], _abc.AsyncIterator[_rpc_pb2.SnapshotResponse]]: ...
 
 def add_MaintenanceServicer_to_server(servicer: MaintenanceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

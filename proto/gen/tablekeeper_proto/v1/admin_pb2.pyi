@@ -783,3 +783,128 @@ class SealRangeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SealRangeResponse: _TypeAlias = SealRangeResponse  # noqa: Y015
+
+@_typing.final
+class BackupRangeRequest(_message.Message):
+    """One range's backup (`tablekeeper admin backup`, etcd's Snapshot): the range is checkpointed
+    through its usual path (incremental: only SSTs written since its last checkpoint are
+    uploaded), and that checkpoint's files are streamed from the checkpoint store, pinned against
+    garbage collection meanwhile. Root range: container 0, stream 0, range 0; a container's meta
+    range: stream 1, range 0 (see catalog/meta.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTAINER_ID_FIELD_NUMBER: _builtins.int
+    STREAM_ID_FIELD_NUMBER: _builtins.int
+    RANGE_ID_FIELD_NUMBER: _builtins.int
+    container_id: _builtins.int
+    stream_id: _builtins.int
+    range_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        container_id: _builtins.int = ...,
+        stream_id: _builtins.int = ...,
+        range_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_id", b"container_id", "range_id", b"range_id", "stream_id", b"stream_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupRangeRequest: _TypeAlias = BackupRangeRequest  # noqa: Y015
+
+@_typing.final
+class BackupFile(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The file's name in the range's RocksDB directory."""
+    sha256: _builtins.str
+    """SHA-256 of its bytes (hex): its name in the checkpoint store."""
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupFile: _TypeAlias = BackupFile  # noqa: Y015
+
+@_typing.final
+class BackupRangeHeader(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_SEQUENCE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_MS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    FILES_FIELD_NUMBER: _builtins.int
+    applied_sequence: _builtins.int
+    """Every log record of the range up to and including this position is in the files; none
+    after it (the cut).
+    """
+    created_at_ms: _builtins.int
+    checkpoint: _builtins.str
+    """The checkpoint's manifest in the checkpoint store."""
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackupFile]: ...
+    def __init__(
+        self,
+        *,
+        applied_sequence: _builtins.int = ...,
+        created_at_ms: _builtins.int = ...,
+        checkpoint: _builtins.str = ...,
+        files: _abc.Iterable[Global___BackupFile] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_sequence", b"applied_sequence", "checkpoint", b"checkpoint", "created_at_ms", b"created_at_ms", "files", b"files"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupRangeHeader: _TypeAlias = BackupRangeHeader  # noqa: Y015
+
+@_typing.final
+class BackupChunk(_message.Message):
+    """The first message carries `header` only; then each file's bytes in order, in chunks of up to
+    1 MiB (`file`, `offset`, `data`; a file of 0 bytes sends one empty chunk).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADER_FIELD_NUMBER: _builtins.int
+    FILE_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    file: _builtins.str
+    offset: _builtins.int
+    data: _builtins.bytes
+    @_builtins.property
+    def header(self) -> Global___BackupRangeHeader: ...
+    def __init__(
+        self,
+        *,
+        header: Global___BackupRangeHeader | None = ...,
+        file: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file", b"file", "header", b"header", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BackupChunk: _TypeAlias = BackupChunk  # noqa: Y015

@@ -89,6 +89,11 @@ class AdminStub:
                 request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.SerializeToString,
                 response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.FromString,
                 _registered_method=True)
+        self.BackupRange = channel.unary_stream(
+                '/tablekeeper.v1.Admin/BackupRange',
+                request_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.BackupRangeRequest.SerializeToString,
+                response_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.BackupChunk.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -167,6 +172,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BackupRange(self, request, context):
+        """A consistent copy of one range (see BackupRangeRequest); forwarded to the owner of its
+        container. Superusers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +237,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SealRange,
                     request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.FromString,
                     response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.SerializeToString,
+            ),
+            'BackupRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.BackupRange,
+                    request_deserializer=tablekeeper__proto_dot_v1_dot_admin__pb2.BackupRangeRequest.FromString,
+                    response_serializer=tablekeeper__proto_dot_v1_dot_admin__pb2.BackupChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -523,6 +541,33 @@ class Admin:
             '/tablekeeper.v1.Admin/SealRange',
             tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeRequest.SerializeToString,
             tablekeeper__proto_dot_v1_dot_admin__pb2.SealRangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackupRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tablekeeper.v1.Admin/BackupRange',
+            tablekeeper__proto_dot_v1_dot_admin__pb2.BackupRangeRequest.SerializeToString,
+            tablekeeper__proto_dot_v1_dot_admin__pb2.BackupChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,10 @@ class AdminStub:
     meta range (forwarded there). Superusers only.
     """
     SealRange: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SealRangeRequest, _admin_pb2.SealRangeResponse]
+    BackupRange: _grpc.UnaryStreamMultiCallable[_admin_pb2.BackupRangeRequest, _admin_pb2.BackupChunk]
+    """A consistent copy of one range (see BackupRangeRequest); forwarded to the owner of its
+    container. Superusers only.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -80,6 +84,10 @@ class AdminAsyncStub(AdminStub):
     meta range (forwarded there). Superusers only.
     """
     SealRange: _aio.UnaryUnaryMultiCallable[_admin_pb2.SealRangeRequest, _admin_pb2.SealRangeResponse]  # type: ignore[assignment]
+    BackupRange: _aio.UnaryStreamMultiCallable[_admin_pb2.BackupRangeRequest, _admin_pb2.BackupChunk]  # type: ignore[assignment]
+    """A consistent copy of one range (see BackupRangeRequest); forwarded to the owner of its
+    container. Superusers only.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -168,5 +176,15 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.SealRangeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.SealRangeResponse, _abc.Awaitable[_admin_pb2.SealRangeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BackupRange(
+        self,
+        request: _admin_pb2.BackupRangeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.BackupChunk], _abc.AsyncIterator[_admin_pb2.BackupChunk]]:
+        """A consistent copy of one range (see BackupRangeRequest); forwarded to the owner of its
+        container. Superusers only.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
