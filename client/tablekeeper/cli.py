@@ -55,6 +55,7 @@ CLUSTER_PLUGIN_GROUP = "tablekeeper.cli.cluster"
 SERVER_COMMANDS = {
     "server": "run a server in the foreground",
     "token": "create bearer tokens for servers run with --auth-secret-key",
+    "import": "copy a ZooKeeper tree into TableKeeper's Oxia or etcd front-end",
 }
 """Commands the server package provides (through `PLUGIN_GROUP`), named here only to say how to
 get them when it is missing."""
