@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tablekeeper_proto.bookkeeper import stream_pb2
+from tablekeeper_server.appliers import server_appliers
 from tablekeeper_server.catalog.meta import MetaCatalog, SplitPlan
 from tablekeeper_server.catalog.root import RootCatalog
 from tablekeeper_server.core.clock import SystemClock
@@ -33,7 +34,9 @@ class CatalogTable:
 async def opened_copy(name: RangeName, path: Path, opener: StoreOpener) -> AsyncIterator[Range]:
     """The range whose files are in `path` (a scratch copy: opening it writes RocksDB's own
     bookkeeping files there), open for reads."""
-    range_ = Range(name, MemoryLogBackend(), lambda: opener(path), SystemClock())
+    range_ = Range(
+        name, MemoryLogBackend(), lambda: opener(path), SystemClock(), appliers=server_appliers()
+    )
     await range_.open()
     try:
         yield range_

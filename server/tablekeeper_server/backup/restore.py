@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tablekeeper_server.appliers import server_appliers
 from tablekeeper_server.backup.format import Backup, BackupError, BackupManifest, RangeEntry
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
@@ -88,6 +89,7 @@ def _target(config: ServerConfig) -> _Target:
             tenant=tenant,
             namespace=f"{namespace}-checkpoints",
             timeout_s=config.pulsar_timeout_s,
+            clock=SystemClock(),
         )
         checkpoints = pulsar_store
         closers.append(pulsar_store.close)
@@ -213,6 +215,7 @@ async def _prune(target: _Target, manifest: BackupManifest, say: Say) -> list[st
         num_containers=max(manifest.num_containers, 1),
         log_backend=target.log,
         store_factory=functools.partial(RocksKvStore),
+        appliers=server_appliers(),
         db_dir=config.db_dir,
         clock=SystemClock(),
         checkpoint_store=target.checkpoints,

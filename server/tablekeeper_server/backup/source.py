@@ -132,7 +132,14 @@ class RangeBackups:
     ) -> AsyncGenerator[admin_pb2.BackupChunk, None]:
         """The header, then every file's bytes (see `BackupChunk`)."""
         range_ = await self.locate(request.container_id, request.stream_id, request.range_id)
-        manifest = await self._registry.checkpoint_range(range_, force=True)
+        container = self._registry.container(range_.name.container_id)
+        still_owns = self._registry.still_owns
+        if still_owns is not None and not await still_owns(container):
+            raise UnavailableError(
+                f"range {range_.name.log_name}: container {container.id} is no longer owned by "
+                "this server"
+            )
+        manifest = await range_.checkpoint(force=True)
         if manifest is None:
             raise UnavailableError(
                 f"range {range_.name.log_name} cannot be checkpointed now: "

@@ -19,7 +19,6 @@ from typing import Protocol
 
 from tablekeeper_proto.bookkeeper import stream_pb2
 from tablekeeper_server.catalog.root import RootCatalog
-from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.container.container import (
     REMOTE_ROUTE_TTL_S,
     ROOT_CONTAINER_ID,
@@ -438,18 +437,17 @@ class ContainerRegistry:
             await self.checkpoint_range(range_, force=force)
         return ranges
 
-    async def checkpoint_range(self, range_: Range, *, force: bool = False) -> Manifest | None:
-        """Checkpoint one open range (and truncate its log), if its container is still ours;
-        the checkpoint's manifest, or None if nothing was done (see `Range.checkpoint`)."""
+    async def checkpoint_range(self, range_: Range, *, force: bool = False) -> None:
+        """Checkpoint one open range (and truncate its log), if its container is still ours."""
         container = self.containers.get(range_.name.container_id)
         if container is None:
-            return None  # moved away meanwhile
+            return  # moved away meanwhile
         if self.still_owns is not None and not await self.still_owns(container):
             raise UnavailableError(
                 f"not checkpointing {range_.name.log_name}: container {container.id} is no "
                 "longer owned by this server"
             )
-        return await range_.checkpoint(force=force)
+        await range_.checkpoint(force=force)
 
     def open_ranges(self) -> int:
         return sum(len(c.ranges) for c in self.containers.values())
