@@ -18,7 +18,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
+.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -102,7 +102,7 @@ SEEDS ?= 2000
 simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
 	$(PY) -m tests.simulation --seeds $(SEEDS)
 
-test-integration: $(STAMP) pulsar-fetch etcd-client  ## real server processes (and Pulsar), SDK and CLI end to end
+test-integration: $(STAMP) pulsar-fetch etcd-client promtool  ## real server processes (and Pulsar), SDK and CLI end to end
 	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/integration --ignore=tests/integration/test_spark.py
 	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
 	@# running, that fork is unsafe (gRPC skips its fork handlers), so Spark gets a process of its own.
@@ -112,6 +112,9 @@ test-integration: $(STAMP) pulsar-fetch etcd-client  ## real server processes (a
 
 etcd-client:  ## etcdctl for the etcd API tests (Debian etcd-client; installed if missing)
 	command -v etcdctl >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-client)
+
+promtool:  ## promtool for the alert rules' tests (Debian prometheus; installed if missing, not run)
+	command -v promtool >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus)
 
 # The BookKeeper Java client's driver (tests/compat/java): Maven Central on the first run, then
 # offline from ~/.m2; test_java_client.py runs it (and would build it itself if it is stale).

@@ -852,6 +852,8 @@ def _range_stats(range_: Range, clock: Clock, names: TableNames) -> RangeStats:
         checkpoint_bytes_uploaded=stats.bytes_uploaded if stats else 0,
         checkpoint_files_uploaded=stats.files_uploaded if stats else 0,
         checkpoint_files_reused=stats.files_reused if stats else 0,
+        commands_since_checkpoint=max(0, range_.applied_sequence - range_.checkpointed_sequence),
+        failed=range_.failure is not None,  # (not `failed`: that acts, on the loop)
     )
 
 

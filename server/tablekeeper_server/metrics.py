@@ -441,6 +441,10 @@ class RangeStats:
     checkpoint_bytes_uploaded: int
     checkpoint_files_uploaded: int
     checkpoint_files_reused: int
+    commands_since_checkpoint: int = 0
+    """Commands applied since the range's newest checkpoint (what a takeover would replay)."""
+    failed: bool = False
+    """The range refuses requests (damaged store, fenced, out of disk: `Range.failure`)."""
 
 
 @dataclass(slots=True)
@@ -454,11 +458,15 @@ class _TableTotals:
     checkpoint_bytes_uploaded: int = 0
     checkpoint_files_uploaded: int = 0
     checkpoint_files_reused: int = 0
+    commands_since_checkpoint: int = 0
+    failed: int = 0
 
     def add(self, r: RangeStats) -> None:
         self.ranges += 1
         self.wal_bytes += r.wal_bytes
         self.applied_sequence += r.applied_sequence
+        self.commands_since_checkpoint += r.commands_since_checkpoint
+        self.failed += r.failed
         if r.checkpoint_age_s is None:
             return
         self.checkpointed += 1
@@ -517,11 +525,23 @@ class _RangeCollector(Collector):
             "tablekeeper_range_checkpoint_files_reused",
             "Stored files the last checkpoints of the table's open ranges reused",
         )
+        behind = family(
+            "tablekeeper_range_commands_since_checkpoint",
+            "Sum over the table's open ranges of the commands applied since each one's newest "
+            "checkpoint (what a restart or takeover replays from the log)",
+        )
+        failed = family(
+            "tablekeeper_ranges_failed",
+            "Open ranges of the table that refuse requests (a damaged store, fenced, out of a "
+            "resource); they reopen on their next request",
+        )
         for key, t in sorted(totals.items()):
             labels = list(key)
             open_ranges.add_metric(labels, t.ranges)
             wal.add_metric(labels, t.wal_bytes)
             applied.add_metric(labels, t.applied_sequence)
+            behind.add_metric(labels, t.commands_since_checkpoint)
+            failed.add_metric(labels, t.failed)
             if t.checkpointed:
                 age.add_metric(labels, t.checkpoint_age_s)
                 duration.add_metric(labels, t.checkpoint_duration_s)
@@ -529,6 +549,7 @@ class _RangeCollector(Collector):
                 files_up.add_metric(labels, t.checkpoint_files_uploaded)
                 files_reused.add_metric(labels, t.checkpoint_files_reused)
         yield from (open_ranges, wal, applied, age, duration, uploaded, files_up, files_reused)
+        yield from (behind, failed)
         yield GaugeMetricFamily(
             "tablekeeper_metrics_folded_tables",
             "Tables with open ranges counted under <other> (over --metrics-max-tables)",
