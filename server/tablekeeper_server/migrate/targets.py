@@ -24,6 +24,7 @@ overwrites a key silently.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -68,19 +69,24 @@ class Target(Protocol):
 
 def parse_target(url: str) -> Target:
     """`oxia://HOST:PORT[/NAMESPACE]` or `etcd:http://HOST:PORT` (Pulsar's metadataStoreUrl
-    forms; `etcd://HOST:PORT` too)."""
+    forms; `etcd://HOST:PORT` too). Raises `ValueError` for anything else (before connecting)."""
     if url.startswith("oxia://"):
-        rest = url[len("oxia://") :]
-        address, _, namespace = rest.partition("/")
-        if not address:
-            raise ValueError(f"{url}: expected oxia://HOST:PORT[/NAMESPACE]")
-        return OxiaTarget(address, namespace.strip("/") or "default")
-    for prefix in ("etcd:http://", "etcd://", "etcd:"):
-        if url.startswith(prefix):
-            address = url[len(prefix) :].split(",")[0].rstrip("/")
-            if address and "/" not in address:
-                return EtcdTarget(address)
+        address, _, namespace = url[len("oxia://") :].partition("/")
+        if _ADDRESS.fullmatch(address):
+            return OxiaTarget(address, namespace.strip("/") or "default")
+    elif url.startswith("etcd:"):
+        rest = url[len("etcd:") :]
+        for scheme in ("http://", "//"):
+            if rest.startswith(scheme):
+                rest = rest[len(scheme) :]
+                break
+        address = rest.split(",")[0].rstrip("/")
+        if _ADDRESS.fullmatch(address):
+            return EtcdTarget(address)
     raise ValueError(f"{url}: expected oxia://HOST:PORT[/NAMESPACE] or etcd:http://HOST:PORT")
+
+
+_ADDRESS = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}|\[[0-9A-Fa-f:]+\]:[0-9]{1,5}")
 
 
 def _batches(items: Sequence[tuple[str, bytes]], ops_max: int) -> Iterable[list[tuple[str, bytes]]]:
