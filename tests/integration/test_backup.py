@@ -22,7 +22,8 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import pytest
 
 from tablekeeper import Client
 from tablekeeper.bulk import scan_range, table_layout
+from tests.support.cluster import TestCluster
 from tests.support.server import TABLEKEEPER, ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -178,9 +180,16 @@ def test_backup_while_writing_restores_each_range_at_its_cut(
         server.stop()
 
 
+@dataclass(frozen=True)
+class SmallBackup:
+    base: Path
+    """`dir`: a directory backup of a small table; `archive.tar`: its archive twin."""
+    table: Dump
+    """The table as the source served it when the backups were taken."""
+
+
 @pytest.fixture(scope="module")
-def small_backup(source: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory backup of a small table, and its archive twin next to it (`.tar`)."""
+def small_backup(source: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> SmallBackup:
     with Client(source.service) as client:
         client.create_namespace("small")
         client.create_table("small", "t", ranges=2)
@@ -189,7 +198,7 @@ def small_backup(source: ServerProcess, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("small-backup")
     backup(source, base / "dir", "--table", "small/t")
     backup(source, base / "archive.tar", "--table", "small/t", "--archive")
-    return base
+    return SmallBackup(base, dump(source.service, "small", "t"))  # nothing writes it after
 
 
 def _copy(path: Path, dest: Path) -> Path:
@@ -222,39 +231,39 @@ def _refused(backup_path: Path, target: Path, *expected: str) -> None:
 
 
 def test_damaged_or_truncated_backup_is_refused_naming_the_file(
-    small_backup: Path, tmp_path: Path
+    small_backup: SmallBackup, tmp_path: Path
 ) -> None:
     # A byte of an SST flipped: found by its SHA-256, the file named.
-    damaged = _copy(small_backup / "dir", tmp_path / "damaged")
+    damaged = _copy(small_backup.base / "dir", tmp_path / "damaged")
     sst = _largest_sst(damaged)
     _flip_byte(sst, sst.stat().st_size // 2)
     _refused(damaged, tmp_path / "t1", str(sst), "fails its SHA-256 check")
 
     # An SST cut short.
-    truncated = _copy(small_backup / "dir", tmp_path / "truncated")
+    truncated = _copy(small_backup.base / "dir", tmp_path / "truncated")
     sst = _largest_sst(truncated)
     size = sst.stat().st_size
     os.truncate(sst, size - 100)
     _refused(truncated, tmp_path / "t2", str(sst), f"{size - 100} bytes", "truncated")
 
     # A file missing, and a backup cut short before its manifest.
-    missing = _copy(small_backup / "dir", tmp_path / "missing")
+    missing = _copy(small_backup.base / "dir", tmp_path / "missing")
     sst = _largest_sst(missing)
     sst.unlink()
     _refused(missing, tmp_path / "t3", str(sst), "missing")
-    unfinished = _copy(small_backup / "dir", tmp_path / "unfinished")
+    unfinished = _copy(small_backup.base / "dir", tmp_path / "unfinished")
     (unfinished / "backup.json").unlink()
     _refused(unfinished, tmp_path / "t4", "backup.json", "cut short")
 
     # The manifest edited (a size changed without its checksum).
-    edited = _copy(small_backup / "dir", tmp_path / "edited")
+    edited = _copy(small_backup.base / "dir", tmp_path / "edited")
     manifest = json.loads((edited / "backup.json").read_text())
     manifest["body"]["ranges"][-1]["files"][0]["size"] += 1
     (edited / "backup.json").write_text(json.dumps(manifest))
     _refused(edited, tmp_path / "t5", "backup.json", "fails its SHA-256 check")
 
     # The archive: truncated, or a byte flipped inside.
-    archive = small_backup / "archive.tar"
+    archive = small_backup.base / "archive.tar"
     cut = _copy(archive, tmp_path / "cut.tar")
     os.truncate(cut, cut.stat().st_size - 1024)
     _refused(cut, tmp_path / "t6", str(cut), "trailer does not match")
@@ -267,7 +276,7 @@ def test_damaged_or_truncated_backup_is_refused_naming_the_file(
 
     # The untouched ones pass the same checks (the refusals above were the damage).
     for name in ("dir", "archive.tar"):
-        done = restore(small_backup / name, tmp_path / f"ok-{name}", "--check-only")
+        done = restore(small_backup.base / name, tmp_path / f"ok-{name}", "--check-only")
         assert done.returncode == 0, done.stderr
         assert "every SHA-256 matches" in done.stderr
 
@@ -282,10 +291,10 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_restore_refuses_a_target_with_data_unless_forced(
-    small_backup: Path, tmp_path: Path
+    small_backup: SmallBackup, tmp_path: Path
 ) -> None:
     target = tmp_path / "target"
-    done = restore(small_backup / "dir", target)
+    done = restore(small_backup.base / "dir", target)
     assert done.returncode == 0, done.stderr
     server = started(target)
     try:
@@ -295,12 +304,12 @@ def test_restore_refuses_a_target_with_data_unless_forced(
         server.stop()
 
     files_before = _files(target)
-    again = restore(small_backup / "dir", target)
+    again = restore(small_backup.base / "dir", target)
     assert again.returncode == 3
     assert "already holds data" in again.stderr and "--force" in again.stderr, again.stderr
     assert _files(target) == files_before, "a refused restore changed the target"
 
-    forced = restore(small_backup / "dir", target, "--force")
+    forced = restore(small_backup.base / "dir", target, "--force")
     assert forced.returncode == 0, forced.stderr
     server = started(target)
     try:
@@ -312,12 +321,31 @@ def test_restore_refuses_a_target_with_data_unless_forced(
         server.stop()
 
 
+@pytest.mark.pulsar
+def test_a_standalone_backup_restores_into_a_cluster(
+    small_backup: SmallBackup, make_cluster: Callable[..., TestCluster], tmp_path: Path
+) -> None:
+    """The cluster path: restore into the stores the cluster's servers share (a Pulsar log and
+    checkpoint store in a fresh Pulsar namespace), then start the cluster on them: each
+    container's owner restores its ranges from the shared checkpoints."""
+    cluster = make_cluster(containers=8)
+    shared = cluster.pulsar.server_args(cluster.pulsar_namespace)
+    done = restore(small_backup.base / "dir", tmp_path / "restore-scratch", *shared)
+    assert done.returncode == 0, done.stderr
+    cluster.start(2)
+    with Client(cluster.service_all()) as client:
+        assert [n.name for n in client.list_namespaces()] == ["small"]
+    rows = dump(cluster.service_all(), "small", "t")
+    assert sum(len(r) for r in rows.values()) == 300
+    assert rows == small_backup.table
+
+
 def test_restore_refuses_while_a_server_runs_on_the_target(
-    small_backup: Path, tmp_path: Path
+    small_backup: SmallBackup, tmp_path: Path
 ) -> None:
     server = started(tmp_path / "busy")
     try:
-        done = restore(small_backup / "dir", tmp_path / "busy", "--force")
+        done = restore(small_backup.base / "dir", tmp_path / "busy", "--force")
         assert done.returncode == 3
         assert "in use by a running TableKeeper server" in done.stderr, done.stderr
     finally:
