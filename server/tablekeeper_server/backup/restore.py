@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tablekeeper_server.appliers import server_appliers
-from tablekeeper_server.backup.format import Backup, BackupError, BackupManifest, RangeEntry
+from tablekeeper_server.backup.format import Backup, BackupManifest, RangeEntry
 from tablekeeper_server.checkpoint.api import CheckpointStore
 from tablekeeper_server.checkpoint.directory import DirectoryCheckpointStore
 from tablekeeper_server.checkpoint.manifest import FileEntry as CheckpointFile
@@ -327,10 +327,7 @@ def check_backup(backup: Backup, say: Say) -> None:
             state["said"] = now
             say(f"checking: {_mib(int(state['done']))} of {_mib(total)}")
 
-    try:
-        backup.verify(progress)
-    except BackupError:
-        raise
+    backup.verify(progress)
     say(
         f"checked {sum(len(r.files) for r in backup.manifest.ranges)} files "
         f"({_mib(total)}) of {len(backup.manifest.ranges)} ranges: every SHA-256 matches"

@@ -21,6 +21,7 @@ sent, so `remaining_bytes` is exact (as etcd's) and a failure is reported before
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections.abc import AsyncGenerator
 from importlib.metadata import PackageNotFoundError, version
@@ -48,12 +49,16 @@ class KeyspaceSnapshots:
         self._keyspace = keyspace
         self._backups = backups
         self._scratch_parent = scratch_parent
+        self._running = 0
 
     async def stream(self) -> AsyncGenerator[rpc_pb2.SnapshotResponse, None]:
         """The keyspace's backup as etcd's snapshot messages."""
         range_ = await self._keyspace.range()  # raises etcd's "no leader" while not found
         header = self._keyspace.header(range_.applied_sequence)
         registry = self._keyspace.registry
+        if self._running == 0:  # what a snapshot cut short by a crash left behind
+            await asyncio.to_thread(_remove_stale, self._scratch_parent)
+        self._running += 1
         token = uuid.uuid4().hex
         archive = self._scratch_parent / f".snapshot-{token}"
         try:
@@ -83,4 +88,13 @@ class KeyspaceSnapshots:
                 trailer = source.read(TRAILER_BYTES)
             yield rpc_pb2.SnapshotResponse(header=header, remaining_bytes=0, blob=trailer)
         finally:
+            self._running -= 1
             await asyncio.to_thread(archive.unlink, True)
+
+
+def _remove_stale(parent: Path) -> None:
+    for stale in parent.glob(".snapshot-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
