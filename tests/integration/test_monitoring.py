@@ -6,7 +6,8 @@
   forwards calls; their /metrics are scraped, and every metric name and label a query selects
   is looked up there (Prometheus's own `up` and the `instance`/`job` labels it adds are the only
   names allowed besides).
-* The rules pass Debian's `promtool check rules`, and their unit tests
+* The rules pass Debian's `promtool check rules` (and the example prometheus.yml `promtool
+  check config`), and their unit tests
   (`tablekeeper-alerts.test.yml`) pass `promtool test rules`: the alerts fire on a troubled
   server's series and not on a healthy one's.
 """
@@ -237,6 +238,14 @@ def test_alert_rules_pass_promtool_check_and_their_unit_tests() -> None:
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"SUCCESS: {len(rule_queries())} rules found" in checked.stdout
+    config = subprocess.run(
+        [PROMTOOL, "check", "config", "prometheus.yml"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=MONITORING,
+    )
+    assert config.returncode == 0, config.stdout + config.stderr
     tested = subprocess.run(
         [PROMTOOL, "test", "rules", RULE_TESTS.name],
         capture_output=True,
