@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pulsar as pulsar_client
 import pytest
 from kazoo.client import KazooClient
@@ -230,3 +231,137 @@ def test_pulsar_moves_from_zookeeper_to_tablekeeper_with_topics_backlogs_and_mes
         if tablekeeper.running:
             tablekeeper.stop()
         zookeeper.stop()
+
+
+def test_both_targets_get_the_drivers_layout_and_counters_that_carry_on(tmp_path: Path) -> None:
+    """A tree written with kazoo (nested data, an ephemeral znode, a sequence parent whose
+    children were created and deleted) imported into the Oxia port and into the etcd port: each
+    key where the driver reads it, parents included, children listed as each driver lists them,
+    and the next sequential number (as each driver makes it) above ZooKeeper's. A second import
+    is refused; a dry run writes nothing."""
+    zookeeper = ZooKeeperProcess(tmp_path / "zookeeper").start()
+    oxia_port, etcd_port = free_port(), free_port()
+    tablekeeper = ServerProcess(
+        tmp_path / "tablekeeper",
+        extra_args=["--oxia-port", str(oxia_port), "--etcd-port", str(etcd_port)],
+    )
+    session = KazooClient(hosts=zookeeper.hosts)
+    try:
+        tablekeeper.launch()
+        session.start()
+        session.create("/admin/policies/acme/orders", b'{"bundles":4}', makepath=True)
+        session.create("/ledgers/idgen", b"", makepath=True)
+        issued = []
+        for _ in range(9):
+            path = session.create("/ledgers/idgen/ID-", b"", ephemeral=True, sequence=True)
+            issued.append(int(path.rsplit("-", 1)[1]))
+            session.delete(path)
+        session.create("/loadbalance/brokers/b1", b"alive", ephemeral=True, makepath=True)
+        tablekeeper.wait_serving(START_S)
+
+        oxia_url, etcd_url = f"oxia://127.0.0.1:{oxia_port}", f"etcd:http://127.0.0.1:{etcd_port}"
+        dry = _import(zookeeper.hosts, oxia_url, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert json.loads(dry.stdout)["dry_run"] is True
+        for url in (oxia_url, etcd_url):
+            done = _import(zookeeper.hosts, url, "--verify")
+            assert done.returncode == 0, done.stderr
+            summary = json.loads(done.stdout)
+            assert summary["ephemeral_skipped"] == ["/loadbalance/brokers/b1"]
+            assert summary["differences"] == []
+            again = _import(zookeeper.hosts, url)
+            assert again.returncode == 3 and "already has keys under /" in again.stderr
+
+        next_oxia = _oxia_layout(oxia_port)
+        next_etcd = _etcd_layout(etcd_port)
+        assert next_oxia > max(issued) and next_etcd > max(issued), (issued, next_oxia, next_etcd)
+    finally:
+        if session.connected:
+            session.stop()
+        if tablekeeper.running:
+            tablekeeper.stop()
+        zookeeper.stop()
+
+
+def _import(source: str, target: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(TABLEKEEPER), "import", "zookeeper", "--from", source, "--to", target, "-o", "json"]
+        + list(extra),
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+    )
+
+
+def _oxia_layout(port: int) -> int:
+    """Check the keys as Pulsar's Oxia driver reads them; return the number its next
+    sequential put under /ledgers/idgen would get (the parent's modifications count after a
+    put of the parent)."""
+    import xxhash
+
+    from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
+    from tests.support.oxia import children, shard_leaders
+
+    leaders = shard_leaders(f"127.0.0.1:{port}", "default")
+
+    def listed(parent: str) -> list[str]:
+        return sorted(key for keys in children(leaders, parent).values() for key in keys)
+
+    assert listed("") == ["/admin", "/ledgers", "/loadbalance"]
+    assert listed("/admin/policies/acme") == ["/admin/policies/acme/orders"]
+    assert listed("/loadbalance/brokers") == []  # the ephemeral one stayed behind
+
+    with grpc.insecure_channel(next(iter(leaders.values()))) as channel:
+        assignment = next(
+            client_pb2_grpc.OxiaClientStub(channel).GetShardAssignments(
+                client_pb2.ShardAssignmentsRequest(namespace="default"), timeout=60
+            )
+        ).namespaces["default"]
+
+    def shard_of(key: str) -> client_pb2.ShardAssignment:
+        hashed = xxhash.xxh3_64_intdigest(key.encode()) & 0xFFFFFFFF
+        found: client_pb2.ShardAssignment = next(
+            a
+            for a in assignment.assignments
+            if a.int32_hash_range.min_hash_inclusive
+            <= hashed
+            <= a.int32_hash_range.max_hash_inclusive
+        )
+        return found
+
+    def get(key: str) -> bytes | None:
+        shard = shard_of(key)
+        with grpc.insecure_channel(shard.leader) as channel:
+            request = client_pb2.ReadRequest(
+                shard=shard.shard, gets=[client_pb2.GetRequest(key=key, include_value=True)]
+            )
+            for response in client_pb2_grpc.OxiaClientStub(channel).Read(request, timeout=60):
+                got = response.gets[0]
+                return bytes(got.value) if got.status == client_pb2.OK else None
+        return None
+
+    assert get("/admin/policies/acme/orders") == b'{"bundles":4}'
+    assert get("/admin/policies") == b""  # a parent is a key of its own
+    shard = shard_of("/ledgers/idgen")
+    with grpc.insecure_channel(shard.leader) as channel:
+        put = client_pb2.PutRequest(key="/ledgers/idgen", value=b"")
+        response = client_pb2_grpc.OxiaClientStub(channel).Write(
+            client_pb2.WriteRequest(shard=shard.shard, puts=[put]), timeout=60
+        )
+    return int(response.puts[0].version.modifications_count)
+
+
+def _etcd_layout(port: int) -> int:
+    """Check the keys as Pulsar's etcd driver reads them; return the number its next
+    sequential put under /ledgers/idgen would get (the parent's version before a put of it)."""
+    from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        kv = rpc_pb2_grpc.KVStub(channel)
+        everything = kv.Range(rpc_pb2.RangeRequest(key=b"/", range_end=b"0"), timeout=60)
+        keys = {bytes(k.key): bytes(k.value) for k in everything.kvs}
+        assert keys[b"/admin/policies/acme/orders"] == b'{"bundles":4}'
+        assert keys[b"/admin/policies"] == b""
+        assert b"/loadbalance/brokers/b1" not in keys
+        put = kv.Put(rpc_pb2.PutRequest(key=b"/ledgers/idgen", value=b"", prev_kv=True), timeout=60)
+    return int(put.prev_kv.version)
