@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 SUBCOMMANDS = [
     "server",
+    "import",
     "cluster",
     "ns",
     "table",
@@ -222,8 +223,8 @@ def test_version_and_completion() -> None:
     result = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=60)
     lines = ok(result).splitlines()
     assert lines[0].split() == [
-        "server", "token", "cluster", "ns", "table", "put", "get", "incr", "del", "scan",
-        "watch", "session", "admin", "auth", "completion",
+        "server", "token", "import", "cluster", "ns", "table", "put", "get", "incr", "del",
+        "scan", "watch", "session", "admin", "auth", "completion",
     ]  # fmt: skip
     assert lines[1:] == [
         "create get delete list",

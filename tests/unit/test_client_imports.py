@@ -91,12 +91,15 @@ def _cli_without_server(
         ["server", "--data-dir", "/tmp/x"],
         ["token", "create", "--subject", "x"],
         ["cluster", "init", "--zk", "127.0.0.1:1", "--cluster", "c", "--containers", "3"],
+        ["admin", "backup", "/tmp/backup"],
+        ["admin", "restore", "/tmp/backup", "--data-dir", "/tmp/x"],
+        ["import", "zookeeper", "--from", "127.0.0.1:1", "--to", "oxia://127.0.0.1:2"],
     ],
 )
 def test_server_commands_say_how_to_get_them_without_the_server(argv: list[str]) -> None:
     result = _cli_without_server(*argv)
     assert result.returncode == 2, result.stderr
-    command = " ".join(argv[:2] if argv[0] == "cluster" else argv[:1])
+    command = " ".join(argv[:2] if argv[0] in ("cluster", "admin") else argv[:1])
     assert f"`tablekeeper {command}`" in result.stderr, result.stderr
     assert "pip install 'tablekeeper[server]'" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
