@@ -53,5 +53,5 @@ var guarantees = map[string]Guarantee{
 	// ZooKeeper: writes linearizable, reads sequentially consistent per session.
 	"zk": {VersionBase: 0, CasOn: CasVersion, Reads: SequentialPerSession,
 		SerializableReads: SequentialPerSession,
-		Describe: "ZooKeeper: linearizable writes, reads sequential per session"},
+		Describe:          "ZooKeeper: linearizable writes, reads sequential per session"},
 }

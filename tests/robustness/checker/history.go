@@ -17,10 +17,10 @@ type Record struct {
 	Proto   string `json:"proto"`   // sdk | etcd | oxia | zk: which guarantees apply (guarantees.go)
 	Session string `json:"session"` // one sequential actor: a client's connection or session
 	Key     string `json:"key"`
-	Model   string `json:"model"` // register | counter
-	Op      string `json:"op"`    // get | put | cas | del | incr
-	Read    string `json:"read"`  // a get's mode: "" (the protocol's default) or "serializable"
-	Value   string `json:"value"` // put, cas: what is written (unique in the history)
+	Model   string `json:"model"`  // register | counter
+	Op      string `json:"op"`     // get | put | cas | del | incr
+	Read    string `json:"read"`   // a get's mode: "" (the protocol's default) or "serializable"
+	Value   string `json:"value"`  // put, cas: what is written (unique in the history)
 	Expect  int64  `json:"expect"` // cas: the version (or version id) required; -1: must not exist
 	Delta   int64  `json:"delta"`  // incr
 	Call    int64  `json:"call"`   // CLOCK_MONOTONIC ns when invoked
@@ -170,7 +170,7 @@ func operations(records []Record) []Partition {
 		}
 	}
 	sessions := map[string]map[string]int{} // proto -> session -> index
-	incarnation := map[string]int{} // proto/session -> how many unknown operations it left open
+	incarnation := map[string]int{}         // proto/session -> how many unknown operations it left open
 	parts := map[string]*Partition{}
 	var order []string
 	sorted := append([]Record(nil), records...)
