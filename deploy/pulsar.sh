@@ -15,6 +15,7 @@ source "$SCRIPT_DIR/lib/common.sh"
 PULSAR_VERSION="${PULSAR_VERSION:-4.0.7}"
 CACHE_DIR="${PULSAR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tablekeeper/pulsar-${PULSAR_VERSION}}"
 PORT="${PULSAR_PORT:-6650}"
+HOST="${PULSAR_HOST:-127.0.0.1}"
 HTTP_PORT="${PULSAR_HTTP_PORT:-8080}"
 BOOKIE_PORT="${PULSAR_BOOKIE_PORT:-3181}"
 DIR="${PULSAR_DIR:-${REPO_ROOT}/.deploy/pulsar}"
@@ -48,6 +49,9 @@ Commands:
 
 Options:
   --port PORT         broker (binary protocol) port (default 6650, env PULSAR_PORT)
+  --host ADDR         address the broker and admin API bind and advertise (default 127.0.0.1,
+                      env PULSAR_HOST); another address only inside a network namespace of
+                      your own (tests/robustness does so); the bookie stays on loopback
   --http-port PORT    admin/web port (default 8080, env PULSAR_HTTP_PORT)
   --bookie-port PORT  embedded bookie port (default 3181, env PULSAR_BOOKIE_PORT);
                       fixed by the bookie's cookie once data exists in --dir
@@ -80,6 +84,8 @@ while [[ $# -gt 0 ]]; do
         --http-port=*) HTTP_PORT="${1#*=}"; PORT_GIVEN=1; shift ;;
         --bookie-port) [[ $# -ge 2 ]] || die "--bookie-port needs a value"; BOOKIE_PORT="$2"; shift 2 ;;
         --bookie-port=*) BOOKIE_PORT="${1#*=}"; shift ;;
+        --host) [[ $# -ge 2 ]] || die "--host needs a value"; HOST="$2"; shift 2 ;;
+        --host=*) HOST="${1#*=}"; shift ;;
         --dir) [[ $# -ge 2 ]] || die "--dir needs a value"; DIR="$2"; shift 2 ;;
         --dir=*) DIR="${1#*=}"; shift ;;
         --metadata) [[ $# -ge 2 ]] || die "--metadata needs a value"; METADATA="$2"; shift 2 ;;
@@ -143,14 +149,15 @@ load_ports() { # the ports of the running instance
         # shellcheck disable=SC1090
         source "$PORTS_FILE"
         PORT="$RUN_PORT"; HTTP_PORT="$RUN_HTTP_PORT"; BOOKIE_PORT="$RUN_BOOKIE_PORT"
+        HOST="${RUN_HOST:-127.0.0.1}"
     fi
 }
 
-admin_ready() { pulsar_admin_ready "$HTTP_PORT"; }
+admin_ready() { pulsar_admin_ready "$HTTP_PORT" "$HOST"; }
 
 # Produce with an ExclusiveWithFencing producer, read back with a reader.
 roundtrip() {
-    "$PYTHON" - "pulsar://127.0.0.1:${PORT}" <<'PY'
+    "$PYTHON" - "pulsar://${HOST}:${PORT}" <<'PY'
 import logging, sys, uuid
 import pulsar
 
@@ -192,8 +199,8 @@ write_config() {
 clusterName=standalone
 brokerServicePort=${PORT}
 webServicePort=${HTTP_PORT}
-bindAddress=127.0.0.1
-advertisedAddress=127.0.0.1
+bindAddress=${HOST}
+advertisedAddress=${HOST}
 # empty: PulsarStandalone uses RocksDB under --metadata-dir (no ZooKeeper);
 # else --metadata (e.g. oxia://HOST:PORT, TableKeeper's Oxia port) for broker and bookie
 metadataStoreUrl=${METADATA}
@@ -216,7 +223,7 @@ brokerInterceptorsDirectory=${DIR}/interceptors
 additionalServletDirectory=${DIR}/servlets
 # the broker's internal Pulsar client: bind its DNS resolver's UDP socket to
 # loopback instead of 0.0.0.0 (every address used here is an IP literal)
-brokerClient_dnsLookupBindAddress=127.0.0.1
+brokerClient_dnsLookupBindAddress=${HOST}
 
 ### embedded bookie (journal + ledgers go to --bookkeeper-dir)
 bookiePort=${BOOKIE_PORT}
@@ -255,8 +262,8 @@ check_metadata() {
 # --- commands ----------------------------------------------------------------
 
 print_urls() {
-    echo "pulsar://127.0.0.1:${PORT}"
-    echo "http://127.0.0.1:${HTTP_PORT}"
+    echo "pulsar://${HOST}:${PORT}"
+    echo "http://${HOST}:${HTTP_PORT}"
 }
 
 do_status() {
@@ -296,8 +303,8 @@ do_start() {
         done
         check_metadata
         write_config
-        printf 'RUN_PORT=%s\nRUN_HTTP_PORT=%s\nRUN_BOOKIE_PORT=%s\n' "$PORT" "$HTTP_PORT" "$BOOKIE_PORT" >"$PORTS_FILE"
-        echo "=== $(date -Is) starting Pulsar ${PULSAR_VERSION} standalone: broker 127.0.0.1:$PORT, http 127.0.0.1:$HTTP_PORT, bookie 127.0.0.1:$BOOKIE_PORT" >>"$LOG_FILE"
+        printf 'RUN_PORT=%s\nRUN_HTTP_PORT=%s\nRUN_BOOKIE_PORT=%s\nRUN_HOST=%s\n' "$PORT" "$HTTP_PORT" "$BOOKIE_PORT" "$HOST" >"$PORTS_FILE"
+        echo "=== $(date -Is) starting Pulsar ${PULSAR_VERSION} standalone: broker $HOST:$PORT, http $HOST:$HTTP_PORT, bookie 127.0.0.1:$BOOKIE_PORT" >>"$LOG_FILE"
         local -a jvm_opts
         # shellcheck disable=SC2206
         jvm_opts=($MEM $EXTRA_OPTS)
@@ -320,7 +327,7 @@ do_start() {
     fi
 
     local deadline=$((SECONDS + TIMEOUT)) t0=$SECONDS
-    wait_probe "Pulsar admin API (http://127.0.0.1:$HTTP_PORT/admin/v2/clusters)" "$pid" \
+    wait_probe "Pulsar admin API (http://$HOST:$HTTP_PORT/admin/v2/clusters)" "$pid" \
         "$deadline" 1 "$LOG_FILE" admin_ready
     ensure_python_client
     local out

@@ -9,6 +9,7 @@ REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
 source "$SCRIPT_DIR/lib/common.sh"
 
 PORT="${ZK_PORT:-2181}"
+HOST="${ZK_HOST:-127.0.0.1}"
 DIR="${ZK_DIR:-${REPO_ROOT}/.deploy/zookeeper}"
 TIMEOUT="${ZK_START_TIMEOUT:-60}"
 STOP_TIMEOUT="${ZK_STOP_TIMEOUT:-30}"
@@ -27,7 +28,7 @@ usage() {
     cat <<EOF
 Usage: $(basename "$0") start|stop|status|restart [options]
 
-Standalone ZooKeeper bound to 127.0.0.1 (Debian package 'zookeeper', 3.8.x).
+Standalone ZooKeeper bound to 127.0.0.1 (or --host) (Debian package 'zookeeper', 3.8.x).
 
 Commands:
   start     start ZooKeeper in the background (no-op if already running) and
@@ -38,6 +39,8 @@ Commands:
 
 Options:
   --port PORT      client port (default 2181, env ZK_PORT)
+  --host ADDR      address to bind (default 127.0.0.1, env ZK_HOST); another address only
+                   inside a network namespace of your own (tests/robustness does so)
   --dir DIR        state directory: conf/, data/, zookeeper.log, zookeeper.pid
                    (default <repo>/.deploy/zookeeper, env ZK_DIR)
   --timeout SECS   how long 'start' waits for readiness (default 60, env ZK_START_TIMEOUT)
@@ -60,6 +63,8 @@ while [[ $# -gt 0 ]]; do
         start|stop|status|restart) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
         --port) [[ $# -ge 2 ]] || die "--port needs a value"; PORT="$2"; PORT_GIVEN=1; shift 2 ;;
         --port=*) PORT="${1#*=}"; PORT_GIVEN=1; shift ;;
+        --host) [[ $# -ge 2 ]] || die "--host needs a value"; HOST="$2"; shift 2 ;;
+        --host=*) HOST="${1#*=}"; shift ;;
         --dir) [[ $# -ge 2 ]] || die "--dir needs a value"; DIR="$2"; shift 2 ;;
         --dir=*) DIR="${1#*=}"; shift ;;
         --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; TIMEOUT="$2"; shift 2 ;;
@@ -84,6 +89,7 @@ CONF_DIR="$DIR/conf"
 DATA_DIR="$DIR/data"
 PID_FILE="$DIR/zookeeper.pid"
 PORT_FILE="$DIR/zookeeper.port"
+HOST_FILE="$DIR/zookeeper.host"
 LOG_FILE="$DIR/zookeeper.log"
 
 # --- helpers -----------------------------------------------------------------
@@ -95,9 +101,14 @@ current_port() {
     if [[ -f "$PORT_FILE" ]]; then cat "$PORT_FILE"; else echo "$PORT"; fi
 }
 
+# The address the running instance was started on (its --host).
+load_host() {
+    if [[ -f "$HOST_FILE" ]]; then HOST="$(cat "$HOST_FILE")"; fi
+}
+
 four_letter() { # four_letter PORT CMD
     # shellcheck disable=SC2016
-    timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"; printf "%s" "$1" >&3; cat <&3' "$1" "$2" 2>/dev/null || true
+    timeout 3 bash -c 'exec 3<>"/dev/tcp/$2/$0"; printf "%s" "$1" >&3; cat <&3' "$1" "$2" "$HOST" 2>/dev/null || true
 }
 
 HAS_KAZOO=""
@@ -118,10 +129,10 @@ has_kazoo() {
 probe() {
     local port="$1"
     if has_kazoo; then
-        "$PYTHON" - "$port" <<'PY' >/dev/null 2>&1
+        "$PYTHON" - "$port" "$HOST" <<'PY' >/dev/null 2>&1
 import sys, uuid
 from kazoo.client import KazooClient
-zk = KazooClient(hosts="127.0.0.1:%s" % sys.argv[1], timeout=2.0, connection_retry=None)
+zk = KazooClient(hosts="%s:%s" % (sys.argv[2], sys.argv[1]), timeout=2.0, connection_retry=None)
 try:
     zk.start(timeout=3)
     path = "/tk-deploy-probe-" + uuid.uuid4().hex
@@ -158,7 +169,7 @@ initLimit=100
 syncLimit=50
 dataDir=$DATA_DIR
 clientPort=$PORT
-clientPortAddress=127.0.0.1
+clientPortAddress=$HOST
 maxClientCnxns=0
 # No Jetty admin server (it would bind 0.0.0.0:8080).
 admin.enableServer=false
@@ -175,12 +186,13 @@ do_status() {
     local pid port
     if pid="$(running_pid)"; then
         port="$(current_port)"
+        load_host
         if [[ "$(four_letter "$port" ruok)" == "imok" ]]; then
             log "running (pid $pid), log $LOG_FILE"
-            echo "127.0.0.1:$port"
+            echo "$HOST:$port"
             return 0
         fi
-        log "process $pid is running but 127.0.0.1:$port does not answer 'ruok' yet"
+        log "process $pid is running but $HOST:$port does not answer 'ruok' yet"
         return 1
     fi
     log "not running"
@@ -196,6 +208,7 @@ do_start() {
             die "already running (pid $pid) on port $port, not $PORT; stop it first"
         fi
         PORT="$port"
+        load_host
         log "already running (pid $pid)"
     else
         rm -f "$PID_FILE"
@@ -207,9 +220,10 @@ do_start() {
         fi
         write_config
         echo "$PORT" >"$PORT_FILE"
+        echo "$HOST" >"$HOST_FILE"
         local cp="$CONF_DIR:$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}"
         {
-            echo "=== $(date -Is) starting ZooKeeper on 127.0.0.1:$PORT"
+            echo "=== $(date -Is) starting ZooKeeper on $HOST:$PORT"
         } >>"$LOG_FILE"
         # shellcheck disable=SC2086
         launch "$PID_FILE" "$LOG_FILE" "$PWD" -- \
@@ -226,7 +240,7 @@ do_start() {
     wait_probe ZooKeeper "$pid" "$((SECONDS + TIMEOUT))" 0.3 "$LOG_FILE" probe "$PORT"
     log "ready"
     release_lock
-    echo "127.0.0.1:$PORT"
+    echo "$HOST:$PORT"
 }
 
 do_stop() {

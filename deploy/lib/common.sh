@@ -315,10 +315,11 @@ EOF
     mv "$outfile.tmp" "$outfile"
 }
 
-# pulsar_admin_ready HTTP_PORT: the admin API on 127.0.0.1:HTTP_PORT lists the cluster
-# `standalone` and the namespace `public/default` (what a broker has once it is ready).
+# pulsar_admin_ready HTTP_PORT [HOST]: the admin API on HOST (default 127.0.0.1):HTTP_PORT lists
+# the cluster `standalone` and the namespace `public/default` (what a broker has once it is ready).
 pulsar_admin_ready() {
-    curl -sf --max-time 5 "http://127.0.0.1:$1/admin/v2/clusters" 2>/dev/null | grep -q '"standalone"' &&
-        curl -sf --max-time 5 "http://127.0.0.1:$1/admin/v2/namespaces/public" 2>/dev/null |
+    local host="${2:-127.0.0.1}"
+    curl -sf --max-time 5 "http://$host:$1/admin/v2/clusters" 2>/dev/null | grep -q '"standalone"' &&
+        curl -sf --max-time 5 "http://$host:$1/admin/v2/namespaces/public" 2>/dev/null |
         grep -q '"public/default"'
 }

@@ -167,6 +167,7 @@ def _log_backend(
             tenant=tenant,
             namespace=namespace,
             timeout_s=config.pulsar_timeout_s,
+            failpoints=failpoints,
         )
         return pulsar_log, pulsar_log.describe(), pulsar_log.close
     local = LocalLogBackend(

@@ -347,6 +347,7 @@ class LocalLogWriter:
         slot: _Slot,
         appender: _AppendThread,
         inline_below_s: float = 0.0,
+        failpoints: Failpoints = NO_FAILPOINTS,
     ) -> None:
         self._log_name = log_name
         self._dir = log_dir
@@ -361,6 +362,7 @@ class LocalLogWriter:
         self._slot = slot
         self._appender = appender
         self._inline_below_s = inline_below_s
+        self._failpoints = failpoints
         self._sync_s = 0.0
         """A moving average of this writer's append syncs, in seconds."""
         self._io_lock = threading.Lock()
@@ -465,6 +467,7 @@ class LocalLogWriter:
                         raise OSError(errno.EIO, "write returned 0")
                     written += count
                 started = time.perf_counter()
+                self._failpoints.hit("wal.sync")  # a slow disk, in robustness tests
                 self._sync(fd)
                 took = time.perf_counter() - started
                 self._sync_s += (took - self._sync_s) * _SYNC_AVERAGE_WEIGHT
@@ -578,7 +581,8 @@ class LocalLogBackend:
     ) -> None:
         """`sync` replaces `os.fdatasync` for segment files (tests count or fail syncs with it);
         directories are always synced with `os.fsync`. `failpoints` lets crash tests stop the
-        process between two segment deletions (`wal.truncate.after_segment_delete`).
+        process between two segment deletions (`wal.truncate.after_segment_delete`), and
+        robustness tests slow each append's sync down (`wal.sync`).
         `inline_below_s`: a log appends on the caller's thread while its syncs average below
         this many seconds (see the module docstring); 0, always on the append thread."""
         self._failpoints = failpoints
@@ -719,6 +723,7 @@ class LocalLogBackend:
             slot=slot,
             appender=self._appender,
             inline_below_s=self._inline_below_s,
+            failpoints=self._failpoints,
         )
 
     def _create_segment(self, log_dir: Path, first_sequence: int, flags: int) -> int:

@@ -114,6 +114,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pulsar
 
+from tablekeeper_server.core.failpoints import NO_FAILPOINTS, Failpoints
 from tablekeeper_server.errors import CorruptionError, LogFencedError, UnavailableError
 from tablekeeper_server.log.api import FollowedRecords, LogBackend, LogRecord, LogWriter
 from tablekeeper_server.pulsar_common.admin import PulsarAdmin
@@ -508,6 +509,7 @@ class PulsarLogWriter:
             # every message is acknowledged.
             loop.run_in_executor(self._backend._flusher, flush, self._producer)
             await done
+            await self._backend._failpoints.hit_async("wal.append")
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -753,6 +755,8 @@ class PulsarLogBackend:
     binary protocol URL (`pulsar://host:6650`), `admin_url` the HTTP one (`http://host:8080`).
     `timeout_s` bounds Pulsar operations and sends: an append waits at most about that long
     for its acknowledgement while Pulsar is unreachable before failing with `UnavailableError`.
+    `failpoints`: `wal.append` is hit once a group is acknowledged, before the append returns
+    (robustness tests arm it with a delay: a slow journal).
     """
 
     def __init__(
@@ -763,6 +767,7 @@ class PulsarLogBackend:
         tenant: str = "public",
         namespace: str = DEFAULT_NAMESPACE,
         timeout_s: float = 30.0,
+        failpoints: Failpoints = NO_FAILPOINTS,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
@@ -779,6 +784,7 @@ class PulsarLogBackend:
         self._states: dict[str, _LogState] = {}
         self._injected: dict[str, bool] = {}
         self._flusher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pulsar-flush")
+        self._failpoints = failpoints
 
     def describe(self) -> str:
         return f"pulsar {self.service_url} namespace {self.tenant}/{self.namespace}"
