@@ -430,11 +430,14 @@ STORAGE_SETTINGS = (
 )
 NETWORK_SETTINGS = (
     _s("host", STRING, "bind_host", "address to bind"),
-    _s(
+    # Its default is empty, not ServerConfig's: unset, it follows --host (a server bound to
+    # another address must not register as 127.0.0.1).
+    Setting(
         "advertise-host",
         STRING,
-        "advertised_host",
+        "",
         "host clients should use",
+        "advertised_host",
         default_text="the --host value",
     ),
     _s("port", INT, "port", "gRPC port"),

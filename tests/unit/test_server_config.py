@@ -370,3 +370,10 @@ def test_local_logs_sync_on_the_event_loop_on_envoy_only() -> None:
     assert not _syncs_on_loop(dataclasses.replace(base, runtime="grpc-aio"))
     assert _syncs_on_loop(dataclasses.replace(base, runtime="grpc-aio", wal_syncs_on_loop=True))
     assert not _syncs_on_loop(dataclasses.replace(base, runtime="envoy", wal_syncs_on_loop=False))
+
+
+def test_the_advertised_host_follows_the_bind_host_unless_given() -> None:
+    assert _config([]).advertised_host == "127.0.0.1"
+    assert _config(["--host", "10.1.2.3"]).advertised_host == "10.1.2.3"
+    given = _config(["--host", "10.1.2.3", "--advertise-host", "tk.example"])
+    assert given.advertised_host == "tk.example"
