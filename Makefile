@@ -18,7 +18,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
+.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -168,7 +168,25 @@ test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at 
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '
 	TABLEKEEPER_TEST_SERVER_BIN=$(CURDIR)/$(VENV)/bin/tablekeeper $(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sdk.py
 
-test: lint test-unit test-integration test-compat test-floors  ## everything CI runs
+# Robustness (tests/robustness): real clients of every protocol against a 3-server cluster whose
+# servers, ZooKeeper and Pulsar each run in a network namespace of their own (root, `ip`, `nft`),
+# under pauses, kills, partitions, slow logs, moves and splits; histories checked with porcupine.
+robustness-tools:  ## ip and nft for the robustness tests' network namespaces (Debian iproute2, nftables; installed if missing)
+	command -v ip >/dev/null && command -v nft >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq iproute2 nftables)
+
+test-robustness: $(STAMP) pulsar-fetch robustness-tools  ## the short robustness run (two seeds, about two minutes)
+	TABLEKEEPER_REQUIRE_NETNS=1 $(PY) -m pytest -q tests/robustness
+
+SEED ?=
+MINUTES ?= 30
+DURATION ?= 45
+NEMESIS ?=
+robustness: $(STAMP) pulsar-fetch robustness-tools  ## the long robustness run: seeds for MINUTES (SEED=N replays one; DURATION per seed; NEMESIS=kind,...)
+	$(PY) -m tests.robustness --minutes $(MINUTES) --duration $(DURATION) \
+		$(if $(SEED),--seed $(SEED)) $(if $(NEMESIS),--nemesis $(NEMESIS))
+
+test: lint test-unit test-integration test-compat test-floors test-robustness  ## everything CI runs
 
 GHZ_VERSION := v0.93.0
 GHZ := $(CURDIR)/.deploy/bin/ghz

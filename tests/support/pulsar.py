@@ -36,6 +36,9 @@ class PulsarService:
     env: dict[str, str] | None = None
     """Extra environment variables for `deploy/pulsar.sh` (merged into `os.environ`), e.g.
     `TK_PYTHON`, the Python with pulsar-client it checks the broker with."""
+    host: str = "127.0.0.1"
+    netns: str | None = None
+    """The address it binds and the network namespace it runs in (tests/robustness)."""
 
     @classmethod
     def launch(
@@ -44,12 +47,16 @@ class PulsarService:
         *,
         timeout_s: int = 240,
         env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> PulsarService:
         """Start a Pulsar standalone on free loopback ports with its state in `deploy_dir` and
         wait (`timeout_s`, the script's `--timeout`) until it serves. `RuntimeError` (with the
-        script's stderr) if it does not start; `close` it at the end."""
+        script's stderr) if it does not start; `close` it at the end. `host` and `netns`: bind
+        that address, inside that network namespace, instead of 127.0.0.1."""
         port, http_port, bookie_port = free_port(), free_port(), free_port()
         command = [
+            *_in_netns(netns),
             str(SCRIPT),
             "start",
             "--dir",
@@ -62,8 +69,10 @@ class PulsarService:
             str(bookie_port),
             "--timeout",
             str(timeout_s),
+            "--host",
+            host,
         ]
-        service = cls("", "", deploy_dir, env)
+        service = cls("", "", deploy_dir, env, host, netns)
         done = subprocess.run(
             command,
             capture_output=True,
@@ -115,6 +124,7 @@ class PulsarService:
             f"--port={values['RUN_PORT']}",
             f"--http-port={values['RUN_HTTP_PORT']}",
             f"--bookie-port={values['RUN_BOOKIE_PORT']}",
+            f"--host={self.host}",
         ]
 
     def _script(self, command: str, timeout_s: float, wait_s: int = 240) -> str:
@@ -123,6 +133,7 @@ class PulsarService:
         assert self.deploy_dir is not None, "this Pulsar is not ours to stop or start"
         done = subprocess.run(
             [
+                *_in_netns(self.netns),
                 str(SCRIPT),
                 command,
                 "--dir",
@@ -158,11 +169,15 @@ class PulsarService:
         if self.deploy_dir is None:
             return
         subprocess.run(
-            [str(SCRIPT), "stop", "--dir", str(self.deploy_dir)],
+            [*_in_netns(self.netns), str(SCRIPT), "stop", "--dir", str(self.deploy_dir)],
             capture_output=True,
             check=False,
             env=self._env(PULSAR_STOP_TIMEOUT="15"),
         )
+
+
+def _in_netns(netns: str | None) -> list[str]:
+    return ["ip", "netns", "exec", netns] if netns else []
 
 
 def unique_namespace(prefix: str) -> str:

@@ -90,14 +90,19 @@ class ServerProcess:
     tls_files: tuple[Path, Path | None, Path | None] | None = None
     """(CA, client certificate, client key) to reach a server started with --tls-cert (the
     health probe then uses TLS, with the client certificate for an mTLS server)."""
+    host: str = "127.0.0.1"
+    """The address it listens on and is reached at (its `--host` is for `extra_args` to say)."""
+    netns: str | None = None
+    """A network namespace to run it in (`ip netns exec`, which execs in place: the process id
+    is the server's own, so signals reach it); tests/robustness puts servers in their own."""
 
     @property
     def service(self) -> str:
-        return f"bk://127.0.0.1:{self.port}"
+        return f"bk://{self.host}:{self.port}"
 
     @property
     def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -126,8 +131,10 @@ class ServerProcess:
         yet); nothing polls it, so no client connection is put into reconnect backoff."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (owned by the child process)
+        in_netns = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.process = subprocess.Popen(
             [
+                *in_netns,
                 str(SERVER_COMMAND),
                 "server",
                 "--data-dir",

@@ -1,17 +1,19 @@
 // checker reads the histories the robustness workloads wrote and checks each key's operations
 // with porcupine against the model its protocol promises (guarantees.go).
 //
-//	checker -out DIR [-timeout 120s] HISTORY.jsonl...
+//	checker -out DIR [-timeout 120s] [-nemesis NEMESIS.jsonl] HISTORY.jsonl...
 //
 // One line per protocol on stdout ("proto=etcd keys=24 ops=3120 unknown=41 result=ok"), then
 // for every key whose history no order explains one "ILLEGAL ..." line naming the key and the
 // HTML visualisation written into DIR (porcupine's: the longest orders it found, with the
-// state after each operation). Exit status: 0 every key checked and explained, 1 some key is
+// state after each operation, and the faults of -nemesis drawn under the operations). Exit status: 0 every key checked and explained, 1 some key is
 // illegal, 2 some key could not be decided within the timeout (and none is illegal), 3 the
 // input is unreadable.
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -55,9 +57,48 @@ func check(parts []Partition, timeout time.Duration) []verdict {
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_.-]+`)
 
+// faults reads the nemesis log (start and end lines, CLOCK_MONOTONIC ns in "t") as
+// visualisation annotations.
+func faults(path string) []porcupine.Annotation {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nemesis log:", err)
+		return nil
+	}
+	defer f.Close()
+	var out []porcupine.Annotation
+	open := map[string]int64{}
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		var e struct {
+			Event, Kind, Target, Detail string
+			T                           int64
+		}
+		if json.Unmarshal(scanner.Bytes(), &e) != nil {
+			continue
+		}
+		key := e.Kind + "\x00" + e.Target
+		switch e.Event {
+		case "start":
+			open[key] = e.T
+		case "end":
+			out = append(out, porcupine.Annotation{
+				Tag: "nemesis", Start: open[key], End: e.T, Description: e.Kind,
+				Details: e.Target + ": " + e.Detail, BackgroundColor: "#f6d3d3",
+			})
+			delete(open, key)
+		}
+	}
+	return out
+}
+
 func main() {
 	out := flag.String("out", ".", "directory for the visualisations of illegal keys")
 	timeout := flag.Duration("timeout", 120*time.Second, "how long one key's check may take")
+	nemesis := flag.String("nemesis", "", "the nemesis log, drawn into the visualisations")
 	flag.Parse()
 	if flag.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "usage: checker -out DIR [-timeout D] HISTORY.jsonl...")
@@ -96,6 +137,7 @@ func main() {
 			name := unsafeName.ReplaceAllString(v.part.Proto+"-"+v.part.Model+"-"+v.part.Key, "_")
 			path, _ := filepath.Abs(filepath.Join(*out, name+".html"))
 			if err := os.MkdirAll(*out, 0o755); err == nil {
+				v.info.AddAnnotations(faults(*nemesis))
 				err = porcupine.VisualizePath(modelFor(v.part), v.info, path)
 				if err != nil {
 					path = "(not written: " + err.Error() + ")"

@@ -6,9 +6,10 @@
 // Each client is one clientv3.Client (its own connections, balanced over the endpoints) running
 // one operation at a time on keys <prefix>0..<prefix>K-1: linearizable and serializable gets,
 // puts, compare-and-set on the version (a Txn), deletes. Every value written is unique. A read
-// that fails is recorded as "error" (it changed nothing); a write that fails in any way is
-// "unknown" (etcd's client cannot tell a write that never reached the keyspace from one whose
-// answer was lost). It stops issuing after -duration, waits for the calls in flight (each is
+// that fails is recorded as "error" (it changed nothing), and so is a write whose connection
+// could not be made; any other failed write is "unknown" (a write that reached the keyspace and
+// one whose answer was lost look the same to the client). After a failure a client waits
+// 0.3-0.7 s. It stops issuing after -duration, waits for the calls in flight (each is
 // bounded by -op-timeout) and exits 0 once the history is written.
 package main
 
@@ -84,11 +85,15 @@ func (h *history) add(r record) {
 	h.w.WriteByte('\n')
 }
 
+// failure: the history status of a failed call. A read changed nothing; so did a write whose
+// connection could not be made (the client retries a write only when it was never sent, so
+// its last attempt failing to dial means none was); any other failed write is unknown.
 func failure(op string, err error) (string, string) {
-	if op == "get" {
-		return "error", err.Error()
+	text := err.Error()
+	if op == "get" || strings.Contains(text, "connect: connection refused") {
+		return "error", text
 	}
-	return "unknown", err.Error()
+	return "unknown", text
 }
 
 func run(id int, h *history, stop time.Time, rng *rand.Rand) error {
@@ -172,6 +177,11 @@ func run(id int, h *history, stop time.Time, rng *rand.Rand) error {
 		}
 		cancel()
 		h.add(r)
+		if r.Status == "error" || r.Status == "unknown" {
+			// Back off after a failure, as an application would: an outage then costs a few
+			// unknown writes, not hundreds (each of which the checker must place).
+			time.Sleep(300*time.Millisecond + time.Duration(rng.Int63n(int64(400*time.Millisecond))))
+		}
 		time.Sleep(time.Duration(rng.Int63n(int64(2 * pause))))
 	}
 	return nil
