@@ -205,8 +205,11 @@ class Nemesis:
     # ------------------------------------------------------------------ faults
 
     def inject(self, kind: str, hold_s: float, stop: threading.Event) -> None:
-        victim, why = self.target()
-        name = f"server {victim} ({self.env.server_target(victim)}), {why}"
+        if kind == "split":  # not a server's fault: whoever owns the meta range runs it
+            victim, name = -1, f"table {'/'.join(self.env.sdk_table)}"
+        else:
+            victim, why = self.target()
+            name = f"server {victim} ({self.env.server_target(victim)}), {why}"
         event = Event(kind, name, now_ns())
         self.events.append(event)
         self._log({"event": "start", "kind": kind, "target": name, "hold_s": round(hold_s, 2)})
