@@ -16,6 +16,7 @@ namespaces go, on every way out (`close`; a killed harness's leftovers are reape
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -36,13 +37,27 @@ from tests.robustness.netns import Network, Node
 from tests.support.cluster import TestCluster
 from tests.support.oxia import shard_leaders
 from tests.support.pulsar import PulsarService
-from tests.support.server import REPO, ServerProcess, free_port
+from tests.support.server import REPO, SERVER_COMMAND, ServerProcess, free_port
 from tests.support.zookeeper import ZooKeeperProcess
 
 ROBUST = REPO / "tests" / "robustness"
 PULSAR_VERSION = "4.0.7"
-PROTOCOLS = ("sdk", "etcd", "oxia")
 SDK_TABLE = ("robust", "t")
+
+
+@functools.cache
+def zookeeper_port_supported() -> bool:
+    """Whether this tree's server speaks ZooKeeper's protocol (`--zookeeper-port`): then the runs
+    add a kazoo workload (tests/robustness/zk_workload.py) to the others."""
+    done = subprocess.run(
+        [str(SERVER_COMMAND), "server", "--help"], capture_output=True, text=True, timeout=120
+    )
+    return "--zookeeper-port" in done.stdout
+
+
+def available_protocols() -> tuple[str, ...]:
+    """The protocols a run drives: every one this tree's server speaks."""
+    return ("sdk", "etcd", "oxia", *(("zk",) if zookeeper_port_supported() else ()))
 
 
 # ---------------------------------------------------------------------- the client programs
@@ -108,6 +123,7 @@ class NetnsCluster(TestCluster):
         self.nodes = nodes
         self.etcd_ports: list[int] = []
         self.oxia_ports: list[int] = []
+        self.zk_ports: list[int] = []
 
     def add_server(
         self, extra_args: Sequence[str] = (), env: dict[str, str] | None = None
@@ -125,14 +141,17 @@ class NetnsCluster(TestCluster):
         etcd_port, oxia_port = free_port(), free_port()
         self.etcd_ports.append(etcd_port)
         self.oxia_ports.append(oxia_port)
+        front_ends = [f"--etcd-port={etcd_port}", f"--oxia-port={oxia_port}"]
+        if zookeeper_port_supported():
+            self.zk_ports.append(free_port())
+            front_ends.append(f"--zookeeper-port={self.zk_ports[-1]}")
         args = [a for a in self.server_args() if not a.startswith("--host=")]
         server = ServerProcess(
             self.base_dir / f"server-{index}",
             extra_args=[
                 *args,
                 f"--host={node.address}",
-                f"--etcd-port={etcd_port}",
-                f"--oxia-port={oxia_port}",
+                *front_ends,
                 *self.extra_args,
                 *extra_args,
             ],
@@ -292,6 +311,11 @@ class Environment(nemesis_module.Environment):
         c = self.live_cluster
         return [f"{s.host}:{port}" for s, port in zip(c.servers, c.etcd_ports, strict=True)]
 
+    def zk_hosts_of_servers(self) -> str:
+        """Every server's ZooKeeper port, as a ZooKeeper connect string."""
+        c = self.live_cluster
+        return ",".join(f"{s.host}:{port}" for s, port in zip(c.servers, c.zk_ports, strict=True))
+
     def oxia_address(self, i: int = 0) -> str:
         c = self.live_cluster
         return f"{c.servers[i].host}:{c.oxia_ports[i]}"
@@ -400,7 +424,7 @@ def run_seed(
     *,
     duration_s: float = 30.0,
     kinds: Sequence[str] = nemesis_module.KINDS,
-    protocols: Sequence[str] = PROTOCOLS,
+    protocols: Sequence[str] | None = None,
     clients: int = 4,
     keys: int = 6,
     rate: float = 15.0,
@@ -409,6 +433,7 @@ def run_seed(
     """Run every protocol's workload for `duration_s` while the nemesis injects `kinds` (drawn
     from `seed`), then check the histories. Keys are the seed's own."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    protocols = available_protocols() if protocols is None else protocols
     prefix = f"s{seed}-{int(time.time())}-"
     histories = {p: out_dir / f"{p}-history.jsonl" for p in protocols}
     commands = {
@@ -429,6 +454,13 @@ def run_seed(
             "java", "-Xmx192m", "-XX:TieredStopAtLevel=1", "-cp", tools.java_classpath,
             "OxiaWorkload", env.oxia_address(), str(histories.get("oxia", "")), str(clients),
             str(keys), str(duration_s), str(seed), str(rate), f"/robust/{prefix}",
+        ],
+        "zk": [
+            sys.executable, "-m", "tests.robustness.zk_workload",
+            "--hosts", env.zk_hosts_of_servers() if "zk" in protocols else "",
+            "--out", str(histories.get("zk", "")), "--clients", str(clients),
+            "--keys", str(keys), "--duration", str(duration_s), "--seed", str(seed),
+            "--rate", str(rate), "--prefix", f"/robust/{prefix}",
         ],
     }  # fmt: skip
     nemesis_log = out_dir / "nemesis.jsonl"

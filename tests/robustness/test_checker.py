@@ -1,12 +1,14 @@
 """The checker itself: its models' Go tests, and the built checker on histories written in the
 workloads' format -- one that some order explains, and ones no order explains (a lost
-acknowledged write, a stale read), which it must refuse with a visualisation."""
+acknowledged write, a stale read), which it must refuse with a visualisation; and real
+ZooKeeper's own history, which its ZooKeeper model must accept."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import pytest
 
 from tests.robustness.harness import ROBUST, Tools, check_histories
 from tests.robustness.history import HistoryWriter
+from tests.support.server import REPO
+from tests.support.zookeeper import ZooKeeperProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="go is not installed")
 
@@ -89,3 +93,31 @@ def test_a_malformed_history_is_an_error_not_a_pass(
     history = _write(tmp_path / "bad.jsonl", [_op("a", "put", 10, 5, value="x")])  # ret < call
     verdict, output, _ = check_histories(robustness_tools, [history], tmp_path)
     assert verdict == "error" and "returned" in output
+
+
+def test_zookeepers_own_histories_pass_the_zookeeper_model(
+    robustness_tools: Tools, tmp_path: Path
+) -> None:
+    """The kazoo workload against a real Apache ZooKeeper (deploy/zookeeper.sh), restarted while
+    it runs (sessions survive, calls in flight fail): ZooKeeper itself keeps the promise the
+    checker holds TableKeeper's ZooKeeper port to, so the model is not stricter than it."""
+    zookeeper = ZooKeeperProcess(tmp_path / "zookeeper").start()
+    history = tmp_path / "zk-history.jsonl"
+    try:
+        workload = subprocess.Popen(
+            [sys.executable, "-m", "tests.robustness.zk_workload", "--hosts", zookeeper.hosts,
+             "--out", str(history), "--clients", "4", "--keys", "4", "--duration", "8"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        assert workload.stdout is not None
+        started = workload.stdout.readline()  # the keys exist, the clients are starting
+        assert started.strip() == "STARTED", started + workload.stdout.read()
+        zookeeper.stop()
+        zookeeper.start()
+        out, _ = workload.communicate(timeout=300)
+        assert workload.returncode == 0, out
+    finally:
+        zookeeper.stop()
+    verdict, output, _ = check_histories(robustness_tools, [history], tmp_path / "v")
+    assert verdict == "ok", output
+    assert "proto=zk keys=4" in output
