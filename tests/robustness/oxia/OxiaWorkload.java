@@ -89,7 +89,9 @@ public final class OxiaWorkload {
         SyncOxiaClient client = OxiaClientBuilder.create(address)
                 .namespace("default")
                 .clientIdentifier(session)
-                .requestTimeout(REQUEST_TIMEOUT)
+                // Every other client gives up after 1 s: while a leader is paused it keeps
+                // calling (its calls may be answered when the leader resumes).
+                .requestTimeout(id % 2 == 0 ? REQUEST_TIMEOUT : Duration.ofSeconds(1))
                 .syncClient();
         Map<String, Long> versionIds = new HashMap<>(); // the last version id seen per key; -1 absent
         long pauseNs = (long) (1e9 / rate);
