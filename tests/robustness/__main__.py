@@ -17,9 +17,11 @@ and healed, 1 otherwise (the failing seeds are listed with their files at the en
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import FrameType
 
@@ -89,7 +91,14 @@ def main(args: argparse.Namespace) -> int:
         if env is not None:
             env.close()
     failed = [r for r in results if not r.ok]
-    print(f"\n{len(results)} seeds, {len(failed)} failed; results in {out}", flush=True)
+    kinds_seen = Counter(fault.split(" on ", 1)[0] for r in results for fault in r.faults)
+    ops = sum(int(n) for r in results for n in re.findall(r" ops=(\d+)", r.checker_output))
+    by_kind = ", ".join(f"{k} {n}" for k, n in sorted(kinds_seen.items()))
+    print(
+        f"\n{len(results)} seeds of {args.duration:g}s, {ops} operations checked, "
+        f"{sum(kinds_seen.values())} faults ({by_kind}); {len(failed)} failed; results in {out}",
+        flush=True,
+    )
     for r in failed:
         print(f"FAILED seed {r.seed}: {r.verdict}; {r.out_dir}; replay: {r.replay}")
         for v in r.visualizations:
