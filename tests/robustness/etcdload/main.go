@@ -8,8 +8,8 @@
 // keys <prefix>0..<prefix>K-1: linearizable and serializable gets, puts, compare-and-set on the
 // version (a Txn), deletes. Every value written is unique. A read
 // that fails is recorded as "error" (it changed nothing), and so is a write whose connection
-// could not be made; any other failed write is "unknown" (a write that reached the keyspace and
-// one whose answer was lost look the same to the client). After a failure a client waits
+// could not be made or that TableKeeper refused before applying it (see failure); any other
+// failed write is "unknown" (it may have been applied). After a failure a client waits
 // 0.3-0.7 s. It stops issuing after -duration, waits for the calls in flight (each is
 // bounded by -op-timeout) and exits 0 once the history is written.
 package main
@@ -18,6 +18,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand"
@@ -26,8 +27,11 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 var (
@@ -86,12 +90,26 @@ func (h *history) add(r record) {
 	h.w.WriteByte('\n')
 }
 
-// failure: the history status of a failed call. A read changed nothing; so did a write whose
-// connection could not be made (the client retries a write only when it was never sent, so
-// its last attempt failing to dial means none was); any other failed write is unknown.
+// failure: the history status of a failed call. A read changed nothing. So did a write whose
+// connection could not be made (the client retries a write only when it was never sent, so its
+// last attempt failing to dial means none was), and one TableKeeper refused with UNAVAILABLE in
+// etcd's words ("etcdserver: ..."), which it answers only before anything is applied, except
+// "etcdserver: leader changed" (the owner was lost mid-call: it may have applied it). The
+// checker holds the server to that: a write recorded as "error" must never show. Any other
+// failed write is unknown.
 func failure(op string, err error) (string, string) {
 	text := err.Error()
 	if op == "get" || strings.Contains(text, "connect: connection refused") {
+		return "error", text
+	}
+	code := status.Code(err)
+	var etcdErr rpctypes.EtcdError
+	if errors.As(err, &etcdErr) {
+		code = etcdErr.Code()
+	}
+	desc := rpctypes.ErrorDesc(err)
+	if code == codes.Unavailable && strings.HasPrefix(desc, "etcdserver: ") &&
+		desc != rpctypes.ErrLeaderChanged.Error() {
 		return "error", text
 	}
 	return "unknown", text

@@ -6,14 +6,14 @@
 //
 // Each client is one SyncOxiaClient (its own connections and assignment stream) running one call
 // at a time (at most RATE a second) on keys PREFIXk0..PREFIXkN-1 of namespace "default": gets,
-// puts, compare-and-set
-// on the version id (or on absence), deletes. Every value written is unique. A get that fails
-// is recorded as "error" (it changed nothing), and so is a write whose connection to the shard's
-// leader could not be made (it never left); a conditional write refused for its condition is
-// "fail"; any other failure of a write is "unknown" (a write that reached the shard and one whose
-// answer was lost look the same to the client). After a failure a client waits 0.3-0.7 s. After DURATION_S it stops issuing, lets the
-// calls in flight end (each is bounded by the client's request timeout), writes the history and
-// prints DONE.
+// puts, compare-and-set on the version id (or on absence), deletes. Every value written is unique.
+// A get that fails is recorded as "error" (it changed nothing), and so is a write whose connection
+// to the shard's leader could not be made or that TableKeeper refused before logging it (see
+// neverSent); a conditional write refused for its condition is "fail"; any other failure of a
+// write is "unknown" (a write that reached the shard and one whose answer was lost look the same
+// to the client). After a failure a client waits 0.3-0.7 s. After DURATION_S it stops issuing,
+// lets the calls in flight end (each is bounded by the client's request timeout), writes the
+// history and prints DONE.
 
 import io.oxia.client.api.GetResult;
 import io.oxia.client.api.OxiaClientBuilder;
@@ -186,8 +186,24 @@ public final class OxiaWorkload {
         }
     }
 
-    // A connection to the shard's leader that could not be made: the request never left.
+    // Nothing was applied: a connection to the shard's leader that could not be made (the
+    // request never left), or TableKeeper's answers given only before a write is logged:
+    // UNAVAILABLE "oxia: resource unavailable: ..." (not serving the shard now) and ABORTED
+    // "oxia: node is not leader". The checker holds the server to that: a write recorded as
+    // "error" must never show.
     private static boolean neverSent(Throwable t) {
+        for (Throwable c = t; c != null; c = c.getCause()) {
+            if (c instanceof io.grpc.StatusRuntimeException s) {
+                io.grpc.Status status = s.getStatus();
+                String d = status.getDescription() == null ? "" : status.getDescription();
+                if ((status.getCode() == io.grpc.Status.Code.UNAVAILABLE
+                                && d.startsWith("oxia: resource unavailable"))
+                        || (status.getCode() == io.grpc.Status.Code.ABORTED
+                                && d.startsWith("oxia: node is not leader"))) {
+                    return true;
+                }
+            }
+        }
         return cause(t, java.net.ConnectException.class);
     }
 
