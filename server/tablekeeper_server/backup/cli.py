@@ -11,11 +11,15 @@ import asyncio
 import json
 import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from tablekeeper_server.core.clock import SystemClock
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
 PROGRESS_INTERVAL_S = 2.0
@@ -222,7 +226,7 @@ async def _take(args: argparse.Namespace, say: Any) -> Any:
         sink = ArchiveSink(out)
     else:
         sink = DirectorySink(dest)
-    started = time.monotonic()
+    started = _CLOCK.monotonic_s()
     progress = _Progress(say)
     taker = BackupTaker(
         fetch,
@@ -252,7 +256,7 @@ async def _take(args: argparse.Namespace, say: Any) -> Any:
             out.close()
             partial.unlink(missing_ok=True)
         await channel.close()
-    return manifest, time.monotonic() - started
+    return manifest, _CLOCK.monotonic_s() - started
 
 
 class _Progress:
@@ -260,13 +264,13 @@ class _Progress:
 
     def __init__(self, say: Any) -> None:
         self._say = say
-        self._said = time.monotonic()
+        self._said = _CLOCK.monotonic_s()
 
     def __call__(self, event: Any) -> None:
         from tablekeeper_server.backup.take import BytesCopied
 
         if isinstance(event, BytesCopied):
-            now = time.monotonic()
+            now = _CLOCK.monotonic_s()
             if now - self._said >= PROGRESS_INTERVAL_S and event.size:
                 self._said = now
                 self._say(
@@ -276,7 +280,7 @@ class _Progress:
         entry = event.entry
         what = {"root": "root range", "meta": f"meta range of container {entry.container_id}"}
         label = what.get(entry.kind, f"{entry.table} range {entry.range_id}")
-        self._said = time.monotonic()
+        self._said = _CLOCK.monotonic_s()
         self._say(
             f"[{event.index}/{event.total}] {label}: {len(entry.files)} files, "
             f"{entry.size / 2**20:.1f} MiB, cut at position {entry.applied_sequence} "

@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,6 +46,9 @@ from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import LocalLogBackend
 from tablekeeper_server.storage.rocksdb import RocksKvStore
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +257,7 @@ def restore(
 ) -> RestoreResult:
     """Restore `backup` (opened and verified) into the stores `config` names. Raises
     `RestoreRefusedError` when the target holds data (without `force`) or cannot take it."""
-    started = time.monotonic()
+    started = _CLOCK.monotonic_s()
     manifest = backup.manifest
     if not config.cluster_mode and config.containers < manifest.num_containers:
         raise RestoreRefusedError(
@@ -299,7 +301,7 @@ def restore(
         bytes=written,
         tables=len(manifest.tables),
         pruned=tuple(pruned),
-        seconds=time.monotonic() - started,
+        seconds=_CLOCK.monotonic_s() - started,
     )
 
 
@@ -318,11 +320,11 @@ def _mib(size: int) -> str:
 def check_backup(backup: Backup, say: Say) -> None:
     """Verify every file (size and SHA-256), saying how far it got on long runs."""
     total = backup.manifest.size
-    state = {"done": 0, "said": time.monotonic()}
+    state = {"done": 0, "said": _CLOCK.monotonic_s()}
 
     def progress(_: str, read: int) -> None:
         state["done"] += read
-        now = time.monotonic()
+        now = _CLOCK.monotonic_s()
         if now - state["said"] >= 2.0:
             state["said"] = now
             say(f"checking: {_mib(int(state['done']))} of {_mib(total)}")

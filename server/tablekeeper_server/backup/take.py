@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,12 @@ from tablekeeper_server.backup.format import (
     TableEntry,
 )
 from tablekeeper_server.catalog.meta import CONTAINER_META_RANGE_ID, CONTAINER_META_STREAM_ID
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.range.replica import RangeName
 from tablekeeper_server.storage.api import StoreOpener
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 ROOT = RangeName(0, 0, 0)
 
@@ -167,7 +170,7 @@ class BackupTaker:
             name = RangeName(container_id, table.props.stream_id, range_id)
             await self._copy("data", name, label)
         return BackupManifest(
-            created_at_ms=int(time.time() * 1000),
+            created_at_ms=_CLOCK.now_ms(),
             num_containers=num_containers,
             ranges=tuple(self._ranges),
             tables=tuple(
@@ -189,7 +192,7 @@ class BackupTaker:
         self, kind: str, name: RangeName, table: str = "", *, keep: Path | None = None
     ) -> RangeEntry:
         """Stream one range's files into the sink (and into `keep`, a scratch copy to read)."""
-        started = time.monotonic()
+        started = _CLOCK.monotonic_s()
         header: admin_pb2.BackupRangeHeader | None = None
         files: dict[str, FileEntry] = {}
         received: dict[str, tuple[int, hashlib._Hash]] = {}
@@ -255,7 +258,9 @@ class BackupTaker:
             checkpoint=header.checkpoint,
         )
         self._ranges.append(entry)
-        self._progress(RangeDone(len(self._ranges), self._total, entry, time.monotonic() - started))
+        self._progress(
+            RangeDone(len(self._ranges), self._total, entry, _CLOCK.monotonic_s() - started)
+        )
         return entry
 
     def _write(self, data: bytes, copy: IO[bytes] | None) -> None:

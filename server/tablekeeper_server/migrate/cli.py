@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
+
+from tablekeeper_server.core.clock import SystemClock
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 
@@ -120,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     summary: dict[str, Any] = {"from": args.source, "to": args.target}
-    started = time.monotonic()
+    started = _CLOCK.monotonic_s()
     try:
         zk = connect(args.source)
     except ConnectionError as exc:
@@ -174,7 +178,7 @@ def _run(args: argparse.Namespace) -> int:
             for difference in check.differences[:DIFFERENCES_SHOWN_MAX]:
                 say(f"DIFFERENT: {difference}")
             if not check.ok:
-                summary["seconds"] = round(time.monotonic() - started, 3)
+                summary["seconds"] = round(_CLOCK.monotonic_s() - started, 3)
                 _print(
                     args,
                     summary,
@@ -190,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     finally:
         target.close()
-    summary["seconds"] = round(time.monotonic() - started, 3)
+    summary["seconds"] = round(_CLOCK.monotonic_s() - started, 3)
     verb = "verified" if args.verify_only else "imported"
     _print(
         args,

@@ -9,12 +9,15 @@ ZooKeeper and compare every znode with the target (its data, and the names of it
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.migrate.targets import Target
 from tablekeeper_server.migrate.zookeeper import Tree, Znode
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 WRITE_CHUNK = 2000
 """Znodes handed to the target per call (it splits them into requests per shard)."""
@@ -45,7 +48,7 @@ class ImportResult:
 def write_tree(
     tree: Tree, target: Target, *, force: bool, say: Say, progress_interval_s: float = 2.0
 ) -> ImportResult:
-    started = time.monotonic()
+    started = _CLOCK.monotonic_s()
     existing = target.top_level()
     if existing and not force:
         shown = ", ".join("/" + name for name in existing[:5])
@@ -55,21 +58,21 @@ def write_tree(
             "keyspace, or pass --force to overwrite the keys ZooKeeper has"
         )
     result = ImportResult()
-    said = time.monotonic()
+    said = _CLOCK.monotonic_s()
     total = len(tree.nodes)
     for start in range(0, total, WRITE_CHUNK):
         chunk = tree.nodes[start : start + WRITE_CHUNK]
         target.put_many([(n.path, n.data) for n in chunk], create_only=not force)
         result.keys += len(chunk)
         result.bytes += sum(len(n.data) for n in chunk)
-        now = time.monotonic()
+        now = _CLOCK.monotonic_s()
         if now - said >= progress_interval_s:
             said = now
             say(f"written {result.keys:,} of {total:,} keys ({result.bytes / 2**20:.1f} MiB)")
     for node in sequence_parents(tree):
         target.bump(node.path, node.data, node.cversion)
         result.bumped[node.path] = node.cversion
-    result.seconds = time.monotonic() - started
+    result.seconds = _CLOCK.monotonic_s() - started
     return result
 
 
@@ -89,11 +92,11 @@ def verify_tree(
 ) -> Verification:
     """Every znode of `tree` against the target: the key exists with the same bytes, and the
     target lists exactly its persistent children under it (and under `/` its top level)."""
-    started = time.monotonic()
+    started = _CLOCK.monotonic_s()
     result = Verification()
     tops = sorted(n.path[1:] for n in tree.nodes if n.path.count("/") == 1)
     _compare_children(result, "/", tops, target.children("/"))
-    said = time.monotonic()
+    said = _CLOCK.monotonic_s()
     for node in tree.nodes:
         value = target.get(node.path)
         if value is None:
@@ -105,11 +108,11 @@ def verify_tree(
             )
         _compare_children(result, node.path, sorted(node.children), target.children(node.path))
         result.checked += 1
-        now = time.monotonic()
+        now = _CLOCK.monotonic_s()
         if now - said >= progress_interval_s:
             said = now
             say(f"verified {result.checked:,} of {len(tree.nodes):,} keys")
-    result.seconds = time.monotonic() - started
+    result.seconds = _CLOCK.monotonic_s() - started
     return result
 
 

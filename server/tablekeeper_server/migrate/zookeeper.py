@@ -15,10 +15,14 @@ parent was listed is not seen.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tablekeeper_server.core.clock import SystemClock
+
+_CLOCK = SystemClock()  # progress and elapsed time of an offline command
+
 
 WINDOW = 256
 """Requests in flight at once."""
@@ -72,7 +76,7 @@ def read_tree(
     tree = Tree()
     level = [_join("/", name) for name in sorted(client.get_children("/"))]
     found: dict[str, tuple[bytes, Any, list[str]]] = {}
-    said = time.monotonic()
+    said = _CLOCK.monotonic_s()
     while level:
         next_level: list[str] = []
         for start in range(0, len(level), WINDOW):
@@ -95,7 +99,7 @@ def read_tree(
                     continue
                 found[path] = (data or b"", stat, children)
                 next_level.extend(_join(path, child) for child in children)
-            now = time.monotonic()
+            now = _CLOCK.monotonic_s()
             if now - said >= 2.0:
                 said = now
                 progress(len(found), len(tree.ephemeral))
