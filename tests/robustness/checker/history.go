@@ -22,9 +22,11 @@ type Record struct {
 	Read    string `json:"read"`   // a get's mode: "" (the protocol's default) or "serializable"
 	Value   string `json:"value"`  // put, cas: what is written (unique in the history)
 	Expect  int64  `json:"expect"` // cas: the version (or version id) required; -1: must not exist
-	Delta   int64  `json:"delta"`  // incr
-	Call    int64  `json:"call"`   // CLOCK_MONOTONIC ns when invoked
-	Ret     int64  `json:"ret"`    // CLOCK_MONOTONIC ns when it returned (any status)
+	// Expect is a revision, shifted by revShift (a protocol whose cas compares revisions).
+	ExpectRev bool  `json:"-"`
+	Delta     int64 `json:"delta"` // incr
+	Call      int64 `json:"call"`  // CLOCK_MONOTONIC ns when invoked
+	Ret       int64 `json:"ret"`   // CLOCK_MONOTONIC ns when it returned (any status)
 	// ok: done, with a result; fail: a cas whose condition did not hold (nothing written);
 	// unknown: a write that may or may not have taken effect (timeout, cut connection, an
 	// "outcome unknown" answer); error: nothing happened (a read that failed, a write refused
@@ -33,23 +35,29 @@ type Record struct {
 	Found   bool   `json:"found"`   // get: the key exists
 	RValue  string `json:"rvalue"`  // get: its value
 	Version int64  `json:"version"` // get: its version; put/cas: the new version, when reported
-	Modrev  int64  `json:"modrev"`  // get: its mod revision; put/cas: the write's, when reported (0: not)
-	Total   int64  `json:"total"`   // incr with a total, get of a counter
-	HasTot  bool   `json:"has_total"`
-	Error   string `json:"error"` // for the report
-	File    string `json:"-"`
-	Line    int    `json:"-"`
+	// get: its mod revision; put/cas: the write's, when reported. Absent: not reported; 0 is a
+	// revision like any other (Oxia's first version id).
+	ModrevJSON *int64 `json:"modrev"`
+	// The revision as the models hold it: one above what the client saw, so that 0 can mean
+	// "not reported" (see revShift).
+	Modrev int64  `json:"-"`
+	Total  int64  `json:"total"` // incr with a total, get of a counter
+	HasTot bool   `json:"has_total"`
+	Error  string `json:"error"` // for the report
+	File   string `json:"-"`
+	Line   int    `json:"-"`
 }
 
 // Input and Output are what porcupine sees of an operation.
 type Input struct {
-	Op      string
-	Key     string
-	Read    string
-	Value   string
-	Expect  int64
-	Delta   int64
-	Session int // index of the record's session within its protocol
+	Op        string
+	Key       string
+	Read      string
+	Value     string
+	Expect    int64
+	ExpectRev bool // Expect is a revision (shifted by revShift)
+	Delta     int64
+	Session   int // index of the record's session within its protocol
 }
 
 type Output struct {
@@ -85,6 +93,7 @@ func readHistory(paths []string) ([]Record, error) {
 				return nil, fmt.Errorf("%s:%d: %v", path, line, err)
 			}
 			r.File, r.Line = path, line
+			r.shiftRevisions()
 			if err := r.validate(); err != nil {
 				f.Close()
 				return nil, fmt.Errorf("%s:%d: %v", path, line, err)
@@ -98,6 +107,21 @@ func readHistory(paths []string) ([]Record, error) {
 		}
 	}
 	return records, nil
+}
+
+// revShift is what the models add to every revision a history reports, and to a cas's expected
+// revision where the protocol compares revisions: revisions start at 0 on some protocols (an
+// Oxia shard's first write has version id 0), and the models keep 0 for "not reported".
+const revShift = 1
+
+func (r *Record) shiftRevisions() {
+	if r.ModrevJSON != nil {
+		r.Modrev = *r.ModrevJSON + revShift
+	}
+	if g, ok := guarantees[r.Proto]; ok && r.Op == "cas" && g.CasOn == CasModrev && r.Expect >= 0 {
+		r.Expect += revShift
+		r.ExpectRev = true
+	}
 }
 
 func (r Record) validate() error {
@@ -217,7 +241,7 @@ func operations(records []Record) []Partition {
 		p.Ops = append(p.Ops, porcupine.Operation{
 			ClientId: id,
 			Input: Input{
-				Op: r.Op, Key: r.Key, Read: r.Read, Value: r.Value, Expect: r.Expect,
+				Op: r.Op, Key: r.Key, Read: r.Read, Value: r.Value, Expect: r.Expect, ExpectRev: r.ExpectRev,
 				Delta: r.Delta, Session: sIndex,
 			},
 			Call: r.Call,

@@ -30,7 +30,7 @@ func (s regState) String() string {
 	}
 	rev := "?"
 	if s.Modrev != 0 {
-		rev = fmt.Sprint(s.Modrev)
+		rev = fmt.Sprint(s.Modrev - revShift)
 	}
 	return fmt.Sprintf("%q v%d rev %s", s.Value, s.Version, rev)
 }
@@ -172,7 +172,11 @@ func describeOp(in Input, out Output) string {
 	case "put":
 		call = fmt.Sprintf("put(%q)", in.Value)
 	case "cas":
-		call = fmt.Sprintf("cas(%d -> %q)", in.Expect, in.Value)
+		expect := in.Expect
+		if in.ExpectRev {
+			expect -= revShift
+		}
+		call = fmt.Sprintf("cas(%d -> %q)", expect, in.Value)
 	case "del":
 		call = "del"
 	case "incr":
@@ -193,7 +197,10 @@ func describeOp(in Input, out Output) string {
 		if !out.Found {
 			return call + " -> absent"
 		}
-		return fmt.Sprintf("%s -> %q v%d rev %d", call, out.Value, out.Version, out.Modrev)
+		if out.Modrev == 0 {
+			return fmt.Sprintf("%s -> %q v%d", call, out.Value, out.Version)
+		}
+		return fmt.Sprintf("%s -> %q v%d rev %d", call, out.Value, out.Version, out.Modrev-revShift)
 	case "incr":
 		if out.HasTot {
 			return fmt.Sprintf("%s -> %d", call, out.Total)
@@ -203,7 +210,7 @@ func describeOp(in Input, out Output) string {
 		return fmt.Sprintf("%s -> existed %v", call, out.Found)
 	}
 	if out.Modrev != 0 {
-		return fmt.Sprintf("%s -> ok rev %d", call, out.Modrev)
+		return fmt.Sprintf("%s -> ok rev %d", call, out.Modrev-revShift)
 	}
 	return call + " -> ok"
 }
