@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 
 	"github.com/anishathalye/porcupine"
@@ -214,5 +215,45 @@ func TestSequentialPerSession(t *testing.T) {
 	}
 	if got := verdictOf(t, lost); got != porcupine.Illegal {
 		t.Fatalf("a cas on a version never reached judged %v", got)
+	}
+}
+
+// fromJSON reads records as a history file holds them (revisions as the client saw them).
+func fromJSON(t *testing.T, lines ...string) []Record {
+	t.Helper()
+	path := t.TempDir() + "/history.jsonl"
+	text := ""
+	for _, l := range lines {
+		text += l + "\n"
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	records, err := readHistory([]string{path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return records
+}
+
+// An Oxia shard's first write has version id 0: a cas expecting 0 after it must hold, and a
+// cas expecting 0 after a later write must not.
+func TestRevisionZeroIsARevision(t *testing.T) {
+	const k = `"proto":"oxia","model":"register","key":"k"`
+	ok := fromJSON(t,
+		`{`+k+`,"session":"a","op":"cas","expect":-1,"value":"x","call":0,"ret":10,"status":"ok","modrev":0}`,
+		`{`+k+`,"session":"b","op":"get","call":11,"ret":20,"status":"ok","found":true,"rvalue":"x","version":0,"modrev":0}`,
+		`{`+k+`,"session":"b","op":"cas","expect":0,"value":"y","call":21,"ret":30,"status":"ok","modrev":3}`,
+	)
+	if got := verdictOf(t, ok); got != porcupine.Ok {
+		t.Fatalf("a cas on version id 0 after the first write: %v, want ok", got)
+	}
+	bad := fromJSON(t,
+		`{`+k+`,"session":"a","op":"cas","expect":-1,"value":"x","call":0,"ret":10,"status":"ok","modrev":0}`,
+		`{`+k+`,"session":"a","op":"put","value":"y","call":11,"ret":20,"status":"ok","modrev":1}`,
+		`{`+k+`,"session":"b","op":"cas","expect":0,"value":"z","call":21,"ret":30,"status":"ok","modrev":3}`,
+	)
+	if got := verdictOf(t, bad); got != porcupine.Illegal {
+		t.Fatalf("a cas on version id 0 after it was overwritten: %v, want illegal", got)
 	}
 }
