@@ -10,6 +10,18 @@ import pytest
 from tests.support.pulsar_fixtures import pulsar_service  # noqa: F401 (a session fixture)
 from tests.support.server import ServerProcess
 
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the SDK-only environment of `make test-floors` has no hypothesis
+    pass
+else:
+    # Property tests judge what they draw, never how fast: on a busy machine drawing an input
+    # or running an example may take seconds, which is no failure of the code under test.
+    settings.register_profile(
+        "tablekeeper", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+    settings.load_profile("tablekeeper")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
