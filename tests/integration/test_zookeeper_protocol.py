@@ -338,6 +338,31 @@ def test_a_session_resumes_with_its_password_and_watches_are_set_again(
         writer.close()
 
 
+def test_a_wrong_password_is_answered_expired_and_closes_the_sessions_connection(
+    zk_server: ZkServer, base: str
+) -> None:
+    """ZooKeeper closes the connection a session has for any connect request naming it, right
+    password or wrong (its client reconnects); a wrong one is answered expired and the session
+    lives on."""
+    wire = zk_server.wire()
+    assert wire.create(f"{base}/kept", mode=1).err == 0
+    intruder = WireClient(zk_server.port)
+    try:
+        assert intruder.connect(wire.session_id, b"\x01" * 16)[:2] == (0, 0)
+    finally:
+        intruder.close()
+    with pytest.raises(ConnectionError):  # closed by the server (not a timeout)
+        wire.read_packet()
+    wire.close()
+    back = WireClient(zk_server.port)
+    try:
+        timeout, session, _ = back.connect(wire.session_id, wire.password)
+        assert (timeout > 0, session) == (True, wire.session_id)
+        assert back.exists(f"{base}/kept").err == 0
+    finally:
+        back.close()
+
+
 def test_an_abandoned_session_expires_and_its_ephemerals_go(
     zk_server: ZkServer, zk: KazooClient, base: str
 ) -> None:

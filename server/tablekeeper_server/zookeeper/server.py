@@ -516,17 +516,24 @@ class Connection(asyncio.Protocol):
             timeout_ms = server.settings.negotiate(timeout_ms)
             if session_id == 0:
                 session_id = await keyspace.create_session(range_, timeout_ms)
-            elif (
-                not keyspace.password_ok(session_id, password)
-                or range_.sessions.remaining_s(session_id) is None
-            ):
-                log.info(
-                    "ZooKeeper session 0x%x from %s: expired or invalid", session_id, self.peer
-                )
-                self._send(self._connect_response(0, 0, _EXPIRED_PASSWORD, read_only))
-                self._close_after_flush = True
-                return
             else:
+                # As ZooKeeper does for any connect request naming a session, whatever its
+                # password: the connection the session had here closes (its client reconnects).
+                previous = server.sessions.get(session_id)
+                if previous is not None and previous is not self:
+                    previous.close("another connection asked for the session")
+                if (
+                    not keyspace.password_ok(session_id, password)
+                    or range_.sessions.remaining_s(session_id) is None
+                ):
+                    log.info(
+                        "ZooKeeper session 0x%x from %s: expired or invalid",
+                        session_id,
+                        self.peer,
+                    )
+                    self._send(self._connect_response(0, 0, _EXPIRED_PASSWORD, read_only))
+                    self._close_after_flush = True
+                    return
                 range_.sessions.keep_alive(session_id)
         except TableKeeperError as exc:
             self.close(f"cannot establish a session: {exc.message}")
