@@ -18,7 +18,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
+.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -122,6 +122,10 @@ JAVA_COMPAT_MVN := mvn -q -B package dependency:build-classpath -Dmdep.outputFil
 java-compat-build:  ## build the Java compatibility driver (Maven; downloads only on the first run)
 	cd tests/compat/java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
 
+# The ZooKeeper Java client's and Curator's drivers (tests/compat/zookeeper_java), likewise.
+zookeeper-compat-build:  ## build the ZooKeeper Java client and Curator drivers (Maven; downloads only on the first run)
+	cd tests/compat/zookeeper_java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
+
 # Pulsar's own metadata-store tests (the pulsar-metadata test-jar) run by tests/compat/
 # test_pulsar_metadata.py through a harness of ours (tests/compat/pulsar_metadata): Maven
 # resolves them into Pulsar's jar cache on the first run, then builds offline.
@@ -136,7 +140,7 @@ ETCD3_VENV := .venv-etcd3
 etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run from (PyPI; first run only)
 	$(PY) -c "from tests.compat.test_python_etcd3 import prepare; prepare()"
 
-test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
+test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
 	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
 	@# through one server's endpoint; the tests marked standalone_only are skipped there.
