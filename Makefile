@@ -18,7 +18,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf
+.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -154,6 +154,13 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compa
 	@# skipped there.
 	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat \
 		--ignore=tests/compat/test_pulsar_metadata.py --ignore=tests/compat/test_python_etcd3.py
+
+# The ZooKeeper differential test (test-compat plays 3 seeds of 150 operations) over many seeds.
+ZK_DIFFERENTIAL_SEEDS ?= 40
+ZK_DIFFERENTIAL_OPS ?= 300
+test-zookeeper-differential: $(STAMP) pulsar-fetch  ## seeded operations against a real ZooKeeper 3.9 and the ZooKeeper port, compared (ZK_DIFFERENTIAL_SEEDS x ZK_DIFFERENTIAL_OPS, ~5 min)
+	TABLEKEEPER_ZK_DIFFERENTIAL_SEEDS=$(ZK_DIFFERENTIAL_SEEDS) TABLEKEEPER_ZK_DIFFERENTIAL_OPS=$(ZK_DIFFERENTIAL_OPS) \
+		$(PY) -m pytest -q tests/compat/test_zookeeper_differential.py
 
 test-etcd3: $(STAMP) etcd-client etcd3-suite  ## all of python-etcd3's own tests, its slow property tests too (~5 min)
 	TABLEKEEPER_ETCD3_SUITE=all $(PY) -m pytest -q -s tests/compat/test_python_etcd3.py

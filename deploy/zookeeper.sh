@@ -49,7 +49,8 @@ Options:
   -h, --help       this help
 
 Environment: ZK_HEAP (default -Xmx256m), ZK_EXTRA_OPTS (more JVM flags, default
--XX:TieredStopAtLevel=1), ZK_STOP_TIMEOUT (default 30), TK_PYTHON (python with kazoo, default
+-XX:TieredStopAtLevel=1), ZK_CLASSPATH (another ZooKeeper's jars to run instead of Debian's,
+e.g. the 3.9.3 among Pulsar's: tests/compat/zookeeper_compat.py), ZK_STOP_TIMEOUT (default 30), TK_PYTHON (python with kazoo, default
 <repo>/.venv/bin/python; without kazoo readiness falls back to the 'srvr' command).
 Installs the Debian 'zookeeper' package with apt-get if it is missing (needs root).
 EOF
@@ -221,7 +222,7 @@ do_start() {
         write_config
         echo "$PORT" >"$PORT_FILE"
         echo "$HOST" >"$HOST_FILE"
-        local cp="$CONF_DIR:$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}"
+        local cp="$CONF_DIR:${ZK_CLASSPATH:-$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}}"
         {
             echo "=== $(date -Is) starting ZooKeeper on $HOST:$PORT"
         } >>"$LOG_FILE"

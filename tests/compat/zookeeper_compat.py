@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.pulsar_oxia import pulsar_classpath
 from tests.support.server import ServerProcess, free_port
 from tests.support.zookeeper import ZooKeeperProcess
 
@@ -59,14 +60,23 @@ def start_tablekeeper(data_dir: Path, *more: str) -> tuple[ServerProcess, int]:
     return server, port
 
 
+def zookeeper_3_9() -> dict[str, str]:
+    """deploy/zookeeper.sh's environment for ZooKeeper 3.9.3, the server of the client Pulsar
+    4.0.7 ships (its jars are among Pulsar's, `deploy/pulsar.sh fetch`), instead of Debian's
+    3.8: the release TableKeeper's port follows where 3.8 and 3.9 differ (a create2 in a multi
+    answered with its stat, ZOOKEEPER-4026; watches of different modes on one path kept apart,
+    ZOOKEEPER-4466; a persistent recursive watch removed by its own type, ZOOKEEPER-4472)."""
+    return {"ZK_CLASSPATH": pulsar_classpath()}
+
+
 def start_pair(
     state_dir: Path,
     *,
     zookeeper_env: dict[str, str] | None = None,
     server_args: tuple[str, ...] = (),
 ) -> ZooKeeperPair:
-    """`zookeeper_env`: for deploy/zookeeper.sh (e.g. ZK_EXTRA_OPTS); `server_args`: more
-    arguments for `tablekeeper server`."""
+    """`zookeeper_env`: for deploy/zookeeper.sh (e.g. `zookeeper_3_9()`, ZK_EXTRA_OPTS; none:
+    Debian's ZooKeeper); `server_args`: more arguments for `tablekeeper server`."""
     zookeeper = ZooKeeperProcess(state_dir / "zookeeper", env=zookeeper_env)
     with ThreadPoolExecutor(1) as pool:  # the two start at once
         starting = pool.submit(zookeeper.start, 120)
