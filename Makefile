@@ -122,9 +122,11 @@ JAVA_COMPAT_MVN := mvn -q -B package dependency:build-classpath -Dmdep.outputFil
 java-compat-build:  ## build the Java compatibility driver (Maven; downloads only on the first run)
 	cd tests/compat/java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
 
-# The ZooKeeper Java client's and Curator's drivers (tests/compat/zookeeper_java), likewise.
-zookeeper-compat-build:  ## build the ZooKeeper Java client and Curator drivers (Maven; downloads only on the first run)
+# The ZooKeeper Java client's and Curator's drivers (tests/compat/zookeeper_java) and the Kafka
+# broker and client (tests/compat/kafka) for the ZooKeeper port's compat tests, likewise.
+zookeeper-compat-build:  ## build the ZooKeeper Java client, Curator and Kafka drivers (Maven; downloads only on the first run)
 	cd tests/compat/zookeeper_java && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
+	cd tests/compat/kafka && ($(JAVA_COMPAT_MVN) -o >/dev/null 2>&1 || $(JAVA_COMPAT_MVN))
 
 # Pulsar's own metadata-store tests (the pulsar-metadata test-jar) run by tests/compat/
 # test_pulsar_metadata.py through a harness of ours (tests/compat/pulsar_metadata): Maven
