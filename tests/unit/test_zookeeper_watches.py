@@ -7,18 +7,21 @@ import pytest
 
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import jute
 from tablekeeper_server.zookeeper import protocol as zk
 from tablekeeper_server.zookeeper.paths import node_key
-from tablekeeper_server.zookeeper.watches import Watches
+from tablekeeper_server.zookeeper.watches import DATA, Watches
+from tablekeeper_server.zookeeper.znode import OPEN_ACL, Znode
 
 pytestmark = pytest.mark.unit
 
 
 class FakeConnection:
-    def __init__(self) -> None:
+    def __init__(self, auth: list[acls.AuthId] | None = None) -> None:
         self.watched: set[tuple[int, str]] = set()
         self.events: list[tuple[int, str, int]] = []
+        self.auth: list[acls.AuthId] = auth or []
 
     def send_event(self, packet: bytes) -> None:
         _, xid, zxid, err, kind, state = jute.WATCHER_EVENT.unpack_from(packet)
@@ -26,8 +29,12 @@ class FakeConnection:
         self.events.append((kind, jute.read_string(packet, 28)[0] or "", zxid))
 
 
-RECORD = StoredRecord(1, 1, 0, False, 0, b"")
-CHANGED = StoredRecord(1, 2, 1, False, 0, b"")
+def record(mzxid: int = 1, acl: bytes = OPEN_ACL) -> StoredRecord:
+    return Znode(1, mzxid, mzxid - 1, 0, 0, 0, 0, 0, 0, 1, acl, b"").record()
+
+
+RECORD = record()
+CHANGED = record(2)
 
 
 def created(path: str, zxid: int = 5) -> ChangeEvent:
@@ -121,3 +128,29 @@ def test_a_closed_connection_drops_every_watch() -> None:
     assert watches.count() == 0 and watches.recursive == 0
     watches.publish([created("/a/b"), deleted("/a")])
     assert client.events == []
+
+
+def test_an_event_about_a_node_its_watcher_may_not_read_is_not_sent() -> None:
+    """ZooKeeper 3.9 checks READ on the node's ACL (the parent's for NodeChildrenChanged)
+    before it sends a watcher an event; a one-shot watch whose event is held back is gone."""
+    alice = jute.write_acls([(zk.ALL, "digest", acls.digest_id("alice:pw"))])
+    parent_acls = {"/": OPEN_ACL, "/secret": alice}
+    watches = Watches(acl_of=parent_acls.get)
+    nobody = FakeConnection()
+    reader = FakeConnection([("digest", acls.digest_id("alice:pw"))])
+    for client in (nobody, reader):
+        watches.watch_data("/secret", client)
+        watches.watch_children("/secret", client)
+        watches.add_persistent("/", client, recursive=True)
+    created_secret = ChangeEvent(3, 0, node_key("/secret"), record(3, alice), None)
+    watches.publish([created_secret])
+    assert nobody.events == []
+    assert reader.events == [(zk.NODE_CREATED, "/secret", 3)]  # told once (two watches)
+    watches.publish([ChangeEvent(4, 0, node_key("/secret/x"), record(4), None)])
+    assert nobody.events == [(zk.NODE_CREATED, "/secret/x", 4)]  # recursive, /secret/x is open
+    assert reader.events[1:] == [
+        (zk.NODE_CREATED, "/secret/x", 4),
+        (zk.NODE_CHILDREN_CHANGED, "/secret", 4),
+    ]
+    # nobody's one-shot watches on /secret went with the events it was not sent
+    assert nobody.watched == {(DATA, "/")}

@@ -55,8 +55,9 @@ from tablekeeper_server.zookeeper import protocol as zk
 from tablekeeper_server.zookeeper.apply import NAME, decode_multi, decode_operation
 from tablekeeper_server.zookeeper.jute import JuteError
 from tablekeeper_server.zookeeper.keyspace import SWEEP_INTERVAL_S, Keyspace
-from tablekeeper_server.zookeeper.paths import END, EPHEMERALS, PREFIX
+from tablekeeper_server.zookeeper.paths import END, EPHEMERALS, PREFIX, node_key
 from tablekeeper_server.zookeeper.watches import Watches
+from tablekeeper_server.zookeeper.znode import raw_acl
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class ZooKeeperServer:
         self.bind_host = bind_host
         self.port = port
         self.peers = peers
-        self.watches = Watches()
+        self.watches = Watches(acl_of=self._acl_of)
         self.keyspace = Keyspace(
             registry,
             clock,
@@ -183,6 +184,15 @@ class ZooKeeperServer:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    def _acl_of(self, path: str) -> bytes | None:
+        """The ACL of the node at `path` in the attached range's applied state (None: no such
+        node, or no range attached)."""
+        range_ = self.keyspace.serving
+        if range_ is None:
+            return None
+        raw = range_.applied_state().store.get(node_key(path))
+        return raw_acl(raw) if raw is not None else None
 
     def _lost(self, reason: str) -> None:
         """The keyspace's range stopped serving here: every client reconnects (to this server

@@ -14,17 +14,24 @@ of every ancestor:
 - data set: NodeDataChanged at the path (data table).
 
 A watcher is one client connection (`Watcher`); an event goes to each watcher once, as one
-packet encoded once for all of them. Everything runs on the server's event loop.
+packet encoded once for all of them, unless the watcher's ids may not read the node the event
+is about (ZooKeeper 3.9's `ServerCnxn.process` with the znode's ACL): NodeCreated,
+NodeDataChanged and NodeDeleted are checked against the node's ACL, NodeChildrenChanged
+against the parent's; a one-shot watch whose event is held back is gone all the same.
+Everything runs on the server's event loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import jute
 from tablekeeper_server.zookeeper import protocol as zk
 from tablekeeper_server.zookeeper.paths import PREFIX, parent_of, path_of
+from tablekeeper_server.zookeeper.znode import OPEN_ACL, record_acl
 
 STANDARD = 1
 PERSISTENT = 2
@@ -37,6 +44,8 @@ CHILD = 1
 class Watcher(Protocol):
     watched: set[tuple[int, str]]
     """(table, path) of every watch this watcher holds (so it can drop them all)."""
+    auth: list[acls.AuthId]
+    """The connection's ids: an event about a node they may not read is not sent."""
 
     def send_event(self, packet: bytes) -> None: ...
 
@@ -114,7 +123,10 @@ class _Table:
 class Watches:
     """The watches of one keyspace's connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, acl_of: Callable[[str], bytes | None] = lambda path: None) -> None:
+        """`acl_of(path)`: the ACL of the node at `path` now (None: no such node), for the
+        parent's ACL a NodeChildrenChanged is checked against."""
+        self._acl_of = acl_of
         self.data = _Table(DATA)
         self.child = _Table(CHILD)
         self.recursive = 0
@@ -195,27 +207,37 @@ class Watches:
                 continue
             path = path_of(key)
             zxid = event.revision
+            record = event.record if event.record is not None else event.prev
+            acl = record_acl(record) if record is not None else OPEN_ACL
             if event.prev is None:
-                self._send(self.data.fire(path, self.recursive > 0), zk.NODE_CREATED, path, zxid)
-                parent = parent_of(path)
-                self._send(self.child.fire(parent, False), zk.NODE_CHILDREN_CHANGED, parent, zxid)
+                fired = self.data.fire(path, self.recursive > 0)
+                self._send(fired, zk.NODE_CREATED, path, zxid, acl)
+                self._children_changed(parent_of(path), zxid)
             elif event.record is None:
                 told = self.data.fire(path, self.recursive > 0)
-                self._send(told, zk.NODE_DELETED, path, zxid)
+                self._send(told, zk.NODE_DELETED, path, zxid, acl)
                 children = self.child.fire(path, False)
                 for watcher in told:
                     children.pop(watcher, None)
-                self._send(children, zk.NODE_DELETED, path, zxid)
-                parent = parent_of(path)
-                self._send(self.child.fire(parent, False), zk.NODE_CHILDREN_CHANGED, parent, zxid)
+                self._send(children, zk.NODE_DELETED, path, zxid, acl)
+                self._children_changed(parent_of(path), zxid)
             else:
                 fired = self.data.fire(path, self.recursive > 0)
-                self._send(fired, zk.NODE_DATA_CHANGED, path, zxid)
+                self._send(fired, zk.NODE_DATA_CHANGED, path, zxid, acl)
+
+    def _children_changed(self, parent: str, zxid: int) -> None:
+        fired = self.child.fire(parent, False)
+        if fired:
+            acl = self._acl_of(parent)
+            self._send(fired, zk.NODE_CHILDREN_CHANGED, parent, zxid, acl or OPEN_ACL)
 
     @staticmethod
-    def _send(watchers: dict[Watcher, None], event_type: int, path: str, zxid: int) -> None:
+    def _send(
+        watchers: dict[Watcher, None], event_type: int, path: str, zxid: int, acl: bytes
+    ) -> None:
         if not watchers:
             return
         packet = jute.notification(event_type, path, zxid)
         for watcher in watchers:
-            watcher.send_event(packet)
+            if acl == OPEN_ACL or acls.allowed(acl, zk.READ, watcher.auth):
+                watcher.send_event(packet)

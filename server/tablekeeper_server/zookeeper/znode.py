@@ -94,6 +94,13 @@ class Znode:
         )
 
 
+def record_acl(record: StoredRecord) -> bytes:
+    """The ACL of a znode's record (without decoding the rest)."""
+    value = record.value
+    acl_len = _META.unpack_from(value)[-1]
+    return value[_META.size : _META.size + acl_len]
+
+
 def from_record(record: StoredRecord) -> Znode:
     value = record.value
     ctime, mtime, aversion, owner, cversion, children, pzxid, flags, acl_len = _META.unpack_from(
