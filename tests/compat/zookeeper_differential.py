@@ -13,7 +13,8 @@ an ephemeral's owner by which of the run's sessions it is.
 Operations: create (persistent, ephemeral, sequential of both, container, TTL; create and
 create2), delete and setData with and without versions, exists, getData, getChildren2 with and
 without watches, persistent and persistent recursive watches (addWatch), multi (create, delete,
-setData, check; committed or failed), sync,
+setData, check; committed or failed), sync, ACLs (world, auth, digest; one session
+authenticated with digest) with getACL and setACL,
 getAllChildrenNumber, getEphemerals, closeSession, and a session that stops talking and expires.
 
 Both servers must keep empty containers and expired TTL nodes until the run ends (their sweeps
@@ -26,7 +27,9 @@ started here); tests/compat/test_zookeeper_differential.py runs it under pytest.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import hashlib
 import random
 import socket
 import struct
@@ -77,7 +80,8 @@ TTL_MS = 3_600_000
 OP_CREATE, OP_DELETE, OP_EXISTS, OP_GET_DATA, OP_SET_DATA = 1, 2, 3, 4, 5
 OP_SYNC, OP_CHECK, OP_GET_CHILDREN2, OP_MULTI, OP_CREATE2 = 9, 13, 12, 14, 15
 OP_CREATE_CONTAINER, OP_CREATE_TTL, OP_GET_EPHEMERALS, OP_ALL_CHILDREN = 19, 21, 103, 104
-OP_ADD_WATCH = 106
+OP_ADD_WATCH, OP_GET_ACL, OP_SET_ACL, OP_SET_AUTH = 106, 6, 7, 100
+ALICE_SESSION = 2
 OP_PING, OP_CLOSE = 11, -11
 
 # create modes: persistent, ephemeral, persistent sequential, ephemeral sequential, container,
@@ -120,10 +124,13 @@ class Run:
     owners: dict[int, int] = field(default_factory=dict)  # session id -> the run's number
     opened: int = 0
 
-    def open(self, timeout_ms: int = SESSION_TIMEOUT_MS) -> WireClient:
+    def open(self, timeout_ms: int = SESSION_TIMEOUT_MS, *, alice: bool = False) -> WireClient:
         client = WireClient(self.port, timeout_ms)
         client.connect()
         assert client.session_id, f"no session from port {self.port}"
+        if alice:  # addauth digest alice:pw (a setAuth packet: xid -4)
+            body = INT.pack(0) + string("digest") + buffer(ALICE.encode())
+            assert client.receive(client.send(OP_SET_AUTH, body, xid=-4)).err == 0
         self.owners[client.session_id] = self.opened
         self.opened += 1
         return client
@@ -156,8 +163,23 @@ class Run:
             client.events.clear()
 
 
-def _create_body(path: str, data: bytes, mode: int, op: int) -> bytes:
-    body = string(path) + buffer(data) + OPEN_ACL + INT.pack(mode)
+def _acl(perms: int, scheme: str, identity: str) -> bytes:
+    return INT.pack(1) + INT.pack(perms) + string(scheme) + string(identity)
+
+
+ALICE = "alice:pw"  # session 2 authenticates as alice (digest), the others not at all
+ALICE_ID = "alice:" + base64.b64encode(hashlib.sha1(ALICE.encode()).digest()).decode()
+# world:anyone all, world:anyone read, the creator's ids (auth: INVALIDACL without any), alice's
+ACLS = {
+    "open": OPEN_ACL,
+    "read": _acl(1, "world", "anyone"),
+    "creator": _acl(31, "auth", ""),
+    "alice": _acl(31, "digest", ALICE_ID),
+}
+
+
+def _create_body(path: str, data: bytes, mode: int, op: int, acl: str = "open") -> bytes:
+    body = string(path) + buffer(data) + ACLS[acl] + INT.pack(mode)
     if op == OP_CREATE_TTL:
         body += LONG.pack(TTL_MS)
     return body
@@ -206,6 +228,17 @@ def _strings(body: bytes, offset: int = 0) -> tuple[list[str], int]:
 def _children_result(run: Run, body: bytes) -> Any:
     names, offset = _strings(body)
     return (sorted(names), run.stat(body, offset))
+
+
+def _acl_result(run: Run, body: bytes) -> Any:
+    (count,) = INT.unpack_from(body)
+    offset, acl = 4, []
+    for _ in range(count):
+        (perms,) = INT.unpack_from(body, offset)
+        scheme, offset = read_string(body, offset + 4)
+        identity, offset = read_string(body, offset)
+        acl.append((perms, scheme, identity))
+    return (sorted(acl), run.stat(body, offset))
 
 
 def _int_result(run: Run, body: bytes) -> Any:
@@ -308,8 +341,9 @@ class Generator:
             if mode in (0, 1, 2, 3) and self.rng.random() < 0.3:
                 op = OP_CREATE  # the old create: the path only
         parse = _path_result if op == OP_CREATE else _path_stat_result
-        body = _create_body(path, self.data(), mode, op)
-        return Op(op, body, ("create", op, path, mode), parse, True)
+        acl = "open" if self.rng.random() < 0.85 else self.rng.choice(sorted(ACLS))
+        body = _create_body(path, self.data(), mode, op, acl)
+        return Op(op, body, ("create", op, path, mode, acl), parse, True)
 
     def multi_part(self) -> tuple[bytes, tuple[Any, ...]]:
         roll = self.rng.random()
@@ -365,7 +399,13 @@ class Generator:
                       _nothing, False)  # fmt: skip
         if roll < 0.95:
             return Op(OP_SYNC, string(path), ("sync", path), _path_result, False)
+        if roll < 0.96:
+            return Op(OP_GET_ACL, string(path), ("getACL", path), _acl_result, False)
         if roll < 0.97:
+            acl, version = self.rng.choice(sorted(ACLS)), self.version()
+            body = string(path) + ACLS[acl] + INT.pack(version)
+            return Op(OP_SET_ACL, body, ("setACL", path, acl, version), _stat_result, True)
+        if roll < 0.98:
             return Op(OP_ALL_CHILDREN, string(path), ("getAllChildrenNumber", path),
                       _int_result, False)  # fmt: skip
         return Op(OP_GET_EPHEMERALS, string(self.base), ("getEphemerals",),
@@ -403,7 +443,9 @@ def _replace_session(run: Run, session: int, base: str, *, expire: bool) -> None
             assert time.monotonic() < deadline, "an abandoned session never expired"
             time.sleep(0.05)
         run.trace.append(("expired", session))
-    replacement = run.open(EXPIRING_TIMEOUT_MS if session == 0 else SESSION_TIMEOUT_MS)
+    replacement = run.open(
+        EXPIRING_TIMEOUT_MS if session == 0 else SESSION_TIMEOUT_MS, alice=session == ALICE_SESSION
+    )
     run.sessions[session] = replacement
     run.fence(one_change=True)
 
@@ -413,7 +455,10 @@ def play(port: int, seed: int, ops: int, base: str) -> list[Any]:
     (which must not exist)."""
     run = Run(port)
     # Session 0 has a short timeout: it is the one that stops talking and expires.
-    run.sessions = [run.open(EXPIRING_TIMEOUT_MS)] + [run.open() for _ in range(SESSIONS - 1)]
+    run.sessions = [
+        run.open(EXPIRING_TIMEOUT_MS if i == 0 else SESSION_TIMEOUT_MS, alice=i == ALICE_SESSION)
+        for i in range(SESSIONS)
+    ]
     gen = Generator(seed, base)
     rng = random.Random(seed ^ 0x5EED)
     expire_at = rng.randrange(ops // 3, ops) if ops >= 3 else -1
