@@ -47,10 +47,12 @@ OWNER = re.compile(r"^ephemeralOwner = 0x0*[1-9a-f][0-9a-f]*$")
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperPair]:
-    assert ZKCLI.exists(), f"{ZKCLI} missing: deploy/zookeeper.sh start installs Debian's zookeeper"
-    started = start_pair(tmp_path_factory.mktemp("zookeeper-cli"))
-    yield started
-    started.stop()
+    started = start_pair(tmp_path_factory.mktemp("zookeeper-cli"))  # installs it if missing
+    try:
+        assert ZKCLI.exists(), f"{ZKCLI} missing after deploy/zookeeper.sh installed zookeeper"
+        yield started
+    finally:
+        started.stop()
 
 
 def zkcli(hosts: str, *args: str, script: str | None = None) -> tuple[int, str]:
