@@ -49,9 +49,10 @@ Options:
   -h, --help       this help
 
 Environment: ZK_HEAP (default -Xmx256m), ZK_EXTRA_OPTS (more JVM flags, default
--XX:TieredStopAtLevel=1), ZK_CLASSPATH (another ZooKeeper's jars to run instead of Debian's,
-e.g. the 3.9.3 among Pulsar's: tests/compat/zookeeper_compat.py), ZK_STOP_TIMEOUT (default 30), TK_PYTHON (python with kazoo, default
-<repo>/.venv/bin/python; without kazoo readiness falls back to the 'srvr' command).
+-XX:TieredStopAtLevel=1), ZK_STOP_TIMEOUT (default 30), TK_PYTHON (python with kazoo, default
+<repo>/.venv/bin/python; without kazoo readiness falls back to the 'srvr' command),
+ZK_CLASSPATH (another ZooKeeper's jars to run instead of Debian's, e.g. the 3.9.3 among
+Pulsar's, as tests/compat/zookeeper_compat.py does).
 Installs the Debian 'zookeeper' package with apt-get if it is missing (needs root).
 EOF
 }
