@@ -47,6 +47,7 @@ from tablekeeper_server.container.split_policy import SplitPolicy, SplitThreshol
 from tablekeeper_server.container.standby import Standby
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
+from tablekeeper_server.edge.limits import packet_refusal
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.keys import front_end_name
 from tablekeeper_server.etcd.server import EtcdServer
@@ -731,7 +732,7 @@ async def _start_etcd(
         port=port,
         keyspace=keyspace,
         advertised_host=config.advertised_host,
-        value_bytes_max=config.limits.value_bytes_max,
+        limits=config.limits,
         tls=front.tls,
         interceptors=front.interceptors(),
         namespace_bits=front.namespace_bits,
@@ -766,8 +767,7 @@ async def _start_oxia(
         bind_host=config.bind_host,
         port=port,
         advertised_host=config.advertised_host,
-        key_bytes_max=config.limits.key_bytes_max,
-        value_bytes_max=config.limits.value_bytes_max,
+        limits=config.limits,
         tls=front.tls,
         interceptors=front.interceptors(),
         namespace_bits=front.namespace_bits,
@@ -795,6 +795,8 @@ async def _start_zookeeper(
     """ZooKeeper's client protocol on `port`, over table zookeeper/keyspace (created on first
     start). `cluster`: cluster mode or a worker (connections to a server that does not own the
     keyspace's range are relayed to its owner)."""
+    if reason := packet_refusal(config.zookeeper_max_packet_bytes, config.limits):
+        log.warning("--zookeeper-max-packet-bytes: %s", reason)
     zookeeper = ZooKeeperServer(
         registry,
         clock,

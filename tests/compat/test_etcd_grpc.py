@@ -111,6 +111,31 @@ def test_errors_have_etcds_codes_and_messages(channel: grpc.Channel) -> None:
     assert nothing.count >= 1 and not nothing.kvs
 
 
+def test_a_key_or_value_over_the_servers_limits_is_too_large_and_writes_nothing(
+    channel: grpc.Channel,
+) -> None:
+    """etcd's answer for a request over its size bound, for a key or a value over the limits the
+    server's other front-ends hold them to (defaults: 64 KiB keys, 4 MiB values)."""
+    kv = rpc_pb2_grpc.KVStub(channel)
+    too_large = (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: request is too large")
+    long_key = b"big/" + b"k" * (64 * 1024)
+    big_value = b"v" * (4 * 1024 * 1024 + 1)
+    assert status_of(lambda: kv.Put(rpc_pb2.PutRequest(key=long_key, value=b"v"))) == too_large
+    assert status_of(lambda: kv.Put(rpc_pb2.PutRequest(key=b"big/v", value=big_value))) == (
+        too_large
+    )
+    in_txn = rpc_pb2.TxnRequest(
+        success=[
+            rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=b"big/t", value=b"1")),
+            rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=long_key, value=b"2")),
+        ]
+    )
+    assert status_of(lambda: kv.Txn(in_txn)) == too_large
+    left = kv.Range(rpc_pb2.RangeRequest(key=b"big/", range_end=b"big0"), timeout=TIMEOUT_S)
+    assert left.count == 0
+    put(kv, b"big/" + b"k" * (64 * 1024 - 4), b"v" * (4 * 1024 * 1024))  # at the limits: taken
+
+
 class WatchStream:
     """A Watch call fed from a queue; responses collected on a thread."""
 

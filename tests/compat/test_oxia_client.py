@@ -220,6 +220,14 @@ def test_bad_input_gets_oxia_codes_and_writes_nothing(
     for bad in bad_requests:
         request = client_pb2.WriteRequest(shard=shard, puts=[good, bad])
         assert _code(functools.partial(stub.Write, request)) == grpc.StatusCode.INVALID_ARGUMENT
+    # A value over the server's --max-value-bytes (4 MiB): RESOURCE_EXHAUSTED, as Oxia answers a
+    # request over its gRPC frame; the good put with it is not applied either.
+    big = client_pb2.PutRequest(key=key + "-big", value=b"v" * (4 * 1024 * 1024 + 1))
+    request = client_pb2.WriteRequest(shard=shard, puts=[good, big])
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Write(request)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (refused.value.details() or "").startswith("oxia: value is 4194305 bytes")
     read = client_pb2.ReadRequest(shard=shard, gets=[client_pb2.GetRequest(key=key + "-good")])
     (response,) = list(stub.Read(read))
     assert response.gets[0].status == client_pb2.KEY_NOT_FOUND

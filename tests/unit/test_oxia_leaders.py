@@ -13,6 +13,7 @@ from tablekeeper_server.oxia.errors import OxiaError
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import Namespaces, Shard
 from tablekeeper_server.oxia.servicer import OxiaServicer
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 
 SHARD = Shard(shard_id=7 << 32, stream_id=7, range_id=0, container_id=3, ttl_seconds=0,
@@ -32,7 +33,7 @@ def _peers(owners: dict[int, str]) -> FrontEndPeers:
 
 def _servicer(leaders: ShardLeaders) -> OxiaServicer:
     namespaces = cast(Namespaces, cast(Any, FakeNamespaces()))
-    return OxiaServicer(namespaces, leaders, 1024, SystemClock())
+    return OxiaServicer(namespaces, leaders, Limits(key_bytes_max=1024), SystemClock())
 
 
 def test_a_server_leads_its_own_and_unowned_containers() -> None:

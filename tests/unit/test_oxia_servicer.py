@@ -3,19 +3,24 @@ how change events become notification batches, where notifications from an old o
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from tablekeeper_proto.oxia import client_pb2
 from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.errors import InvalidKeyError, ResourceLimitError, TableKeeperError
 from tablekeeper_server.oxia import keys, reads
-from tablekeeper_server.oxia.errors import OxiaError
+from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
 from tablekeeper_server.oxia.servicer import _check_write, _notification_batches, start_after
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS
+
+LIMITS = Limits(key_bytes_max=100, value_bytes_max=1000)
 
 
 def _record(revision: int, version: int) -> StoredRecord:
@@ -31,13 +36,52 @@ def _record(revision: int, version: int) -> StoredRecord:
         ),
         client_pb2.PutRequest(key="k", partition_key="p", sequence_key_delta=[0, 1]),
         client_pb2.PutRequest(key="k", expected_version_id=-5),
-        client_pb2.PutRequest(key="k" * 101),
     ],
 )
 def test_malformed_puts_are_refused(put: client_pb2.PutRequest) -> None:
     with pytest.raises(OxiaError) as refused:
-        _check_write(client_pb2.WriteRequest(puts=[put]), key_bytes_max=100)
+        _check_write(client_pb2.WriteRequest(puts=[put]), LIMITS)
     assert refused.value.message.startswith("oxia: ")
+
+
+@pytest.mark.parametrize(
+    ("request_", "refusal", "answer"),
+    [
+        (
+            client_pb2.WriteRequest(puts=[client_pb2.PutRequest(key="k" * 101)]),
+            InvalidKeyError,
+            (grpc.StatusCode.INVALID_ARGUMENT, "oxia: key is 101 bytes; the limit is 100"),
+        ),
+        (
+            client_pb2.WriteRequest(deletes=[client_pb2.DeleteRequest(key="k" * 101)]),
+            InvalidKeyError,
+            (grpc.StatusCode.INVALID_ARGUMENT, "oxia: key is 101 bytes; the limit is 100"),
+        ),
+        (
+            client_pb2.WriteRequest(puts=[client_pb2.PutRequest(key="k", value=b"v" * 1001)]),
+            ResourceLimitError,
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "oxia: value is 1001 bytes; the limit is 1000"),
+        ),
+        (
+            # Each value fits, the request does not (1000 + 2 * 100 + 1 MiB).
+            client_pb2.WriteRequest(
+                puts=[client_pb2.PutRequest(key=f"k{i}", value=b"v" * 1000) for i in range(1100)]
+            ),
+            ResourceLimitError,
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "oxia: request is "),
+        ),
+    ],
+)
+def test_writes_over_the_shared_limits_are_refused_in_oxia_terms(
+    request_: client_pb2.WriteRequest,
+    refusal: type[TableKeeperError],
+    answer: tuple[grpc.StatusCode, str],
+) -> None:
+    with pytest.raises(refusal) as refused:
+        _check_write(request_, LIMITS)
+    error = from_tablekeeper(refused.value)
+    assert error.code == answer[0]
+    assert error.message.startswith(answer[1])
 
 
 def test_well_formed_writes_pass() -> None:
@@ -48,7 +92,7 @@ def test_well_formed_writes_pass() -> None:
         ],
         deletes=[client_pb2.DeleteRequest(key="k")],
     )
-    _check_write(request, key_bytes_max=100)
+    _check_write(request, LIMITS)
 
 
 def test_one_batch_per_revision_in_order() -> None:

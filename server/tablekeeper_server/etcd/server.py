@@ -20,6 +20,7 @@ from grpc_health.v1.health import aio as health_aio
 from tablekeeper_proto.etcd import rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.limits import message_bytes_max
 from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
@@ -34,6 +35,7 @@ from tablekeeper_server.etcd.servicers import (
     MaintenanceServicer,
     WatchServicer,
 )
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.frontends import (
     FrontEndPeers,
     NoOwnerError,
@@ -66,7 +68,7 @@ class EtcdServer:
         bind_host: str,
         port: int,
         advertised_host: str,
-        value_bytes_max: int,
+        limits: Limits,
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
         namespace_bits: NamespaceBits,
@@ -94,7 +96,7 @@ class EtcdServer:
             invalid_token_message=ERRORS["invalid_auth_token"][1],
             cache_s=access_cache_s,
         )
-        message_max = value_bytes_max + 2 * 1024 * 1024
+        message_max = message_bytes_max(limits)
         interceptors = list(self.security.interceptors)
         self._pass_through: PassThrough | None = None
         if peers is not None:
@@ -126,7 +128,7 @@ class EtcdServer:
         scheme = "https" if tls is not None else "http"
         client_url = f"{scheme}://{advertised_host}:{self.port}"
         services = self.grpc.services
-        rpc_pb2_grpc.add_KVServicer_to_server(KVServicer(self.keyspace, value_bytes_max), services)
+        rpc_pb2_grpc.add_KVServicer_to_server(KVServicer(self.keyspace, limits), services)
         self._watch = WatchServicer(self.keyspace, progress_interval_s=progress_interval_s)
         rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, services)
         self._lease = LeaseServicer(self.keyspace)

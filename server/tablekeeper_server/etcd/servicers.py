@@ -18,6 +18,7 @@ import grpc
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.backup.format import BackupError
 from tablekeeper_server.core.keys import prefix_end
+from tablekeeper_server.edge.limits import key_refusal, request_refusal, value_refusal
 from tablekeeper_server.errors import (
     Code,
     CompactedError,
@@ -35,6 +36,7 @@ from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.sessions import TTL_MS_MAX
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 
 log = logging.getLogger(__name__)
@@ -61,33 +63,42 @@ async def _unary(context: Context, handler: Callable[[], Awaitable[M]]) -> M:
     raise AssertionError("unreachable")  # context.abort raises
 
 
-def _check_put(req: rpc_pb2.PutRequest) -> None:
+def _check_put(req: rpc_pb2.PutRequest, limits: Limits) -> None:
     if not req.key:
         raise EtcdError("empty_key")
     if req.ignore_value and req.value:
         raise EtcdError("value_provided")
     if req.ignore_lease and req.lease:
         raise EtcdError("lease_provided")
+    # etcd's one size bound is the whole request's ("request is too large"); the key and the
+    # value a put stores are held to the limits every front-end shares (`edge.limits`).
+    if key_refusal(len(req.key), limits) or value_refusal(len(req.value), limits):
+        raise EtcdError("request_too_large")
 
 
-def _check_txn(req: rpc_pb2.TxnRequest) -> None:
+def _check_request_size(req: rpc_pb2.PutRequest | rpc_pb2.TxnRequest, limits: Limits) -> None:
+    if request_refusal(req.ByteSize(), limits):
+        raise EtcdError("request_too_large")
+
+
+def _check_txn(req: rpc_pb2.TxnRequest, limits: Limits) -> None:
     if len(req.compare) > TXN_OPS_MAX or max(len(req.success), len(req.failure)) > TXN_OPS_MAX:
         raise EtcdError("too_many_ops")
     for op in (*req.success, *req.failure):
         kind = op.WhichOneof("request")
         if kind == "request_put":
-            _check_put(op.request_put)
+            _check_put(op.request_put, limits)
         elif kind in ("request_range", "request_delete_range"):
             if not getattr(op, kind).key:
                 raise EtcdError("empty_key")
         elif kind == "request_txn":
-            _check_txn(op.request_txn)
+            _check_txn(op.request_txn, limits)
 
 
 class KVServicer(rpc_pb2_grpc.KVServicer):
-    def __init__(self, keyspace: Keyspace, value_bytes_max: int) -> None:
+    def __init__(self, keyspace: Keyspace, limits: Limits) -> None:
         self._keyspace = keyspace
-        self._value_bytes_max = value_bytes_max
+        self._limits = limits
 
     async def Range(  # noqa: N802 (gRPC method names)
         self, request: rpc_pb2.RangeRequest, context: Context
@@ -96,9 +107,8 @@ class KVServicer(rpc_pb2_grpc.KVServicer):
 
     async def Put(self, request: rpc_pb2.PutRequest, context: Context) -> rpc_pb2.PutResponse:  # noqa: N802
         async def handle() -> rpc_pb2.PutResponse:
-            _check_put(request)
-            if len(request.key) + len(request.value) > self._value_bytes_max:
-                raise EtcdError("request_too_large")
+            _check_put(request, self._limits)
+            _check_request_size(request, self._limits)
             txn = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_put=request)])
             result = await self._keyspace.write(txn)
             response = result.responses[0].response_put
@@ -123,9 +133,8 @@ class KVServicer(rpc_pb2_grpc.KVServicer):
 
     async def Txn(self, request: rpc_pb2.TxnRequest, context: Context) -> rpc_pb2.TxnResponse:  # noqa: N802
         async def handle() -> rpc_pb2.TxnResponse:
-            _check_txn(request)
-            if request.ByteSize() > self._value_bytes_max + 1024 * 1024:
-                raise EtcdError("request_too_large")
+            _check_txn(request, self._limits)
+            _check_request_size(request, self._limits)
             if read_only_txn(request):
                 return await self._keyspace.read_txn(request)
             return await self._keyspace.write(request)

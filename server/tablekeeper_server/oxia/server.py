@@ -17,11 +17,13 @@ from typing import Any
 from tablekeeper_proto.oxia import client_pb2_grpc
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.limits import message_bytes_max
 from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
 from tablekeeper_server.edge.startup import retry_until_done
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder
@@ -44,8 +46,7 @@ class OxiaServer:
         bind_host: str,
         port: int,
         advertised_host: str,
-        key_bytes_max: int,
-        value_bytes_max: int,
+        limits: Limits,
         tls: ServerTls | None = None,
         interceptors: Sequence[Any] = (),
         namespace_bits: NamespaceBits,
@@ -64,7 +65,7 @@ class OxiaServer:
         self._creating: asyncio.Task[None] | None = None
         # Permissions are checked on namespace `oxia`, which holds every Oxia namespace's table.
         self.security = secure_front_end(interceptors, namespace_bits, cache_s=access_cache_s)
-        message_max = value_bytes_max + 2 * 1024 * 1024
+        message_max = message_bytes_max(limits)
         self.grpc = GrpcPort(
             bind_host,
             port,
@@ -86,7 +87,7 @@ class OxiaServer:
         self.port = self.grpc.port
         self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)
         self._clock = clock
-        self._servicer = OxiaServicer(self.namespaces, self.leaders, key_bytes_max, clock)
+        self._servicer = OxiaServicer(self.namespaces, self.leaders, limits, clock)
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self.grpc.services)
 
     async def start(self) -> None:

@@ -19,10 +19,13 @@ import grpc
 from tablekeeper_proto.oxia import apply_pb2, client_pb2, client_pb2_grpc
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.clock import Clock
+from tablekeeper_server.edge.limits import key_refusal, request_refusal, value_refusal
 from tablekeeper_server.errors import (
     BadRequestError,
     CompactedError,
+    InvalidKeyError,
     KeyNotFoundError,
+    ResourceLimitError,
     TableKeeperError,
     UnavailableError,
 )
@@ -35,6 +38,7 @@ from tablekeeper_server.oxia.records import version_id
 from tablekeeper_server.range.apply import failure_of
 from tablekeeper_server.range.events import ChangeEvent
 from tablekeeper_server.range.records import decode_record
+from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
@@ -69,11 +73,18 @@ class _oxia_errors:  # noqa: N801 (used like a function: `async with _oxia_error
         return False
 
 
-def _check_write(request: client_pb2.WriteRequest, key_bytes_max: int) -> None:
-    """Refuse what Oxia refuses before anything is logged (nothing of the request is applied)."""
+def _check_write(request: client_pb2.WriteRequest, limits: Limits) -> None:
+    """Refuse what Oxia refuses before anything is logged (nothing of the request is applied),
+    and what is over the limits every front-end shares (`edge.limits`): a key too long is
+    INVALID_ARGUMENT, a value or the whole request too large RESOURCE_EXHAUSTED (what Oxia
+    answers for a request over its gRPC frame; its clients fail the writes of the request)."""
+    if reason := request_refusal(request.ByteSize(), limits):
+        raise ResourceLimitError(reason)
     for put in request.puts:
-        if len(put.key.encode()) > key_bytes_max:
-            raise OxiaError.invalid("key too long")
+        if reason := key_refusal(len(put.key.encode()), limits):
+            raise InvalidKeyError(reason)
+        if reason := value_refusal(len(put.value), limits):
+            raise ResourceLimitError(reason)
         if put.sequence_key_delta:
             if not put.HasField("partition_key"):
                 raise OxiaError.invalid("sequential key operation requires partition key")
@@ -84,8 +95,8 @@ def _check_write(request: client_pb2.WriteRequest, key_bytes_max: int) -> None:
         elif put.HasField("expected_version_id") and put.expected_version_id < -1:
             raise OxiaError.invalid("expected_version_id must be >= -1")
     for delete in request.deletes:
-        if len(delete.key.encode()) > key_bytes_max:
-            raise OxiaError.invalid("key too long")
+        if reason := key_refusal(len(delete.key.encode()), limits):
+            raise InvalidKeyError(reason)
 
 
 def _notification_batches(
@@ -132,14 +143,14 @@ def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
 
 class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
     def __init__(
-        self, namespaces: Namespaces, leaders: ShardLeaders, key_bytes_max: int, clock: Clock
+        self, namespaces: Namespaces, leaders: ShardLeaders, limits: Limits, clock: Clock
     ) -> None:
         self.namespaces = namespaces
         self.clock = clock
         """Stamps notification batches (the time they are sent)."""
         self.leaders = leaders
         """Each shard's leader: this front-end standalone, its container's owner in a cluster."""
-        self.key_bytes_max = key_bytes_max
+        self.limits = limits
         self._stopping = asyncio.Event()
         self._watchers: set[Watcher] = set()
 
@@ -200,7 +211,7 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
     async def _write(
         self, shard_id: int, request: client_pb2.WriteRequest
     ) -> client_pb2.WriteResponse:
-        _check_write(request, self.key_bytes_max)
+        _check_write(request, self.limits)
         if not (request.puts or request.deletes or request.delete_ranges):
             return client_pb2.WriteResponse()
         range_ = await self.namespaces.range(shard_id)

@@ -15,6 +15,7 @@ from tablekeeper_proto.v1 import (
     tablekeeper_pb2_grpc,
 )
 from tablekeeper_server.container.registry import ContainerRegistry
+from tablekeeper_server.edge.limits import request_bytes_max
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.listen import GrpcPort
@@ -83,7 +84,8 @@ class GrpcServer:
 
         `runtime`: see `GrpcPort` (with `envoy`, Envoy listens on `port`; `rpc.envoy`).
         """
-        message_max = limits.value_bytes_max + 2 * limits.key_bytes_max + 1024 * 1024
+        # BookKeeper's clients expect gRPC's own cut-off for a request over the shared bound.
+        message_max = request_bytes_max(limits)
         # The BookKeeper client sends the whole key as `bk-rt-key-bin` metadata: gRPC's default
         # metadata limits (8 KiB soft, 16 KiB hard) would reject keys the server accepts.
         metadata_max = 2 * limits.key_bytes_max + 16 * 1024
