@@ -48,6 +48,7 @@ from tablekeeper_server.container.standby import Standby
 from tablekeeper_server.core.clock import Clock, SystemClock
 from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.edge.limits import packet_refusal
+from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.keys import front_end_name
 from tablekeeper_server.etcd.server import EtcdServer
@@ -295,6 +296,7 @@ async def serve(
     # A worker: its share.
     hosted = [c for c in range(num_containers) if worker is None or worker.owns(c)]
     registry = ContainerRegistry(env, [] if coordinator else hosted)
+    streams = OpenStreams()  # every front-end's open streams, ended on shutdown
     _register_metrics(
         metrics,
         registry,
@@ -303,6 +305,7 @@ async def serve(
         followers,
         config.metrics_max_tables,
         files_limit,
+        streams,
     )
     log.info(
         "starting: data dir %s, logs: %s, checkpoints in %s, %d containers%s",
@@ -333,7 +336,7 @@ async def serve(
     )
     # Cluster mode and workers: the root range may be in another process.
     root_elsewhere = config.cluster_mode or worker is not None
-    front = _FrontEndSecurity(tls, authenticator, metrics, admin, root_elsewhere)
+    front = _FrontEndSecurity(tls, authenticator, metrics, admin, root_elsewhere, streams)
     if access is not None:
         main_access = access
 
@@ -382,6 +385,7 @@ async def serve(
         if authenticator is not None and authenticator.verifier is not None
         else None,
         runtime=config.runtime,
+        streams=streams,
     )
     if coordinator is not None and member is not None:
         admin.cluster_view = ZooKeeperView(
@@ -524,9 +528,10 @@ def _register_metrics(
     followers: Followers | None,
     metrics_max_tables: int,
     files_limit: int,
+    streams: OpenStreams,
 ) -> None:
     """What the metrics read at each scrape: ranges, open files, containers, the process,
-    RocksDB's memory, followers, live watches and sessions."""
+    RocksDB's memory, followers, live watches, sessions and front-ends' open streams."""
     env = registry.env
     metrics.register_range_stats(
         lambda: [_range_stats(r, env.clock, table_names) for r in registry.all_ranges()],
@@ -562,6 +567,7 @@ def _register_metrics(
         lambda: LiveCounts(
             watches=sum(r.watch.watchers for r in registry.all_ranges()),
             sessions=sum(len(r.sessions) for r in registry.all_ranges()),
+            streams=streams.counts(),
         )
     )
 
@@ -644,6 +650,8 @@ class _FrontEndSecurity:
     admin: AdminServicer
     root_elsewhere: bool
     """Cluster mode or a worker: the root range may be in another process."""
+    streams: OpenStreams
+    """The server's open streams, the gRPC port's and every front-end's."""
     accesses: list[AccessControl] = field(default_factory=list)
 
     @property
@@ -742,6 +750,7 @@ async def _start_etcd(
         runtime=config.runtime,
         clock=registry.env.clock,
         metrics=front.metrics,
+        streams=front.streams,
     )
     if front.admin.backups is not None:  # etcdctl snapshot save: a backup of the keyspace
         etcd.maintenance.snapshots = KeyspaceSnapshots(
@@ -777,6 +786,7 @@ async def _start_oxia(
         runtime=config.runtime,
         clock=registry.env.clock,
         metrics=front.metrics,
+        streams=front.streams,
     )
     front.secured(oxia.security.access)
     await oxia.start()

@@ -23,7 +23,7 @@ import platform
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import (
     CollectorRegistry,
@@ -201,6 +201,9 @@ class LiveCounts:
     there)."""
     sessions: int
     """Sessions alive on this server's ranges."""
+    streams: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Open streams of the front-ends by (front-end, method): watches, change feeds and
+    keep-alives (`edge.streams`)."""
 
 
 class _LiveCountsCollector(Collector):
@@ -219,6 +222,14 @@ class _LiveCountsCollector(Collector):
             "Sessions alive on the ranges this server hosts",
             value=counts.sessions,
         )
+        streams = GaugeMetricFamily(
+            "tablekeeper_open_streams",
+            "Open streams of the front-ends (watches, change feeds, keep-alives), by method",
+            labels=["front_end", "method"],
+        )
+        for (front_end, method), n in sorted(counts.streams.items()):
+            streams.add_metric([front_end, method], n)
+        yield streams
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,14 @@ def _gauge(text: str, name: str) -> float:
     return float(match.group(1))
 
 
+def _open_streams(text: str) -> dict[tuple[str, str], float]:
+    """`tablekeeper_open_streams` by (front-end, method); a method with none is not listed."""
+    series = re.findall(
+        r'^tablekeeper_open_streams\{front_end="([^"]*)",method="([^"]*)"\} (\S+)$', text, re.M
+    )
+    return {(front_end, method): float(n) for front_end, method, n in series}
+
+
 def test_metrics_process_build_info_watches_and_sessions(server: ServerProcess) -> None:
     text = server.metrics()
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"):
@@ -42,6 +50,8 @@ def test_metrics_process_build_info_watches_and_sessions(server: ServerProcess) 
     assert build and re.search(r'version="[^"]+"', build.group(1)), build
     assert _gauge(text, "tablekeeper_open_watches") == 0
     assert _gauge(text, "tablekeeper_live_sessions") == 0
+    assert _open_streams(text) == {}
+    shared = ("bookkeeper", "WatchMany")  # the SDK's watches share one stream
 
     with Client(server.service) as client:
         client.create_namespace("ops")
@@ -49,19 +59,20 @@ def test_metrics_process_build_info_watches_and_sessions(server: ServerProcess) 
         handle = client.table("ops", table.name)
         with handle.session("p", ttl_s=10), handle.watch("p", "k"):
 
-            def counts() -> tuple[float, float]:
+            def counts() -> tuple[float, float, float]:
                 text = server.metrics()
                 return (
                     _gauge(text, "tablekeeper_open_watches"),
                     _gauge(text, "tablekeeper_live_sessions"),
+                    _open_streams(text).get(shared, 0),
                 )
 
             deadline = time.monotonic() + 30
-            while counts() != (1, 1):
+            while counts() != (1, 1, 1):
                 assert time.monotonic() < deadline, counts()
                 time.sleep(0.1)
         deadline = time.monotonic() + 30
-        while counts() != (0, 0):
+        while counts() != (0, 0, 0):
             assert time.monotonic() < deadline, counts()
             time.sleep(0.1)
 

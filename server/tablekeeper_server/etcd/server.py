@@ -22,10 +22,11 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.edge.limits import message_bytes_max
 from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
+from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
 from tablekeeper_server.etcd.errors import ERRORS, EtcdError
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE
+from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, front_end_name
 from tablekeeper_server.etcd.keyspace import Keyspace
 from tablekeeper_server.etcd.servicers import (
     PROGRESS_INTERVAL_S,
@@ -80,12 +81,15 @@ class EtcdServer:
         runtime: str = "grpc-aio",
         clock: Clock,
         metrics: RequestObserver | None = None,
+        streams: OpenStreams | None = None,
     ) -> None:
         """`keyspace`: the keyspace served (table `etcd/KEYSPACE`). `forwarder` and `peers`:
         cluster mode or a worker (`forwarder` reaches the root range's owner, `peers` the other
         servers' ports of this keyspace). `namespace_bits`: a role's permissions on a namespace
         (the root range's, here or on its owner), decisions cached `access_cache_s`."""
         self.keyspace = Keyspace(registry, forwarder, keyspace, clock=clock)
+        self.streams = streams if streams is not None else OpenStreams()
+        """The server's open streams (Watch and LeaseKeepAlive here), ended by `stop`."""
         self._peers = peers
         # etcd's clients send their token as `token` metadata and re-authenticate only when
         # told exactly etcd's "invalid auth token"; permissions are checked on namespace etcd.
@@ -129,9 +133,11 @@ class EtcdServer:
         client_url = f"{scheme}://{advertised_host}:{self.port}"
         services = self.grpc.services
         rpc_pb2_grpc.add_KVServicer_to_server(KVServicer(self.keyspace, limits), services)
-        self._watch = WatchServicer(self.keyspace, progress_interval_s=progress_interval_s)
+        self._watch = WatchServicer(
+            self.keyspace, self.streams, progress_interval_s=progress_interval_s
+        )
         rpc_pb2_grpc.add_WatchServicer_to_server(self._watch, services)
-        self._lease = LeaseServicer(self.keyspace)
+        self._lease = LeaseServicer(self.keyspace, self.streams)
         rpc_pb2_grpc.add_LeaseServicer_to_server(self._lease, services)
         rpc_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(client_url, peers.members if peers is not None else None, scheme),
@@ -153,8 +159,7 @@ class EtcdServer:
 
     async def stop(self, grace_s: float) -> None:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._watch.streams.shutdown()
-        self._lease.streams.shutdown()
+        self.streams.close(front_end_name(self.keyspace.name))
         await self.grpc.stop(grace_s)
         await self.keyspace.close()
         if self._pass_through is not None:

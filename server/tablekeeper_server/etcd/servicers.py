@@ -19,6 +19,7 @@ from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tablekeeper_server.backup.format import BackupError
 from tablekeeper_server.core.keys import prefix_end
 from tablekeeper_server.edge.limits import key_refusal, request_refusal, value_refusal
+from tablekeeper_server.edge.streams import OpenStreams, Registration
 from tablekeeper_server.errors import (
     Code,
     CompactedError,
@@ -28,7 +29,7 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
 from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
-from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
+from tablekeeper_server.etcd.keys import PREFIX, front_end_name, span, to_kv
 from tablekeeper_server.etcd.keyspace import MEMBER_ID, Keyspace
 from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.etcd.state import PastView, StoreView, members_prefix
@@ -153,29 +154,20 @@ class KVServicer(rpc_pb2_grpc.KVServicer):
         return await _unary(context, handle)
 
 
-class _Streams:
-    """The open streams of one servicer, ended when the server stops (they never end alone)."""
+def _open_stream(streams: OpenStreams, keyspace: Keyspace, method: str) -> Registration:
+    """Register the calling stream in the server's open streams, under the keyspace's front-end
+    name (ended, by cancelling its task, when that port stops); etcd's "server stopped" once
+    they are closed."""
+    front_end = front_end_name(keyspace.name)
+    if streams.closed(front_end):
+        raise EtcdError("stopped")
+    task = asyncio.current_task()
+    assert task is not None  # a gRPC handler runs in a task
 
-    def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.stopping = False
+    def end() -> None:
+        task.cancel()
 
-    def enter(self) -> None:
-        if self.stopping:
-            raise EtcdError("stopped")
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.add(task)
-
-    def leave(self) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self.tasks.discard(task)
-
-    def shutdown(self) -> None:
-        self.stopping = True
-        for task in list(self.tasks):
-            task.cancel()
+    return streams.opened(front_end, method, end)
 
 
 class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
@@ -183,9 +175,9 @@ class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
     the client's choice, or that command's revision); keep-alives only renew its in-memory
     deadline; revoking or expiry deletes its keys through the log, each key a DELETE event."""
 
-    def __init__(self, keyspace: Keyspace) -> None:
+    def __init__(self, keyspace: Keyspace, streams: OpenStreams) -> None:
         self._keyspace = keyspace
-        self.streams = _Streams()
+        self.streams = streams
 
     async def LeaseGrant(  # noqa: N802
         self, request: rpc_pb2.LeaseGrantRequest, context: Context
@@ -236,25 +228,23 @@ class LeaseServicer(rpc_pb2_grpc.LeaseServicer):
         self, request_iterator: AsyncIterator[rpc_pb2.LeaseKeepAliveRequest], context: Context
     ) -> AsyncIterator[rpc_pb2.LeaseKeepAliveResponse]:
         try:
-            self.streams.enter()
-            async for request in request_iterator:
-                range_ = await self._keyspace.range()
-                try:
-                    ttl_s = range_.sessions.keep_alive(request.ID) // 1000
-                except KeyNotFoundError:
-                    ttl_s = 0  # etcd answers an unknown lease with TTL 0
-                yield rpc_pb2.LeaseKeepAliveResponse(
-                    header=self._keyspace.header(range_.applied_sequence),
-                    ID=request.ID,
-                    TTL=ttl_s,
-                )
+            with _open_stream(self.streams, self._keyspace, "LeaseKeepAlive"):
+                async for request in request_iterator:
+                    range_ = await self._keyspace.range()
+                    try:
+                        ttl_s = range_.sessions.keep_alive(request.ID) // 1000
+                    except KeyNotFoundError:
+                        ttl_s = 0  # etcd answers an unknown lease with TTL 0
+                    yield rpc_pb2.LeaseKeepAliveResponse(
+                        header=self._keyspace.header(range_.applied_sequence),
+                        ID=request.ID,
+                        TTL=ttl_s,
+                    )
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
         except TableKeeperError as exc:
             error = from_tablekeeper(exc)
             await context.abort(error.code, error.message)
-        finally:
-            self.streams.leave()
 
     async def LeaseTimeToLive(  # noqa: N802
         self, request: rpc_pb2.LeaseTimeToLiveRequest, context: Context
@@ -297,36 +287,40 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
     range's watch hub (history catch-up, then live events) and sends into the stream's queue."""
 
     def __init__(
-        self, keyspace: Keyspace, *, progress_interval_s: float = PROGRESS_INTERVAL_S
+        self,
+        keyspace: Keyspace,
+        streams: OpenStreams,
+        *,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
     ) -> None:
         self._keyspace = keyspace
         self._progress_interval_s = progress_interval_s
         self._events = _EventCache()
-        self.streams = _Streams()
+        self.streams = streams
 
     async def Watch(  # noqa: N802
         self, request_iterator: AsyncIterator[rpc_pb2.WatchRequest], context: Context
     ) -> AsyncIterator[rpc_pb2.WatchResponse]:
         try:
-            self.streams.enter()
+            registration = _open_stream(self.streams, self._keyspace, "Watch")
         except EtcdError as exc:
             await context.abort(exc.code, exc.message)
-        stream = _WatchStream(self._keyspace, self._progress_interval_s, self._events)
-        reader = asyncio.create_task(stream.read(request_iterator))
-        try:
-            while True:
-                yield await stream.next(reader)
-        except EtcdError as exc:  # e.g. the keyspace is not open here (cluster mode)
-            await context.abort(exc.code, exc.message)
-        except TableKeeperError as exc:
-            error = from_tablekeeper(exc)
-            await context.abort(error.code, error.message)
-        finally:
-            reader.cancel()
-            await stream.close()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-            self.streams.leave()
+        with registration:
+            stream = _WatchStream(self._keyspace, self._progress_interval_s, self._events)
+            reader = asyncio.create_task(stream.read(request_iterator))
+            try:
+                while True:
+                    yield await stream.next(reader)
+            except EtcdError as exc:  # e.g. the keyspace is not open here (cluster mode)
+                await context.abort(exc.code, exc.message)
+            except TableKeeperError as exc:
+                error = from_tablekeeper(exc)
+                await context.abort(error.code, error.message)
+            finally:
+                reader.cancel()
+                await stream.close()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await reader
 
 
 class _Watch:

@@ -20,6 +20,7 @@ from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.edge.limits import message_bytes_max
 from tablekeeper_server.edge.metrics import RequestMetrics, RequestObserver
 from tablekeeper_server.edge.startup import retry_until_done
+from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import DEFAULT_NAMESPACE, Namespaces
 from tablekeeper_server.oxia.servicer import OxiaServicer
@@ -56,6 +57,7 @@ class OxiaServer:
         peers: FrontEndPeers | None = None,
         runtime: str = "grpc-aio",
         metrics: RequestObserver | None = None,
+        streams: OpenStreams | None = None,
     ) -> None:
         """`forwarder` and `peers`: cluster mode (`forwarder` reaches the catalog ranges' owners,
         `peers` the other servers' Oxia ports). `namespace_bits`: a role's permissions on a
@@ -87,7 +89,7 @@ class OxiaServer:
         self.port = self.grpc.port
         self.leaders = ShardLeaders(f"{advertised_host}:{self.port}", peers)
         self._clock = clock
-        self._servicer = OxiaServicer(self.namespaces, self.leaders, limits, clock)
+        self._servicer = OxiaServicer(self.namespaces, self.leaders, limits, clock, streams)
         client_pb2_grpc.add_OxiaClientServicer_to_server(self._servicer, self.grpc.services)
 
     async def start(self) -> None:

@@ -20,6 +20,7 @@ from tablekeeper_proto.oxia import apply_pb2, client_pb2, client_pb2_grpc
 from tablekeeper_proto.v1 import session_pb2, wal_pb2
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.edge.limits import key_refusal, request_refusal, value_refusal
+from tablekeeper_server.edge.streams import OpenStreams, Registration
 from tablekeeper_server.errors import (
     BadRequestError,
     CompactedError,
@@ -143,7 +144,12 @@ def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
 
 class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
     def __init__(
-        self, namespaces: Namespaces, leaders: ShardLeaders, limits: Limits, clock: Clock
+        self,
+        namespaces: Namespaces,
+        leaders: ShardLeaders,
+        limits: Limits,
+        clock: Clock,
+        streams: OpenStreams | None = None,
     ) -> None:
         self.namespaces = namespaces
         self.clock = clock
@@ -151,14 +157,25 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         self.leaders = leaders
         """Each shard's leader: this front-end standalone, its container's owner in a cluster."""
         self.limits = limits
+        self.streams = streams if streams is not None else OpenStreams()
+        """The server's open streams (the change feeds here), ended by `shutdown`."""
         self._stopping = asyncio.Event()
-        self._watchers: set[Watcher] = set()
+        """Set by `shutdown`: the assignment and write streams end on it."""
 
     def shutdown(self) -> None:
         """End every open stream (the server is stopping: clients reconnect)."""
         self._stopping.set()
-        for watcher in self._watchers:
-            watcher.fail(UnavailableError("server shutting down"))
+        self.streams.close(keys.FRONT_END)
+
+    def _refuse_if_stopping(self) -> None:
+        if self.streams.closed(keys.FRONT_END):
+            raise UnavailableError("server shutting down")
+
+    def _open_stream(self, method: str, watcher: Watcher) -> Registration:
+        """Register a change feed in the server's open streams: when the server stops, its
+        watcher fails and the stream ends with UNAVAILABLE (the client reconnects)."""
+        shutting_down = UnavailableError("server shutting down")
+        return self.streams.opened(keys.FRONT_END, method, lambda: watcher.fail(shutting_down))
 
     # ------------------------------------------------------------------ shard assignments
 
@@ -409,20 +426,21 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
             range_ = await self.namespaces.range(request.shard)
             hub = range_.watch
             span = KeySpan(keys.PREFIX, keys.END)
+            self._refuse_if_stopping()  # nothing awaited from here to the registration
+            first: client_pb2.NotificationBatch | None = None
             if request.HasField("start_offset_exclusive"):
                 watcher = start_after(hub, span, request.start_offset_exclusive)
             else:
                 watcher, applied = hub.start(span, 0)
-                yield client_pb2.NotificationBatch(shard=request.shard, offset=applied)
-            self._watchers.add(watcher)
-            try:
+                first = client_pb2.NotificationBatch(shard=request.shard, offset=applied)
+            with self._open_stream("GetNotifications", watcher):
+                if first is not None:
+                    yield first
                 async with contextlib.aclosing(hub.events(watcher)) as batches:
                     async for events in batches:
                         now_ms = self.clock.now_ms()
                         for batch in _notification_batches(request.shard, events, now_ms):
                             yield batch
-            finally:
-                self._watchers.discard(watcher)
 
     async def GetSequenceUpdates(  # noqa: N802
         self, request: client_pb2.GetSequenceUpdatesRequest, context: Context
@@ -433,9 +451,9 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
                 raise OxiaError.invalid("GetSequenceUpdates needs a key")
             range_ = await self.namespaces.range(request.shard)
             hub = range_.watch
+            self._refuse_if_stopping()  # nothing awaited from here to the registration
             watcher, _ = hub.start(KeySpan(keys.PREFIX, keys.END), 0)
-            self._watchers.add(watcher)
-            try:
+            with self._open_stream("GetSequenceUpdates", watcher):
                 # No await between registering and reading: nothing is missed in between.
                 raw = range_.applied_state().store.get(sequence_state_key(request.key))
                 highest = ""
@@ -459,5 +477,3 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
                             yield client_pb2.GetSequenceUpdatesResponse(
                                 highest_sequence_key=highest
                             )
-            finally:
-                self._watchers.discard(watcher)

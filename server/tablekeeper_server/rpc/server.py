@@ -16,6 +16,7 @@ from tablekeeper_proto.v1 import (
 )
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.edge.limits import request_bytes_max
+from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.listen import GrpcPort
@@ -73,6 +74,7 @@ class GrpcServer:
         server_token: str | None = None,
         access: AccessControl | None = None,
         runtime: str = "grpc-aio",
+        streams: OpenStreams | None = None,
     ) -> None:
         """`owner_of(container)` is the cluster's assignment ("host:port", None: unassigned);
         without it (standalone) every container is served here. Requests for containers owned
@@ -144,7 +146,7 @@ class GrpcServer:
         tablekeeper_pb2_grpc.add_TableKeeperServicer_to_server(
             TableKeeperServicer(ops, registry, metrics), services
         )
-        self._watch = WatchServicer(registry, limits, forwarder)
+        self._watch = WatchServicer(registry, limits, forwarder, streams)
         add_watch_service(self._watch, services)
         self._sessions = SessionsServicer(registry, metrics, forwarder)
         if access is not None:

@@ -26,6 +26,7 @@ from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.keys import pkey_prefix
+from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import (
     BadRequestError,
     CompactedError,
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext
 
+FRONT_END = "bookkeeper"
+"""This service's streams in the server's open streams (`edge.streams`)."""
 UPDATES_PER_MESSAGE_MAX = 1024
 """Updates one `WatchMany` message carries at most (each update's events are bounded in bytes
 by the range's watch hub)."""
@@ -192,25 +195,26 @@ class WatchServicer:
     """In cluster mode a watch on a range owned elsewhere is relayed from the owner."""
 
     def __init__(
-        self, registry: ContainerRegistry, limits: Limits, forwarder: Forwarder | None = None
+        self,
+        registry: ContainerRegistry,
+        limits: Limits,
+        forwarder: Forwarder | None = None,
+        streams: OpenStreams | None = None,
     ) -> None:
         self._registry = registry
         self._limits = limits
         self._forwarder = forwarder
-        self._stopping = False
-        self._active: set[Watcher] = set()
+        self.streams = streams if streams is not None else OpenStreams()
+        """The server's open streams (this service's watches here), ended by `shutdown`."""
         self._events = _EventCache()
-        self._streams: set[_WatchStream] = set()
 
     def shutdown(self) -> None:
         """End every open stream (the server is stopping): clients resume elsewhere."""
-        self._stopping = True
-        for watcher in self._active:
-            watcher.fail(
-                UnavailableError(f"server shutting down; resume from revision {watcher.last[0]}")
-            )
-        for stream in self._streams:
-            stream.stop()
+        self.streams.close(FRONT_END)
+
+    def _refuse_if_stopping(self) -> None:
+        if self.streams.closed(FRONT_END):
+            raise UnavailableError("server shutting down")
 
     async def Watch(  # noqa: N802
         self, request: watch_pb2.WatchRequest, context: Context
@@ -232,9 +236,16 @@ class WatchServicer:
                 return
             range_, prefix, span = located
             hub = range_.watch
+            self._refuse_if_stopping()  # nothing awaited from here to the registration
             watcher, revision = hub.start(span, request.start_revision)
-            self._active.add(watcher)
-            try:
+
+            def shut_down() -> None:
+                resume = watcher.last[0]
+                watcher.fail(
+                    UnavailableError(f"server shutting down; resume from revision {resume}")
+                )
+
+            with self.streams.opened(FRONT_END, "Watch", shut_down):
                 yield watch_pb2.WatchResponse(created=True, revision=revision)
                 # Ends by raising the watcher's error (closed range, too slow, shutdown).
                 async with contextlib.aclosing(hub.events(watcher)) as events:
@@ -245,8 +256,6 @@ class WatchServicer:
                                 for e in batch
                             ]
                         )
-            finally:
-                self._active.discard(watcher)
 
     async def _locate(
         self, request: watch_pb2.WatchRequest, context: Context
@@ -254,8 +263,7 @@ class WatchServicer:
         """The watch's range, its pkey's key prefix and the keys it follows; or, in cluster
         mode, the `NotServedHereError` of a range owned elsewhere, to relay from its owner."""
         _check(request, self._limits)
-        if self._stopping:
-            raise UnavailableError("server shutting down")
+        self._refuse_if_stopping()
         prefix = pkey_prefix(request.pkey)
         span = KeySpan(*key_span(prefix, request.key, request.range_end))
         try:
@@ -270,23 +278,21 @@ class WatchServicer:
         self, request_iterator: AsyncIterator[watch_pb2.WatchStreamRequest], context: Context
     ) -> AsyncIterator[bytes]:
         async with stream_errors("WatchMany", context):
-            if self._stopping:
-                raise UnavailableError("server shutting down")
+            self._refuse_if_stopping()
             stream = _WatchStream(self, context)
-            self._streams.add(stream)
-            reader = asyncio.create_task(stream.read(request_iterator))
-            try:
-                while True:
-                    message = await stream.next(reader)
-                    if message is None:
-                        return
-                    yield message  # sent as is (`add_watch_service`)
-            finally:
-                self._streams.discard(stream)
-                reader.cancel()
-                await stream.close()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reader
+            with self.streams.opened(FRONT_END, "WatchMany", stream.stop):
+                reader = asyncio.create_task(stream.read(request_iterator))
+                try:
+                    while True:
+                        message = await stream.next(reader)
+                        if message is None:
+                            return
+                        yield message  # sent as is (`add_watch_service`)
+                finally:
+                    reader.cancel()
+                    await stream.close()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await reader
 
 
 def add_watch_service(servicer: WatchServicer, server: Any) -> None:
