@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
+from tablekeeper_server.core.clock import ManualClock
 from tablekeeper_server.errors import UnavailableError
 from tablekeeper_server.etcd.keys import span
 from tablekeeper_server.etcd.servicers import _EventCache, _Watch, _WatchStream
@@ -53,6 +54,7 @@ class FakeRange:
 class FakeKeyspace:
     def __init__(self, range_: FakeRange) -> None:
         self.range_ = range_
+        self.clock = ManualClock()
 
     @staticmethod
     def header(revision: int) -> rpc_pb2.ResponseHeader:
@@ -61,11 +63,14 @@ class FakeKeyspace:
     async def revision(self) -> int:
         return self.range_.applied_sequence
 
+    async def range(self) -> FakeRange:
+        return self.range_
+
 
 def _start(range_: FakeRange) -> tuple[_WatchStream, _Watch]:
     stream = _WatchStream(FakeKeyspace(range_), 600.0, _EventCache())  # type: ignore[arg-type]
     create = rpc_pb2.WatchCreateRequest(key=b"w/", range_end=b"w0")
-    watch = _Watch(0, create)
+    watch = _Watch(0, create, 0.0)
     watch.watcher, _ = range_.watch.start(KeySpan(*span(create.key, create.range_end)), 0)
     stream.watches[0] = watch
     watch.task = asyncio.create_task(stream.run(range_, watch))  # type: ignore[arg-type]
@@ -109,4 +114,28 @@ async def test_a_watcher_behind_the_history_is_cancelled_as_compacted() -> None:
         await asyncio.sleep(0)
     responses = await _drain(stream, 300)
     assert responses[-1].canceled and responses[-1].compact_revision > 1
+    await stream.close()
+
+
+async def test_progress_notifications_follow_the_injected_clock() -> None:
+    """A watch asking for progress gets one after `progress_interval_s` of silence on the
+    server's clock (here a manual one: nothing comes until it is moved)."""
+    range_ = FakeRange()
+    keyspace = FakeKeyspace(range_)
+    stream = _WatchStream(keyspace, 600.0, _EventCache())  # type: ignore[arg-type]
+    create = rpc_pb2.WatchCreateRequest(key=b"w/", range_end=b"w0", progress_notify=True)
+    await stream.create(create)
+    created = await asyncio.wait_for(stream.queue.get(), 10)
+    assert created.created and stream.ticker is not None
+    range_.put(b"w/a", b"v")
+    (event,) = (await asyncio.wait_for(stream.queue.get(), 10)).events
+    assert event.kv.key == b"w/a"
+    keyspace.clock.advance(599.0)  # a tick passes, but the watch sent an event 599 s ago
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert stream.queue.empty()
+    keyspace.clock.advance(301.0)  # the next tick: 900 s of silence
+    progress = await asyncio.wait_for(stream.queue.get(), 10)
+    assert not progress.events and not progress.created and progress.watch_id == 0
+    assert progress.header.revision == range_.applied_sequence
     await stream.close()

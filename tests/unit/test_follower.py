@@ -4,6 +4,7 @@ a follower, a split's seal reaching it, and a new owner taking its store over.""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +147,17 @@ async def test_follower_polling_by_itself_stays_within_its_idle_interval(
     await follower.open()
     try:
         await put(owner, b"k", b"v")
-        # Nothing pokes it: it reaches the write by its own polling.
-        await follower._applied_at_least(owner.applied_sequence, poke=False)
+        # Nothing pokes it: it reaches the write by its own polling, each poll one idle
+        # interval after the last on the server's clock (moved here, a step at a time).
+        applied = asyncio.ensure_future(
+            follower._applied_at_least(owner.applied_sequence, poke=False)
+        )
+        await asyncio.wait({applied}, timeout=0.05)
+        assert not applied.done()  # its clock has not moved: no poll since the write
+        while not applied.done():
+            env.clock.advance(0.01)
+            await asyncio.wait({applied}, timeout=0.05)  # (lets the poll's thread run)
+        await applied
         got = await follower.read(get(b"k"), max_staleness_s=NEVER)
         assert value(got.response) == b"v"
     finally:

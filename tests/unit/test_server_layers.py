@@ -67,10 +67,7 @@ CORE_LAYERS = ("range", "log", "storage", "checkpoint")
 """Packages that know no protocol and no gRPC."""
 TIME_READERS_LEFT = {
     # Time read directly, still to move behind the injected clock (each entry may only go):
-    "container/followers.py": "follower staleness is ordered by real time",
-    "range/follower.py": "follower staleness is ordered by real time",
     "core/failpoints.py": "a failpoint's pause polls",
-    "etcd/servicers.py": "the watch stream's progress tick",
     "log/local.py": "append timings for the metrics",
     "log/pulsar.py": "the fenced-outcome poll's deadline",
     "main.py": "the readiness poll before on_port",
@@ -181,8 +178,8 @@ _TIME_CALLS = {"now", "utcnow", "today", "monotonic", "perf_counter", "time", "t
 
 def time_readers(root: Path) -> set[str]:
     """Modules (paths relative to `root`) other than `core/clock.py` that read the time: they
-    import `time`, call `datetime.now`/`utcnow`/`today`, or sleep (`asyncio.sleep` for more
-    than a yield)."""
+    import `time`, call `datetime.now`/`utcnow`/`today`, read the event loop's clock
+    (`loop.time()`), or sleep (`asyncio.sleep` for more than a yield)."""
     out = set()
     for path in sorted(root.rglob("*.py")):
         rel = str(path.relative_to(root))
@@ -202,6 +199,8 @@ def time_readers(root: Path) -> set[str]:
                 attr = node.func.attr
                 if owner.endswith(("datetime", "date")) and attr in _TIME_CALLS:
                     out.add(rel)
+                elif attr == "time" and owner.endswith(("loop", "loop()")):
+                    out.add(rel)  # the event loop's clock (`asyncio.get_running_loop().time()`)
                 elif owner == "asyncio" and attr == "sleep":
                     first = node.args[0] if node.args else None
                     if not (isinstance(first, ast.Constant) and first.value == 0):
@@ -337,6 +336,8 @@ def test_an_import_of_main_is_caught(tmp_path: Path, source: str) -> None:
         "from time import monotonic\n",
         "import datetime\nx = datetime.datetime.now()\n",
         "import asyncio\nasync def f():\n    await asyncio.sleep(1)\n",
+        "import asyncio\nasync def f():\n    return asyncio.get_running_loop().time()\n",
+        "def f(loop):\n    return loop.time()\n",
     ],
 )
 def test_reading_the_time_outside_the_clock_is_caught(tmp_path: Path, source: str) -> None:

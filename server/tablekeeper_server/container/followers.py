@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import time
 from pathlib import Path
 
 from tablekeeper_server.checkpoint.api import CheckpointStore
@@ -87,7 +86,7 @@ class Followers:
 
     def staleness_max_s(self) -> float:
         """The stalest open follower's staleness (time since it last caught up); 0 with none."""
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         return max((now - f.caught_up_at for f in self._open.values()), default=0.0)
 
     async def get(self, name: RangeName, ttl_seconds: int) -> Follower:
@@ -95,7 +94,7 @@ class Followers:
         key = name.log_name
         follower = self._open.get(key)
         if follower is not None and follower.serving:
-            follower.last_used = time.monotonic()
+            follower.last_used = self._clock.monotonic_s()
             return follower
         if follower is not None:  # it stopped (see its failure): start over
             await self._drop(follower)
@@ -126,14 +125,14 @@ class Followers:
             appliers=self._appliers,
             ttl_seconds=ttl_seconds,
         )
-        started = time.monotonic()
+        started = self._clock.monotonic_s()
         await follower.open()
         self._open[name.log_name] = follower
         log.info(
             "following range %s (at %d, ready in %.3fs)",
             name.log_name,
             follower.applied_sequence,
-            time.monotonic() - started,
+            self._clock.monotonic_s() - started,
         )
         return follower
 
@@ -167,8 +166,8 @@ class Followers:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_S)
-            now = time.monotonic()
+            await self._clock.sleep(SWEEP_S)
+            now = self._clock.monotonic_s()
             for follower in list(self._open.values()):
                 if now - follower.last_used > self._idle_close_s or not follower.serving:
                     log.info("closing the follower of range %s (idle)", follower.name.log_name)

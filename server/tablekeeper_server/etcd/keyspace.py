@@ -54,6 +54,8 @@ class Keyspace:
         keyspace's table in namespace `etcd`. `clock`: the server's (retries wait on it)."""
         self.registry = registry
         self._clock = clock
+        self.clock = clock
+        """The server's clock: the watch streams' progress ticks run on it."""
         self.name = name
         self.stream_id = 0
         self._forwarder = forwarder

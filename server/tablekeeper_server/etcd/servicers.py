@@ -324,12 +324,14 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
 
 
 class _Watch:
-    def __init__(self, watch_id: int, create: rpc_pb2.WatchCreateRequest) -> None:
+    def __init__(self, watch_id: int, create: rpc_pb2.WatchCreateRequest, now_s: float) -> None:
         self.id = watch_id
         self.create = create
         self.watcher: Watcher | None = None
         self.task: asyncio.Task[None] | None = None
-        self.sent_at = asyncio.get_running_loop().time()
+        self.sent_at = now_s
+        """When the watch last sent something (`Clock.monotonic_s`): progress is due after
+        `progress_interval_s` of silence."""
 
 
 class _WatchStream:
@@ -402,7 +404,7 @@ class _WatchStream:
             )
             return
         self.next_id = max(self.next_id, watch_id) + 1
-        watch = _Watch(watch_id, create)
+        watch = _Watch(watch_id, create, self.keyspace.clock.monotonic_s())
         range_ = await self.keyspace.range()
         start, end = span(create.key, create.range_end)
         header = self.keyspace.header(range_.applied_sequence)
@@ -459,7 +461,7 @@ class _WatchStream:
                             if not (no_put if event.record is not None else no_delete)
                         ]
                         if events:
-                            watch.sent_at = asyncio.get_running_loop().time()
+                            watch.sent_at = self.keyspace.clock.monotonic_s()
                             await self.queue.put(
                                 rpc_pb2.WatchResponse(
                                     header=self.keyspace.header(range_.applied_sequence),
@@ -500,10 +502,10 @@ class _WatchStream:
         )
 
     async def tick(self) -> None:
-        loop = asyncio.get_running_loop()
+        clock = self.keyspace.clock
         while True:
-            await asyncio.sleep(self.progress_interval_s / 2)
-            now = loop.time()
+            await clock.sleep(self.progress_interval_s / 2)
+            now = clock.monotonic_s()
             for watch in list(self.watches.values()):
                 if watch.create.progress_notify and now - watch.sent_at >= self.progress_interval_s:
                     watch.sent_at = now

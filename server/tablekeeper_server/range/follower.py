@@ -16,7 +16,9 @@ so it never fences the owner. Reads are served from what it has applied:
 - **Linearizable reads** (`max_staleness_s` = 0) wait for a catch-up that began after the read
   did: a write acknowledged before the read began was in the log before that question, so the
   read sees it, as a read from the owner would (etcd's ReadIndex, with the log in the leader's
-  place).
+  place). "After" is decided by numbering the questions, not by the time: each poll of the log
+  gets the next number when it begins, and the read waits for one numbered above the last that
+  had begun when it arrived (so it holds on any clock, a simulated one included).
 - **Monotonic reads across servers**: `min_applied` (the highest position a client has seen
   for this range, from any server) makes the read wait until the follower has applied that far.
 
@@ -41,9 +43,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,15 +118,20 @@ class Follower:
         self._task: asyncio.Task[None] | None = None
         self._progress = asyncio.Condition()
         self._poke = asyncio.Event()
-        self._asking_since: float | None = None
-        """When the poll of the log under way began (None between polls)."""
+        self._polls = 0
+        """Polls of the log begun so far; each poll's number is the count when it began."""
+        self._asking: int | None = None
+        """The number of the poll of the log under way (None between polls)."""
+        self._caught_up_poll = 0
+        """The number of the last poll that found nothing unapplied (0: none yet)."""
         self._closing = False
         self._restoring = False
         self.failure: str | None = None
         """Why the follower stopped following (it then refuses reads), or None."""
-        self.caught_up_at = -1.0
-        """`time.monotonic()` when a check of the log last found nothing unapplied."""
-        self.last_used = time.monotonic()
+        self.caught_up_at = -math.inf
+        """`clock.monotonic_s()` when a check of the log last found nothing unapplied (when
+        it began)."""
+        self.last_used = clock.monotonic_s()
         self.restores = 0
         """How many times it restored a checkpoint (1 at open; more after the log was cut)."""
 
@@ -134,7 +141,7 @@ class Follower:
         """Restore, start following and return once caught up with the log's end."""
         await asyncio.to_thread(self._restore)
         self._task = asyncio.create_task(self._follow(), name=f"follow-{self.name.log_name}")
-        opened = time.monotonic()
+        opened = self._next_poll()
         try:
             await asyncio.wait_for(self._caught_up_since(opened), timeout_s)
         except BaseException:
@@ -215,13 +222,15 @@ class Follower:
     async def _follow(self) -> None:
         while not self._closing:
             self._poke.clear()  # this poll answers every read that asked before it began
-            asked_at = self._asking_since = time.monotonic()
+            self._polls += 1
+            poll = self._asking = self._polls
+            asked_at = self._clock.monotonic_s()
             try:
                 assert self._tail is not None
                 try:
                     polled = await asyncio.to_thread(self._tail.poll, FOLLOW_BATCH)
                 finally:
-                    self._asking_since = None
+                    self._asking = None
                 if polled.records and polled.records[0].sequence != self.applied_sequence + 1:
                     await self._log_was_cut(polled.records[0].sequence)
                     continue
@@ -240,13 +249,13 @@ class Follower:
             async with self._progress:
                 if polled.at_end:
                     self.caught_up_at = asked_at
+                    self._caught_up_poll = poll
                 self._progress.notify_all()
             if polled.at_end:  # (else more is there already: read on)
                 await self._idle()
 
     async def _idle(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._poke.wait(), self._idle_poll_s)
+        await self._clock.wait(self._poke, self._idle_poll_s)
 
     async def _log_was_cut(self, found: int) -> None:
         before = self.applied_sequence
@@ -281,13 +290,19 @@ class Follower:
 
     # ------------------------------------------------------------------ reads
 
-    async def _caught_up_since(self, instant: float) -> None:
-        """Wait for a check of the log that began at or after `instant` and found nothing
-        unapplied (and for no restore to be under way)."""
+    def _next_poll(self) -> int:
+        """The number the next poll of the log will have: a poll numbered so or higher begins
+        after this call."""
+        return self._polls + 1
+
+    async def _caught_up_since(self, poll: int) -> None:
+        """Wait for a check of the log numbered `poll` or higher (one that began after
+        `_next_poll()` gave `poll`) that found nothing unapplied, and for no restore to be
+        under way."""
         async with self._progress:
-            while self.caught_up_at < instant or self._restoring:
+            while self._caught_up_poll < poll or self._restoring:
                 self._check_serving()
-                if self._asking_since is None or self._asking_since < instant:
+                if self._asking is None or self._asking < poll:
                     self._poke.set()  # (a poll that began since will do: no need for another)
                 await self._progress.wait()
 
@@ -318,11 +333,14 @@ class Follower:
         """Serve a Range request once the follower is no staler than `max_staleness_s` (0: a
         linearizable read) and has applied `min_applied`. Raises `UnavailableError` if it
         cannot get there within `timeout_s`, `RangeMovedError` once a split sealed the range."""
-        self.last_used = began = time.monotonic()
+        self.last_used = began = self._clock.monotonic_s()
+        after = self._next_poll()
         self._check_serving()
         try:
-            if began - self.caught_up_at > max_staleness_s or self._restoring:
-                await asyncio.wait_for(self._caught_up_since(began), timeout_s)
+            # Linearizable (0): always a poll begun after the read, whatever the clock says.
+            stale = max_staleness_s <= 0 or began - self.caught_up_at > max_staleness_s
+            if stale or self._restoring:
+                await asyncio.wait_for(self._caught_up_since(after), timeout_s)
             if self.applied_sequence < min_applied:
                 await asyncio.wait_for(self._applied_at_least(min_applied), timeout_s)
         except TimeoutError:
@@ -338,5 +356,5 @@ class Follower:
                 f"range {self.name.stream_id}/{self.name.range_id} was split", sm.sealed
             )
         response = sm.read(request, self._clock.now_ms())
-        staleness = max(0.0, time.monotonic() - self.caught_up_at)
+        staleness = max(0.0, self._clock.monotonic_s() - self.caught_up_at)
         return FollowerRead(response, sm.applied_sequence, staleness)
