@@ -9,7 +9,7 @@ from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import tablekeeper_pb2
 from tablekeeper_server.errors import ResourceLimitError
 from tablekeeper_server.range.validation import Limits
-from tablekeeper_server.rpc.servicers import _BatchBudget, _write_response_bytes_max
+from tablekeeper_server.rpc.batch import BatchBudget, write_response_bytes_max
 
 pytestmark = pytest.mark.unit
 
@@ -27,38 +27,36 @@ def put(prev_kv: bool = False) -> tablekeeper_pb2.BatchOp:
 
 
 def test_worst_case_response_of_writes() -> None:
-    assert _write_response_bytes_max(put(), LIMITS) == 0
-    assert _write_response_bytes_max(put(prev_kv=True), LIMITS) == 10_000
+    assert write_response_bytes_max(put(), LIMITS) == 0
+    assert write_response_bytes_max(put(prev_kv=True), LIMITS) == 10_000
     ranged = kv_rpc_pb2.DeleteRangeRequest(key=b"a", range_end=b"z", prev_kv=True)
-    assert _write_response_bytes_max(op(delete_range=ranged), LIMITS) == 50_000
+    assert write_response_bytes_max(op(delete_range=ranged), LIMITS) == 50_000
     single = kv_rpc_pb2.DeleteRangeRequest(key=b"a", prev_kv=True)
-    assert _write_response_bytes_max(op(delete_range=single), LIMITS) == 10_000
+    assert write_response_bytes_max(op(delete_range=single), LIMITS) == 10_000
     read = kv_rpc_pb2.RequestOp(request_range=kv_rpc_pb2.RangeRequest(key=b"a"))
-    assert (
-        _write_response_bytes_max(op(txn=kv_rpc_pb2.TxnRequest(success=[read])), LIMITS) == 50_000
-    )
+    assert write_response_bytes_max(op(txn=kv_rpc_pb2.TxnRequest(success=[read])), LIMITS) == 50_000
     writes = kv_rpc_pb2.TxnRequest(
         success=[kv_rpc_pb2.RequestOp(request_put=kv_rpc_pb2.PutRequest(key=b"k", prev_kv=True))]
     )
-    assert _write_response_bytes_max(op(txn=writes), LIMITS) == 10_000
-    assert _write_response_bytes_max(op(range=kv_rpc_pb2.RangeRequest(key=b"a")), LIMITS) == 0
+    assert write_response_bytes_max(op(txn=writes), LIMITS) == 10_000
+    assert write_response_bytes_max(op(range=kv_rpc_pb2.RangeRequest(key=b"a")), LIMITS) == 0
 
 
 def test_too_many_ops_or_too_much_reserved_is_refused_whole() -> None:
     with pytest.raises(ResourceLimitError, match="--max-batch-ops"):
-        _BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put()] * 6), LIMITS)
+        BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put()] * 6), LIMITS)
     ranged = kv_rpc_pb2.DeleteRangeRequest(key=b"a", range_end=b"z", prev_kv=True)
     over = [put(prev_kv=True), op(delete_range=ranged)]  # 60,000 > 50,000
     with pytest.raises(ResourceLimitError, match="--max-response-bytes"):
-        _BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=over), LIMITS)
-    at_bound = _BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put(prev_kv=True)] * 5), LIMITS)
+        BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=over), LIMITS)
+    at_bound = BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put(prev_kv=True)] * 5), LIMITS)
     assert at_bound.left == 0
-    budget = _BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put(prev_kv=True)] * 2), LIMITS)
+    budget = BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put(prev_kv=True)] * 2), LIMITS)
     assert budget.left == 30_000
 
 
 def test_reads_share_the_rest_and_stop_once_one_did_not_fit() -> None:
-    budget = _BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put()] * 3), LIMITS)
+    budget = BatchBudget.of(tablekeeper_pb2.BatchRequest(ops=[put()] * 3), LIMITS)
     budget.before_read()
     budget.after_read(30_000)
     budget.before_read()

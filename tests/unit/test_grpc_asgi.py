@@ -17,7 +17,7 @@ import pytest
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_server.rpc.asgi import GrpcAsgi, certificate_auth
-from tablekeeper_server.rpc.servicers import MalformedRequestInterceptor
+from tablekeeper_server.rpc.malformed import MalformedRequestInterceptor
 
 pytestmark = pytest.mark.unit
 

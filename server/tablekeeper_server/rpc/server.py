@@ -20,17 +20,17 @@ from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.metrics import ServerMetrics
 from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.rpc.listen import GrpcPort
+from tablekeeper_server.rpc.malformed import MalformedRequestInterceptor
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.rpc.servicers import (
-    MalformedRequestInterceptor,
     MetaRangeServicer,
     RootRangeServicer,
     StorageContainerServicer,
     TableKeeperServicer,
-    TableOps,
     TableServicer,
 )
 from tablekeeper_server.rpc.sessions import SessionsServicer
+from tablekeeper_server.rpc.table_ops import TableOps
 from tablekeeper_server.rpc.watch import WatchServicer, add_watch_service
 from tablekeeper_server.security.access import AccessControl
 from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
