@@ -145,13 +145,26 @@ def test_every_cut_of_the_last_group_is_a_torn_tail() -> None:
         assert decoder.valid_end == SEGMENT_HEADER_SIZE + len(first) + max(
             b for b in boundaries if b <= cut
         )
-        assert (decoder.torn is None) == (cut in boundaries)
+        whole_end = max(b for b in boundaries if b <= cut)
+        # Bytes of the next record that are all zeros read as a preallocated (zero) tail.
+        assert (decoder.torn is None) == (not any(last[whole_end:cut]))
+        assert (decoder.zero_tail is not None) == (cut > whole_end and decoder.torn is None)
 
 
 @pytest.mark.parametrize(
     "tail",
-    [bytes(5000), b"\x01" + bytes(40), b"\xde\xad\xbe\xef" * 100, bytes(RECORD_HEADER_SIZE)],
-    ids=["zeros", "one-byte-then-zeros", "junk", "zero-header"],
+    [
+        b"\x01" + bytes(40),
+        b"\xde\xad\xbe\xef" * 100,
+        bytes(RECORD_HEADER_SIZE) + b"\x07",
+        bytes(3 * 1024 * 1024) + b"\x01",
+    ],
+    ids=[
+        "one-byte-then-zeros",
+        "junk",
+        "zero-header-then-a-byte",
+        "mebibytes-of-zeros-then-a-byte",
+    ],
 )
 def test_junk_tail_is_torn(tail: bytes) -> None:
     body = encode_batch(1, [b"a", b"b"]) + encode_batch(3, [b"c"])
@@ -160,6 +173,41 @@ def test_junk_tail_is_torn(tail: bytes) -> None:
     assert decoder.torn is not None
     assert decoder.torn.offset == SEGMENT_HEADER_SIZE + len(body)
     assert decoder.torn.discarded_records == 0
+    assert decoder.zero_tail is None
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [bytes(5000), bytes(RECORD_HEADER_SIZE), bytes(5), bytes(3 * 1024 * 1024)],
+    ids=["zeros", "zero-header", "zeros-shorter-than-a-header", "megabytes-of-zeros"],
+)
+def test_zero_tail_is_a_clean_end(tail: bytes) -> None:
+    """A preallocated segment's unwritten space reads as zeros: the records end there."""
+    body = encode_batch(1, [b"a", b"b"]) + encode_batch(3, [b"c"])
+    records, decoder = decode(body + tail)
+    assert [r.payload for r in records] == [b"a", b"b", b"c"]
+    assert decoder.torn is None
+    assert decoder.zero_tail == decoder.valid_end == SEGMENT_HEADER_SIZE + len(body)
+
+
+def test_zero_header_ends_stops_at_zeros_without_looking_further() -> None:
+    """A reader of a segment being appended to stops at the first zero header; recovery
+    (the default) looks past it and finds the later group."""
+    later = encode_batch(3, [b"c"])
+    data = encode_segment_header(1) + encode_batch(1, [b"a"]) + bytes(40) + later
+    strict = RecordDecoder(io.BytesIO(data), source=SOURCE, first_sequence=1, end_offset=len(data))
+    with pytest.raises(CorruptionError, match="not a torn tail"):
+        list(strict)
+    reader = RecordDecoder(
+        io.BytesIO(data),
+        source=SOURCE,
+        first_sequence=1,
+        end_offset=len(data),
+        zero_header_ends=True,
+    )
+    assert [r.payload for r in reader] == [b"a"]
+    assert reader.torn is None
+    assert reader.zero_tail == SEGMENT_HEADER_SIZE + RECORD_HEADER_SIZE + 1
 
 
 def test_hole_inside_the_last_group_is_torn() -> None:

@@ -26,7 +26,9 @@ from tablekeeper_server.log.api import LogRecord
 from tablekeeper_server.log.codec import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
+    RecordDecoder,
     UnsupportedFormatError,
+    encode_batch,
 )
 from tablekeeper_server.log.local import LocalLogBackend, LogLockedError, segment_file_name
 
@@ -144,7 +146,9 @@ def test_torn_last_record_is_cut_off_and_numbering_continues(tmp_path: Path, cut
     ids=["random-garbage", "zero-filled", "ff-bytes", "zero-header-then-junk"],
 )
 def test_garbage_after_the_last_record_is_a_torn_tail(tmp_path: Path, tail: bytes) -> None:
-    backend = LocalLogBackend(tmp_path)
+    """A segment written without preallocation (as every build before it did): its file ends
+    with its records, and what a crash appends after them is cut off."""
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=0)
     write(backend, [PAYLOADS[:3], PAYLOADS[3:]])
     path = only_segment(backend)
     good_size = path.stat().st_size
@@ -154,7 +158,8 @@ def test_garbage_after_the_last_record_is_a_torn_tail(tmp_path: Path, tail: byte
     assert payloads_of(backend) == PAYLOADS  # readers stop at a torn tail
     writer = backend.open_writer(LOG)
     assert writer.last_sequence == 6
-    assert path.stat().st_size == good_size
+    # Zeros read as a reserved tail, where the next group goes; anything else is cut off.
+    assert path.stat().st_size == good_size + (0 if any(tail) else len(tail))
     assert run(writer.append([b"seven"])) == 7
     run(writer.close())
     assert payloads_of(backend) == [*PAYLOADS, b"seven"]
@@ -457,6 +462,217 @@ def test_min_last_sequence_starts_a_gap_segment(tmp_path: Path) -> None:
     assert payloads_of(backend) == [b"a"]
 
 
+# -- preallocation ----------------------------------------------------------------------------
+
+RESERVE = 64 * 1024
+
+
+def records_end(path: Path) -> tuple[int, int | None]:
+    """(where the segment's records end, where its zero tail starts or None), decoded."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        decoder = RecordDecoder(
+            file, source=str(path), first_sequence=int(path.stem), end_offset=size
+        )
+        for _ in decoder:
+            pass
+        assert decoder.torn is None, decoder.torn
+        return decoder.valid_end, decoder.zero_tail
+
+
+def test_appends_go_into_reserved_space_and_the_file_size_stays(tmp_path: Path) -> None:
+    """The segment's space is reserved ahead of the appends: their syncs find the size
+    unchanged, and only the append that passes the reserve extends it (by another reserve)."""
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    payload = b"r" * 1000  # 1016 bytes a record
+    sizes = []
+
+    async def scenario() -> None:
+        writer = backend.open_writer(LOG)
+        for i in range(100):
+            await writer.append([payload + bytes([i])])
+            sizes.append(only_segment(backend).stat().st_size)
+        await writer.close()
+
+    run(scenario())
+    end = SEGMENT_HEADER_SIZE + 100 * (RECORD_HEADER_SIZE + 1001)
+    assert records_end(only_segment(backend)) == (end, end)
+    # One extension per reserve: the size changed only when the records reached it.
+    assert len(set(sizes)) == -(-(end - SEGMENT_HEADER_SIZE) // RESERVE)
+    assert sizes[0] == SEGMENT_HEADER_SIZE + RECORD_HEADER_SIZE + 1001 + RESERVE
+    assert payloads_of(backend) == [payload + bytes([i]) for i in range(100)]
+
+
+def test_a_reopened_log_appends_where_its_records_end_not_at_the_file_end(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [PAYLOADS[:3], PAYLOADS[3:]])
+    path = only_segment(backend)
+    size = path.stat().st_size
+    end = record_offset(PAYLOADS, 6)
+    assert size == record_offset(PAYLOADS, 3) + RESERVE  # reserved by the first append
+
+    writer = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE).open_writer(LOG)
+    assert writer.last_sequence == 6
+    assert path.stat().st_size == size  # recovery left the reserve in place
+    assert run(writer.append([b"seven"])) == 7
+    run(writer.close())
+    assert path.stat().st_size == size
+    assert payloads_of(backend) == [*PAYLOADS, b"seven"]
+    assert records_end(path) == (end + RECORD_HEADER_SIZE + 5,) * 2
+
+
+@pytest.mark.parametrize("damage", ["partial-record", "partial-group", "partial-header", "garbage"])
+def test_a_torn_append_inside_the_reserve_is_cut_off(tmp_path: Path, damage: str) -> None:
+    """kill -9 in the middle of an append into reserved space: what the disk kept of the group
+    sits between the records and the zeros. Recovery cuts it (and the zeros) off; the log goes
+    on from the last whole record (as without reserves, the whole records of an unfinished
+    group may stay: its caller never heard "ok") and reserves again."""
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [PAYLOADS[:3], PAYLOADS[3:]])
+    path = only_segment(backend)
+    end = record_offset(PAYLOADS, 6)
+    group = encode_batch(7, [b"in flight " * 20, b"second " * 30, b"third"])
+    torn = {
+        "partial-record": group[: RECORD_HEADER_SIZE + 50],
+        "partial-group": group[:-3],
+        "partial-header": group[:9],
+        "garbage": os.urandom(300),
+    }[damage]
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, torn, end)
+    finally:
+        os.close(fd)
+
+    kept = [b"in flight " * 20, b"second " * 30] if damage == "partial-group" else []
+    assert payloads_of(backend) == [*PAYLOADS, *kept]  # readers stop where whole records end
+    writer = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE).open_writer(LOG)
+    assert writer.last_sequence == 6 + len(kept)
+    end += sum(RECORD_HEADER_SIZE + len(p) for p in kept)
+    assert path.stat().st_size == end
+    assert run(writer.append([b"next"])) == 7 + len(kept)
+    run(writer.close())
+    assert path.stat().st_size == end + RECORD_HEADER_SIZE + 4 + RESERVE
+    assert payloads_of(backend) == [*PAYLOADS, *kept, b"next"]
+
+
+def test_a_torn_group_with_a_hole_inside_the_reserve_is_cut_off_whole(tmp_path: Path) -> None:
+    """The disk kept a later page of the torn group but not the first: zeros, then records of
+    the same group, then the reserve's zeros. The whole group goes."""
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [PAYLOADS[:3]])
+    path = only_segment(backend)
+    end = record_offset(PAYLOADS, 3)
+    group = bytearray(encode_batch(4, [b"x" * 100, b"y" * 100, b"z" * 100]))
+    group[: RECORD_HEADER_SIZE + 100] = bytes(RECORD_HEADER_SIZE + 100)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(group), end)
+    finally:
+        os.close(fd)
+    writer = backend.open_writer(LOG)
+    assert writer.last_sequence == 3
+    run(writer.close())
+    assert path.stat().st_size == end
+    assert payloads_of(backend) == PAYLOADS[:3]
+
+
+def test_a_later_group_after_zeros_in_the_reserve_is_corruption(tmp_path: Path) -> None:
+    """Zeros where a record should be, then a whole later group: not a torn tail."""
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [PAYLOADS[:3]])
+    path = only_segment(backend)
+    end = record_offset(PAYLOADS, 3)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, encode_batch(4, [b"a"]) + encode_batch(5, [b"b"]), end + 64)
+    finally:
+        os.close(fd)
+    with pytest.raises(CorruptionError, match="not a torn tail"):
+        backend.open_writer(LOG)
+
+
+def test_a_rolled_segment_is_cut_back_to_its_records(tmp_path: Path) -> None:
+    """Only the last segment keeps a reserve: the others end with their last record, so a
+    build that does not know reserves reads them as it always did."""
+    backend = LocalLogBackend(tmp_path, segment_bytes_max=4000, preallocate_bytes=1000)
+    write(backend, [[b"p" * 100] * 3 for _ in range(30)])
+    paths = segments(backend)
+    assert len(paths) == 3
+    for path in paths[:-1]:
+        end, zero_tail = records_end(path)
+        assert zero_tail is None and path.stat().st_size == end
+    assert all(p.stat().st_size <= 4000 for p in paths)
+    end, zero_tail = records_end(paths[-1])
+    assert zero_tail == end < paths[-1].stat().st_size
+    assert [r.sequence for r in backend.read(LOG, 1)] == list(range(1, 91))
+
+
+def test_a_gap_segment_cuts_the_reserve_off_the_segment_before_it(tmp_path: Path) -> None:
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [[b"a"], [b"b"]])
+    writer = backend.open_writer(LOG, min_last_sequence=99)
+    assert run(writer.append([b"c"])) == 100
+    run(writer.close())
+    first, gap = segments(backend)
+    assert first.stat().st_size == records_end(first)[0] == record_offset([b"a", b"b"], 2)
+    assert gap.name == segment_file_name(100)
+    assert payloads_of(backend) == [b"a", b"b", b"c"]
+
+
+def test_logs_written_with_and_without_reserves_open_in_either_way(tmp_path: Path) -> None:
+    """A log from a build without reserves (files end with their records) opens and grows
+    with them; one with a reserve opens in a backend that reserves nothing."""
+    write(LocalLogBackend(tmp_path, preallocate_bytes=0), [[b"a"], [b"b"]])
+    path = only_segment(LocalLogBackend(tmp_path))
+    assert path.stat().st_size == record_offset([b"a", b"b"], 2)
+    write(LocalLogBackend(tmp_path, preallocate_bytes=RESERVE), [[b"c"]])
+    assert path.stat().st_size == record_offset([b"a", b"b", b"c"], 3) + RESERVE
+    write(LocalLogBackend(tmp_path, preallocate_bytes=0), [[b"d"]])
+    assert path.stat().st_size == record_offset([b"a", b"b", b"c"], 3) + RESERVE
+    assert payloads_of(LocalLogBackend(tmp_path)) == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_file_system_that_cannot_reserve_space_appends_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def no_fallocate(fd: int, offset: int, length: int) -> None:
+        calls.append((offset, length))
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_fallocate)
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [[b"a"], [b"b"], [b"c"]])
+    assert len(calls) == 1  # tried once, then the writer appends without
+    assert only_segment(backend).stat().st_size == record_offset([b"a", b"b", b"c"], 3)
+    assert payloads_of(backend) == [b"a", b"b", b"c"]
+
+
+def test_no_space_to_reserve_fails_the_append_with_nothing_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    backend = LocalLogBackend(tmp_path, preallocate_bytes=RESERVE)
+    write(backend, [[b"a"]])
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    writer = backend.open_writer(LOG)
+
+    async def scenario() -> None:
+        with pytest.raises(StorageUnavailableError, match="none of them is in the log") as err:
+            await writer.append([b"b" * (2 * RESERVE)])
+        assert not err.value.maybe_persisted
+        await writer.close()
+
+    run(scenario())
+    monkeypatch.undo()
+    assert write(backend, [[b"b"]]) == 2
+    assert payloads_of(backend) == [b"a", b"b"]
+
+
 # -- durability and the event loop ------------------------------------------------------------
 
 
@@ -704,13 +920,11 @@ def test_failed_sync_breaks_the_writer_until_reopened(tmp_path: Path) -> None:
 def test_no_space_at_sync_cuts_the_group_back_and_is_retryable(tmp_path: Path, code: int) -> None:
     sync = FailOnceSync()
     backend = LocalLogBackend(tmp_path, sync=sync)
-    segment_size = 0
+    segment_size = SEGMENT_HEADER_SIZE + RECORD_HEADER_SIZE + 1  # the header and record "a"
 
     async def scenario() -> None:
-        nonlocal segment_size
         writer = backend.open_writer(LOG)
         await writer.append([b"a"])
-        segment_size = only_segment(backend).stat().st_size
         sync.fail_with = OSError(code, os.strerror(code))
         with pytest.raises(StorageUnavailableError, match="none of them is in the log") as err:
             await writer.append([b"b", b"c"])

@@ -21,6 +21,12 @@ Segment file layout (all integers little-endian)::
                              bit 62 (FLAG_GROUP_END): last record of an `append` group
         payload         length bytes
 
+A segment may end in zeros: the writer preallocates segment space ahead of its appends (so an
+append's sync does not also change the file's size), and a fresh `fallocate`d range reads as
+zeros. Where a record header would start and every byte from there to the end is zero, the
+records end there cleanly (no record is all zeros: a sequence is at least 1). Zeros followed by
+data are judged like any other damage, below.
+
 The group flags let recovery tell a torn tail from corruption. An append writes one group with one
 `write` and one `fsync`, and the next append starts only after that fsync returned, so after a
 crash only the *last* group can be incomplete, and the disk may have kept any subset of its pages
@@ -204,6 +210,12 @@ class RecordDecoder:
 
     The stream is read in chunks and only up to `end_offset`, so a file that a writer is
     appending to can be decoded up to the size it had when the caller measured it.
+
+    A zero record header followed by nothing but zeros up to `end_offset` ends the records
+    cleanly (a preallocated tail: `torn` stays None, `zero_tail` is its offset). With
+    `zero_header_ends`, any zero record header ends them, without looking further: for readers
+    of a segment that a writer may be appending to, where bytes past the header can change
+    while they look (recovery, which has the log to itself, leaves it False).
     """
 
     def __init__(
@@ -215,8 +227,10 @@ class RecordDecoder:
         start_offset: int = SEGMENT_HEADER_SIZE,
         end_offset: int,
         stop_after: int | None = None,
+        zero_header_ends: bool = False,
     ) -> None:
         self._stream = stream
+        self._zero_header_ends = zero_header_ends
         self._source = source
         self._start = start_offset
         self._end = end_offset
@@ -226,6 +240,8 @@ class RecordDecoder:
         self.last_sequence = first_sequence - 1
         self.valid_end = start_offset
         self.torn: TornTail | None = None
+        self.zero_tail: int | None = None
+        """Offset where a preallocated (all-zero) tail starts, when the records end in one."""
 
     def __iter__(self) -> Iterator[LogRecord]:
         if self._started:
@@ -257,9 +273,15 @@ class RecordDecoder:
                 if available == 0:
                     return  # clean end
                 if available < header_size:
+                    if not any(view[pos:]):
+                        self.zero_tail = record_offset  # (a zero tail shorter than a header)
+                        return
                     self._damaged(record_offset, expected, "incomplete record header")
                     return
             length, crc, word = unpack(buf, pos)
+            if not (length or crc or word) and self._ends_in_zeros(record_offset):
+                self.zero_tail = record_offset
+                return
             total = header_size + length
             if record_offset + total > end:
                 self._damaged(
@@ -299,6 +321,27 @@ class RecordDecoder:
             want -= len(chunk)
         buf = b"".join(chunks)
         return buf, memoryview(buf), base, 0
+
+    def _ends_in_zeros(self, offset: int) -> bool:
+        """True when every byte from `offset` (a zero record header) to the end is zero.
+        The stream's position is kept."""
+        if self._zero_header_ends:
+            return True
+        stream = self._stream
+        position = stream.tell()
+        try:
+            stream.seek(offset)
+            left = self._end - offset
+            while left > 0:
+                chunk = stream.read(min(left, _READ_CHUNK))
+                if not chunk:
+                    return True  # the file is shorter than `end_offset` said: nothing follows
+                if _NON_ZERO.search(chunk):
+                    return False
+                left -= len(chunk)
+            return True
+        finally:
+            stream.seek(position)
 
     def _damaged(self, offset: int, expected: int, reason: str) -> None:
         self._stream.seek(offset)

@@ -23,6 +23,17 @@ Durability: `append` returns after one `write` and one `fdatasync` of the group 
 function is injectable). New segment files are synced and their directory is synced before
 records are written to them; a deleted segment or log is gone once its directory is synced.
 
+Preallocation: the writer reserves the segment's space ahead of its appends,
+`preallocate_bytes` at a time (`posix_fallocate`, which reads back as zeros), and writes each
+group into that space. An append then leaves the file's size alone, so its `fdatasync` has no
+metadata to commit with the data (on ext4, no journal commit for the size); only the append
+that extends the reservation pays for it, once per `preallocate_bytes`. What is acknowledged
+is unchanged: the group is synced before `append` returns. The records of a segment therefore
+end in a zero tail (see `codec.py`: zeros after the last record are a clean end). A segment is
+cut back to its records (and synced) before the next one is created, so only the last segment
+has one; and a build that predates preallocation recovers such a log as one with a torn tail
+(it cuts the zeros off). A file system that cannot reserve space (`EOPNOTSUPP`) just appends.
+
 Where an append runs: while the log's recent syncs are fast (below the backend's
 `inline_below_s`; the server sets `INLINE_BELOW_S` on Envoy, whose own threads do the network
 I/O), on the caller's thread — the event loop's: it waits for the sync as it would wait for the
@@ -39,7 +50,8 @@ sharing one wake-up among the ranges that append at the same time is what the th
 Syncs of different logs no longer overlap, which costs latency only on disks whose sync is
 slow; a log's own group commit is unchanged.
 
-Recovery (`open_writer`): every segment is read and checked, in order. A torn tail of the last
+Recovery (`open_writer`): every segment is read and checked, in order. A zero tail of the last
+segment is where its records end (the writer appends there); a torn tail of the last
 segment (the group of a crashed append) is cut off with `ftruncate` + sync; any other damage,
 a missing segment (first, between two others, or the last one, which the tail marker names), or
 a damaged non-last segment raises `CorruptionError` naming the log, file and byte offset.
@@ -93,6 +105,13 @@ _log = logging.getLogger(__name__)
 
 MiB: Final = 1 << 20
 DEFAULT_SEGMENT_BYTES_MAX: Final = 64 * MiB
+DEFAULT_PREALLOCATE_BYTES: Final = 1 * MiB
+"""How far ahead of its appends a segment's space is reserved: an append extends the file (a
+metadata commit in its sync) once per this many bytes. Every open log holds up to this much
+reserved disk beyond its records."""
+_NO_PREALLOCATION_ERRNOS: Final = frozenset(
+    {errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL, errno.ENODEV}
+)
 SEGMENT_SUFFIX: Final = ".wal"
 LOCK_FILE_NAME: Final = "LOCK"
 TAIL_FILE_NAME: Final = "TAIL"
@@ -348,6 +367,8 @@ class LocalLogWriter:
         appender: _AppendThread,
         inline_below_s: float = 0.0,
         failpoints: Failpoints = NO_FAILPOINTS,
+        allocated: int | None = None,
+        preallocate_bytes: int = 0,
     ) -> None:
         self._log_name = log_name
         self._dir = log_dir
@@ -355,6 +376,11 @@ class LocalLogWriter:
         self._fd: int | None = segment_fd
         self._segment_first = segment_first
         self._segment_size = segment_size
+        """Bytes of the current segment holding its header and records: where the next group
+        goes."""
+        self._allocated = segment_size if allocated is None else max(allocated, segment_size)
+        """The current segment file's size: its records, then a zero tail up to here."""
+        self._preallocate_bytes = preallocate_bytes
         self._segment_records = segment_records
         self._last = last_sequence
         self._segment_bytes_max = segment_bytes_max
@@ -460,9 +486,12 @@ class LocalLogWriter:
                     self._roll(first, flags=0)
                 fd = self._fd
                 assert fd is not None
+                offset = self._segment_size
+                if offset + len(data) > self._allocated and self._preallocate_bytes:
+                    self._reserve(fd, offset + len(data))
                 view = memoryview(data)
                 while written < len(data):
-                    count = os.write(fd, view[written:])
+                    count = os.pwrite(fd, view[written:], offset + written)
                     if count <= 0:
                         raise OSError(errno.EIO, "write returned 0")
                     written += count
@@ -494,16 +523,36 @@ class LocalLogWriter:
                     ) from exc
                 raise
             self._segment_size += len(data)
+            self._allocated = max(self._allocated, self._segment_size)
             self._segment_records += len(payloads)
             self._last = last
             return last
+
+    def _reserve(self, fd: int, end: int) -> None:
+        """Reserve the current segment's space up to at least `end`, `preallocate_bytes` ahead
+        (not past `segment_bytes_max` unless `end` is). The sync of the append that follows
+        makes the new size durable together with the group."""
+        target = max(end, min(end + self._preallocate_bytes, self._segment_bytes_max))
+        try:
+            os.posix_fallocate(fd, self._allocated, target - self._allocated)
+        except OSError as exc:
+            if exc.errno not in _NO_PREALLOCATION_ERRNOS:
+                raise
+            _log.info(
+                "log %r: the file system cannot reserve space (%s); appending without",
+                self._log_name,
+                exc,
+            )
+            self._preallocate_bytes = 0
+            return
+        self._allocated = target
 
     def _undo(self, fd: int) -> bool:
         """Cut the current segment back to its size before the failed append and sync it;
         whether that worked (then none of the group's bytes can be in the log)."""
         try:
             os.ftruncate(fd, self._segment_size)
-            os.lseek(fd, self._segment_size, os.SEEK_SET)
+            self._allocated = self._segment_size
             self._sync(fd)
         except OSError as exc:
             _log.error("log %r: cannot cut back a failed append: %s", self._log_name, exc)
@@ -511,8 +560,13 @@ class LocalLogWriter:
         return True
 
     def _roll(self, first_sequence: int, *, flags: int) -> None:
-        """Start a new segment at `first_sequence`: create, write header, sync it and the dir,
-        then move the tail marker to it."""
+        """Start a new segment at `first_sequence`: cut the current one back to its records
+        (synced: only the last segment may end in zeros), create the new one, write its header,
+        sync it and the dir, then move the tail marker to it."""
+        if self._fd is not None and self._allocated > self._segment_size:
+            os.ftruncate(self._fd, self._segment_size)
+            self._sync(self._fd)
+            self._allocated = self._segment_size
         path = self._dir / segment_file_name(first_sequence)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         header = encode_segment_header(first_sequence, flags=flags)
@@ -538,6 +592,7 @@ class LocalLogWriter:
         self._fd = fd
         self._segment_first = first_sequence
         self._segment_size = len(header)
+        self._allocated = len(header)
         self._segment_records = 0
         if old is not None:
             os.close(old)
@@ -578,16 +633,22 @@ class LocalLogBackend:
         sync: SyncFunction | None = None,
         failpoints: Failpoints = NO_FAILPOINTS,
         inline_below_s: float = 0.0,
+        preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
     ) -> None:
         """`sync` replaces `os.fdatasync` for segment files (tests count or fail syncs with it);
         directories are always synced with `os.fsync`. `failpoints` lets crash tests stop the
         process between two segment deletions (`wal.truncate.after_segment_delete`), and
         robustness tests slow each append's sync down (`wal.sync`).
         `inline_below_s`: a log appends on the caller's thread while its syncs average below
-        this many seconds (see the module docstring); 0, always on the append thread."""
+        this many seconds (see the module docstring); 0, always on the append thread.
+        `preallocate_bytes`: how far ahead of the appends a segment's space is reserved; 0
+        appends without reserving (each append's sync then also commits the new size)."""
         self._failpoints = failpoints
         if segment_bytes_max <= SEGMENT_HEADER_SIZE:
             raise ValueError(f"segment_bytes_max must exceed {SEGMENT_HEADER_SIZE}")
+        if preallocate_bytes < 0:
+            raise ValueError(f"preallocate_bytes must be >= 0, got {preallocate_bytes}")
+        self._preallocate_bytes = preallocate_bytes
         self._root = Path(root_dir)
         self._segment_bytes_max = segment_bytes_max
         self._sync: SyncFunction = sync if sync is not None else _default_sync
@@ -658,10 +719,13 @@ class LocalLogBackend:
                 return self._writer(
                     log_name, log_dir, slot, lock_fd, segment_fd, first, SEGMENT_HEADER_SIZE, 0
                 )
-            last_sequence, last_records = self._recover(log_name, segments)
+            last_sequence, last_records, valid_end = self._recover(log_name, segments)
             tail = segments[-1]
             if min_last_sequence > last_sequence:
                 first = min_last_sequence + 1
+                if last_records:
+                    # It stops being the last segment: cut its zero tail off first.
+                    _cut_back(tail.path, valid_end, self._sync)
                 segment_fd = self._create_segment(log_dir, first, SEGMENT_FLAG_GAP)
                 if last_records == 0:
                     # The old last segment holds nothing; the new one carries the numbering.
@@ -686,9 +750,10 @@ class LocalLogBackend:
                 lock_fd,
                 segment_fd,
                 tail.first_sequence,
-                size,
+                valid_end,
                 last_records,
                 last_sequence=last_sequence,
+                allocated=size,
             )
         except BaseException:
             if segment_fd is not None:
@@ -708,6 +773,7 @@ class LocalLogBackend:
         segment_records: int,
         *,
         last_sequence: int | None = None,
+        allocated: int | None = None,
     ) -> LocalLogWriter:
         return LocalLogWriter(
             log_name=log_name,
@@ -724,6 +790,8 @@ class LocalLogBackend:
             appender=self._appender,
             inline_below_s=self._inline_below_s,
             failpoints=self._failpoints,
+            allocated=allocated,
+            preallocate_bytes=self._preallocate_bytes,
         )
 
     def _create_segment(self, log_dir: Path, first_sequence: int, flags: int) -> int:
@@ -739,12 +807,14 @@ class LocalLogBackend:
             raise
         return fd
 
-    def _recover(self, log_name: str, segments: list[_Segment]) -> tuple[int, int]:
+    def _recover(self, log_name: str, segments: list[_Segment]) -> tuple[int, int, int]:
         """Check every segment, cut a torn tail off the last one.
 
-        Returns (last sequence, number of records in the last segment)."""
+        Returns (last sequence, number of records in the last segment, the offset where the
+        last segment's records end: its size, or where its zero tail starts)."""
         previous_last: int | None = None
         records = 0
+        valid_end = SEGMENT_HEADER_SIZE
         for index, segment in enumerate(segments):
             is_last = index == len(segments) - 1
             source = f"log {log_name!r} segment {segment.path}"
@@ -767,7 +837,7 @@ class LocalLogBackend:
                     )
                     file.flush()
                     self._sync(file.fileno())
-                    return segment.first_sequence - 1, 0
+                    return segment.first_sequence - 1, 0, SEGMENT_HEADER_SIZE
                 header = decode_segment_header(head, source=source)
                 _check_segment_order(
                     source, segment, header.first_sequence, header.gap, previous_last
@@ -797,8 +867,9 @@ class LocalLogBackend:
                     file.flush()
                     self._sync(file.fileno())
                 previous_last = decoder.last_sequence
+                valid_end = decoder.valid_end
         assert previous_last is not None
-        return previous_last, records
+        return previous_last, records, valid_end
 
     # -- read / truncate / delete --------------------------------------------------------------
 
@@ -862,6 +933,9 @@ class LocalLogBackend:
                         first_sequence=segment.first_sequence,
                         end_offset=size,
                         stop_after=stop_after,
+                        # A writer (perhaps of another process) may be appending to the last
+                        # segment: its zero tail ends what there is to read now.
+                        zero_header_ends=is_last,
                     )
                     for record in decoder:
                         if record.sequence >= from_sequence:
@@ -952,6 +1026,17 @@ class LocalLogBackend:
         for name in names:
             if name.startswith(_TOMBSTONE_PREFIX):
                 shutil.rmtree(self._root / name, ignore_errors=True)
+
+
+def _cut_back(path: Path, size: int, sync: SyncFunction) -> None:
+    """Cut a segment file back to `size` bytes (its records) and sync it, if it is longer."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+            sync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_segment_order(
