@@ -1,11 +1,14 @@
-"""The compat suite's `server`: a standalone server, or with `TABLEKEEPER_TEST_CLUSTER=N` one
-server of a fresh N-server cluster (deploy/cluster.sh on the session's ZooKeeper and Pulsar).
+"""The compat suite's servers: standalone servers, or with `TABLEKEEPER_TEST_CLUSTER=N` clusters of
+N servers (deploy/cluster.sh on the session's ZooKeeper and Pulsar).
 
-In the cluster pass every test talks to that one endpoint only; requests for containers owned
-by another server are forwarded server-side. Each test gets a cluster of its own (a new cluster
-name and Pulsar namespace), because the tests expect fresh id counters (namespace ids from 0,
-stream ids from 1024) and reuse names. Tests marked `standalone_only(reason)` (a standalone
-server's own life cycle) are skipped in the cluster pass.
+`server` is one server (or cluster) shared by the tests of a module: starts dominate the suite's
+time, so each test names its own namespaces and tables and compares the ids it is given with
+those it was given before, not with a fresh server's first ones. In the cluster pass every test
+talks to one endpoint only (which server of the module's cluster depends on the test's name, so
+the suite enters through each); requests for containers owned by another server are forwarded
+server-side. `fresh_server` is a server (or cluster) of the test's own, for what only a fresh one
+shows (its first ids) and for tests that stop, restart or reconfigure it. Tests marked
+`standalone_only(reason)` (a standalone server's own life cycle) are skipped in the cluster pass.
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.compat.cluster import DeployedCluster, Server, StopInProgress, cluster_size
+from tests.compat.cluster import (
+    ClusterServer,
+    DeployedCluster,
+    Server,
+    StopInProgress,
+    cluster_size,
+)
 from tests.support.pulsar import PulsarService, unique_namespace
 from tests.support.server import RUNTIME_ENV_VAR, ServerProcess
 from tests.support.zookeeper import ZooKeeperProcess
@@ -98,12 +107,18 @@ def cluster_base(
         zk.stop()
 
 
+def _entry(request: pytest.FixtureRequest, cluster: DeployedCluster) -> ClusterServer:
+    """The server of `cluster` the test talks to: chosen by the test's name."""
+    request.node.stash[CLUSTER_KEY] = cluster
+    return cluster.servers[zlib.crc32(request.node.nodeid.encode()) % len(cluster.servers)]
+
+
 @pytest.fixture
-def server(
+def fresh_server(
     request: pytest.FixtureRequest, tmp_path: Path, server_factory: list[ServerProcess]
 ) -> Iterator[Server]:
     """A fresh standalone server; or, with TABLEKEEPER_TEST_CLUSTER=N, one server of a fresh
-    N-server cluster (which one depends on the test's name, so the suite enters through each).
+    N-server cluster.
 
     A cluster is stopped in the background (a stopping server can take seconds to hand its
     containers over), overlapping the next test; `cluster_base` checks every stop at the end."""
@@ -114,11 +129,55 @@ def server(
         yield s.start()
         return
     base: ClusterBase = request.getfixturevalue("cluster_base")
-    name = unique_namespace("compat")
-    cluster = DeployedCluster(tmp_path / "cluster", name, base.zookeeper.hosts, base.pulsar)
-    request.node.stash[CLUSTER_KEY] = cluster
+    cluster = DeployedCluster(
+        tmp_path / "cluster", unique_namespace("compat"), base.zookeeper.hosts, base.pulsar
+    )
     try:
         cluster.start(n)
-        yield cluster.servers[zlib.crc32(request.node.nodeid.encode()) % n]
+        yield _entry(request, cluster)
     finally:
         base.stopping.append(cluster.stop_in_background())
+
+
+@pytest.fixture(scope="module")
+def module_servers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess | DeployedCluster]:
+    """The module's standalone server, or its N-server cluster (stopped in the background at
+    the module's end, like `fresh_server`'s)."""
+    n = cluster_size()
+    directory = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    if not n:
+        s = ServerProcess(directory / "data")
+        try:
+            yield s.start()
+        finally:
+            if s.running:
+                s.kill()
+        return
+    base: ClusterBase = request.getfixturevalue("cluster_base")
+    cluster = DeployedCluster(
+        directory / "cluster", unique_namespace("compat"), base.zookeeper.hosts, base.pulsar
+    )
+    try:
+        yield cluster.start(n)
+    finally:
+        base.stopping.append(cluster.stop_in_background())
+
+
+@pytest.fixture
+def server(
+    request: pytest.FixtureRequest, module_servers: ServerProcess | DeployedCluster
+) -> Server:
+    """The module's shared server; with TABLEKEEPER_TEST_CLUSTER=N one server of the module's
+    N-server cluster. Fails at once, with the logs, if an earlier test left it dead."""
+    if isinstance(module_servers, ServerProcess):
+        assert module_servers.running, (
+            f"the module's server has exited:\n{module_servers.log_tail()}"
+        )
+        return module_servers
+    dead = [s.target for s in module_servers.servers if not s.running()]
+    assert not dead, f"servers of the module's cluster have exited: {dead}\n" + (
+        module_servers.log_tails()
+    )
+    return _entry(request, module_servers)

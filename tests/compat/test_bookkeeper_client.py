@@ -1,14 +1,18 @@
 """The unmodified `apache-bookkeeper-client` (import name `bookkeeper`) against a real server.
 
-Each test starts its own server process (tests/support/server.py), or with
-`TABLEKEEPER_TEST_CLUSTER=3` its own 3-server cluster and talks to one of its servers only
-(conftest.py). Never import `tablekeeper`, `tablekeeper_proto` or `tablekeeper_server` here:
-their generated protos register the same `bookkeeper.proto.*` symbols as the client's (see
-tests/compat/__init__.py).
+The module's tests share one server process (tests/support/server.py), or with
+`TABLEKEEPER_TEST_CLUSTER=3` one 3-server cluster, each test talking to one of its servers only
+(conftest.py): each test creates namespaces and tables of its own and checks the ids it is given
+against those it was given before. Only `test_a_fresh_server_numbers_from_0_and_1024` and the
+test that restarts a server with a failpoint get one of their own (and the authentication test
+starts its own, with authentication on). Never import `tablekeeper`, `tablekeeper_proto` or
+`tablekeeper_server` here: their generated protos register the same `bookkeeper.proto.*`
+symbols as the client's (see tests/compat/__init__.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -98,23 +102,48 @@ def wait_listening(port: int, timeout_s: float) -> None:
             time.sleep(0.005)
 
 
+def own_name(request: pytest.FixtureRequest) -> str:
+    """A table name of the test's own: its name without `test_` (valid in BookKeeper's rules)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", request.node.name.removeprefix("test_"))
+
+
+def default_namespace_table(server: Server, name: str) -> Any:
+    """A table `name` with the client's default table conf in the kv client's default namespace
+    ("public", created unless an earlier test of the module's server did)."""
+    client = admin_client(server)
+    with contextlib.suppress(bk_errors.NamespaceExistsError):
+        client.namespaces().create("public")
+    client.namespace("public").create(name)
+    return kv.Client(settings(server)).table(name)
+
+
 @pytest.fixture
-def table(server: Server) -> Any:
-    """A table with the client's default table conf, in the kv client's default namespace."""
-    admin_client(server).namespaces().create("public")
-    admin_client(server).namespace("public").create("t")
-    return kv.Client(settings(server)).table("t")
+def table(request: pytest.FixtureRequest, server: Server) -> Any:
+    """A table of the test's own (named after it) in the kv client's default namespace."""
+    return default_namespace_table(server, own_name(request))
 
 
 # --------------------------------------------------------------------------------------------
 # admin: namespaces
 
 
+def test_a_fresh_server_numbers_from_0_and_1024(fresh_server: Server) -> None:
+    """A new service's first namespace gets id 0 and its first table (stream) id 1024, as
+    BookKeeper's root range numbers them; the other tests share a server and check only that
+    ids follow each other."""
+    client = admin_client(fresh_server)
+    assert client.namespaces().create("first").namespace_id == 0
+    assert client.namespaces().create("second").namespace_id == 1
+    assert client.namespace("second").create("t").stream_id == 1024
+    assert client.namespace("first").create("t").stream_id == 1025
+
+
 def test_namespace_create_get_delete(server: Server) -> None:
     namespaces = admin_client(server).namespaces()
     created = [namespaces.create(name) for name in ("ns-a", "ns-b", "ns-c")]
 
-    assert [p.namespace_id for p in created] == [0, 1, 2]
+    first = created[0].namespace_id
+    assert [p.namespace_id for p in created] == [first, first + 1, first + 2]
     for props in created:
         assert namespaces.get(props.namespace_name) == props
     assert created[0].namespace_name == "ns-a"
@@ -128,7 +157,7 @@ def test_namespace_create_get_delete(server: Server) -> None:
 
     # ids are never reused, also not for a re-created name
     again = namespaces.create("ns-b")
-    assert again.namespace_id == 3
+    assert again.namespace_id == first + 3
     assert namespaces.get("ns-b") == again
 
     custom = stream_pb2.NamespaceConfiguration(default_stream_conf=DEFAULT_TABLE_CONF)
@@ -139,10 +168,10 @@ def test_namespace_create_get_delete(server: Server) -> None:
 
 def test_namespace_errors(server: Server) -> None:
     namespaces = admin_client(server).namespaces()
-    namespaces.create("dup")
+    dup = namespaces.create("dup")
     with pytest.raises(bk_errors.NamespaceExistsError):
         namespaces.create("dup")
-    assert namespaces.get("dup").namespace_id == 0  # the failed create changed nothing
+    assert namespaces.get("dup") == dup  # the failed create changed nothing
 
     with pytest.raises(bk_errors.NamespaceNotFoundError) as not_found:
         namespaces.get("missing")
@@ -165,7 +194,9 @@ def test_namespace_errors(server: Server) -> None:
     for name in VALID_ODD_NAMES:
         assert namespaces.get(namespaces.create(name).namespace_name).namespace_name == name
     # rejected names used no ids
-    assert namespaces.get(VALID_ODD_NAMES[-1]).namespace_id == len(VALID_ODD_NAMES)
+    assert namespaces.get(VALID_ODD_NAMES[-1]).namespace_id == dup.namespace_id + len(
+        VALID_ODD_NAMES
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,15 +205,17 @@ def test_namespace_errors(server: Server) -> None:
 
 def test_table_create_get_delete(server: Server) -> None:
     client = admin_client(server)
-    client.namespaces().create("ns1")
-    client.namespaces().create("ns2")
-    ns1, ns2 = client.namespace("ns1"), client.namespace("ns2")
+    client.namespaces().create("tables-ns1")
+    client.namespaces().create("tables-ns2")
+    ns1, ns2 = client.namespace("tables-ns1"), client.namespace("tables-ns2")
 
     t1 = ns1.create("t1")
     t2 = ns2.create("t2")
     t1_in_ns2 = ns2.create("t1")  # same name, other namespace: another table
-    # stream ids start at 1024 and come from one global counter
-    assert [t1.stream_id, t2.stream_id, t1_in_ns2.stream_id] == [1024, 1025, 1026]
+    # stream ids (from 1024) come from one global counter
+    first = t1.stream_id
+    assert first >= 1024
+    assert [t1.stream_id, t2.stream_id, t1_in_ns2.stream_id] == [first, first + 1, first + 2]
     assert t1.stream_name == "t1"
     assert t1.stream_conf == DEFAULT_TABLE_CONF  # stored verbatim
     assert ns1.get("t1") == t1
@@ -195,7 +228,7 @@ def test_table_create_get_delete(server: Server) -> None:
     assert ns2.get("t1") == t1_in_ns2
 
     again = ns1.create("t1")
-    assert again.stream_id == 1027
+    assert again.stream_id == first + 3
     assert ns1.get("t1") == again
 
     one_range = stream_pb2.StreamConfiguration()
@@ -210,8 +243,8 @@ def test_table_create_get_delete(server: Server) -> None:
 
 def test_table_errors(server: Server) -> None:
     client = admin_client(server)
-    client.namespaces().create("ns")
-    ns = client.namespace("ns")
+    client.namespaces().create("table-errors")
+    ns = client.namespace("table-errors")
     created = ns.create("t")
 
     with pytest.raises(bk_errors.StreamExistsError):
@@ -241,7 +274,7 @@ def test_table_errors(server: Server) -> None:
     with pytest.raises(bk_errors.NamespaceNotFoundError):
         kv.Client(settings(server), namespace="no-such-ns").table("t")
     with pytest.raises(bk_errors.StreamNotFoundError):
-        kv.Client(settings(server), namespace="ns").table("missing")
+        kv.Client(settings(server), namespace="table-errors").table("missing")
 
     # failed creates used no ids
     assert ns.create("next").stream_id == created.stream_id + 1
@@ -415,15 +448,16 @@ def test_key_and_value_limits(server: Server, table: Any) -> None:
 
 def test_tables_are_isolated(server: Server) -> None:
     client = admin_client(server)
-    for ns in ("ns1", "ns2"):
+    ns1, ns2 = "isolated-ns1", "isolated-ns2"
+    for ns in (ns1, ns2):
         client.namespaces().create(ns)
-    client.namespace("ns1").create("a")
-    client.namespace("ns1").create("b")
-    client.namespace("ns2").create("a")
+    client.namespace(ns1).create("a")
+    client.namespace(ns1).create("b")
+    client.namespace(ns2).create("a")
     tables = {
-        ("ns1", "a"): kv.Client(settings(server), namespace="ns1").table("a"),
-        ("ns1", "b"): kv.Client(settings(server), namespace="ns1").table("b"),
-        ("ns2", "a"): kv.Client(settings(server), namespace="ns2").table("a"),
+        (ns1, "a"): kv.Client(settings(server), namespace=ns1).table("a"),
+        (ns1, "b"): kv.Client(settings(server), namespace=ns1).table("b"),
+        (ns2, "a"): kv.Client(settings(server), namespace=ns2).table("a"),
     }
     for i, ((ns, name), table) in enumerate(tables.items()):
         table.put(b"shared", f"{ns}/{name}".encode())
@@ -433,24 +467,25 @@ def test_tables_are_isolated(server: Server) -> None:
         assert table.get(b"shared").version == 0
         assert table.get(b"counter").number_value == 10**i
 
-    tables[("ns1", "a")].put(b"only-here", b"x")
-    assert tables[("ns1", "b")].get(b"only-here") is None
-    assert tables[("ns2", "a")].get(b"only-here") is None
+    tables[(ns1, "a")].put(b"only-here", b"x")
+    assert tables[(ns1, "b")].get(b"only-here") is None
+    assert tables[(ns2, "a")].get(b"only-here") is None
 
-    tables[("ns1", "b")].delete(b"shared")
-    assert tables[("ns1", "b")].get(b"shared") is None
-    assert tables[("ns1", "a")].get(b"shared").value == b"ns1/a"
-    assert tables[("ns2", "a")].get(b"shared").value == b"ns2/a"
+    tables[(ns1, "b")].delete(b"shared")
+    assert tables[(ns1, "b")].get(b"shared") is None
+    assert tables[(ns1, "a")].get(b"shared").value == f"{ns1}/a".encode()
+    assert tables[(ns2, "a")].get(b"shared").value == f"{ns2}/a".encode()
 
 
 @pytest.mark.standalone_only(reason="stops and restarts the server process")
-def test_data_survives_graceful_restart(server: ServerProcess) -> None:
+def test_data_survives_graceful_restart(server: Server) -> None:
+    assert isinstance(server, ServerProcess)  # the module's server: restarted in place
     client = admin_client(server)
-    ns_props = client.namespaces().create("ns")
-    t1_props = client.namespace("ns").create("t1")
-    t2_props = client.namespace("ns").create("t2")
-    t1 = kv.Client(settings(server), namespace="ns").table("t1")
-    t2 = kv.Client(settings(server), namespace="ns").table("t2")
+    ns_props = client.namespaces().create("restart")
+    t1_props = client.namespace("restart").create("t1")
+    t2_props = client.namespace("restart").create("t2")
+    t1 = kv.Client(settings(server), namespace="restart").table("t1")
+    t2 = kv.Client(settings(server), namespace="restart").table("t2")
     blob = os.urandom(256 * KiB)
     t1.put(b"bytes", b"v0")
     t1.put(b"bytes", b"v1")
@@ -466,14 +501,14 @@ def test_data_survives_graceful_restart(server: ServerProcess) -> None:
     server.start()
 
     client = admin_client(server)
-    assert client.namespaces().get("ns") == ns_props
-    assert client.namespace("ns").get("t1") == t1_props
-    assert client.namespace("ns").get("t2") == t2_props
-    fresh = kv.Client(settings(server), namespace="ns").table("t1")
+    assert client.namespaces().get("restart") == ns_props
+    assert client.namespace("restart").get("t1") == t1_props
+    assert client.namespace("restart").get("t2") == t2_props
+    fresh = kv.Client(settings(server), namespace="restart").table("t1")
     for key, kv_ in before.items():
         assert fresh.get(key) == kv_  # value, version and revisions all kept
     assert fresh.get(b"deleted") is None
-    assert kv.Client(settings(server), namespace="ns").table("t2").get(b"bytes").value == (
+    assert kv.Client(settings(server), namespace="restart").table("t2").get(b"bytes").value == (
         b"other table"
     )
 
@@ -483,8 +518,8 @@ def test_data_survives_graceful_restart(server: ServerProcess) -> None:
     assert (n.number_value, n.version) == (43, 2)
     assert n.mod_revision > before[b"n"].mod_revision
     # id counters continue after the restart
-    assert client.namespaces().create("ns2").namespace_id == ns_props.namespace_id + 1
-    assert client.namespace("ns").create("t3").stream_id == t2_props.stream_id + 1
+    assert client.namespaces().create("restart2").namespace_id == ns_props.namespace_id + 1
+    assert client.namespace("restart").create("t3").stream_id == t2_props.stream_id + 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -634,7 +669,7 @@ def test_pulsar_functions_concurrent_instances(server: Server) -> None:
 
 @pytest.mark.standalone_only(reason="restarts a standalone server held at a failpoint")
 def test_request_during_restart_is_retried_until_served(
-    server: ServerProcess, tmp_path: Path
+    fresh_server: Server, tmp_path: Path
 ) -> None:
     """A put sent while the server restarts completes once the server is ready.
 
@@ -643,9 +678,9 @@ def test_request_during_restart_is_retried_until_served(
     restarted server is held before recovery (a failpoint) until the put has been answered
     NOT_FOUND at least once, so the put certainly arrives during recovery, on any machine.
     """
-    admin_client(server).namespaces().create("public")
-    admin_client(server).namespace("public").create("t")
-    table = kv.Client(settings(server)).table("t")
+    server = fresh_server  # restarted with a failpoint: a server of its own
+    assert isinstance(server, ServerProcess)
+    table = default_namespace_table(server, "t")
     table.put(b"before", b"1")
 
     assert server.stop() == 0
@@ -737,14 +772,13 @@ def test_bookkeeper_client_through_the_anonymous_role(
 # a range split while the client writes
 
 
-def test_writes_go_on_through_a_range_split(server: Server) -> None:
+def test_writes_go_on_through_a_range_split(request: pytest.FixtureRequest, server: Server) -> None:
     """Writers keep putting and incrementing while `tablekeeper table split` splits a range of
     their table: the client's requests to the sealed range are answered NOT_FOUND (retried), the
     server routes the retries (which still name the old range) to the children, and afterwards
     every acknowledged write is there."""
-    admin_client(server).namespaces().create("public")
-    admin_client(server).namespace("public").create("t")
-    table = kv.Client(settings(server)).table("t")
+    name = own_name(request)
+    table = default_namespace_table(server, name)
     acked: dict[bytes, int] = {}
     attempted: dict[bytes, int] = {}
     counted = {"acked": 0, "attempted": 0}
@@ -776,7 +810,8 @@ def test_writes_go_on_through_a_range_split(server: Server) -> None:
         futures = [pool.submit(writer, w) for w in range(3)]
         until(150)
         split = subprocess.run(
-            [str(SERVER_COMMAND), "--service", server.service, "table", "split", "public/t"],
+            [str(SERVER_COMMAND), "--service", server.service, "table", "split"]
+            + [f"public/{name}"],
             capture_output=True,
             text=True,
             timeout=300,

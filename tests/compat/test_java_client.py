@@ -4,9 +4,9 @@
 tests/compat/java is a small Maven module: a driver program that runs every check through the
 client's public API and prints one JSON object per observation. This file builds it (once; `make
 test-compat` builds it first), runs it for both of the client's shapes at the same time against
-the `server` fixture (a standalone server, or one server of a fresh 3-server cluster with
-`TABLEKEEPER_TEST_CLUSTER=3`) and compares every observation with what BookKeeper's server makes
-the client return:
+the `server` fixture (the module's standalone server, or one server of the module's 3-server
+cluster with `TABLEKEEPER_TEST_CLUSTER=3`; every run has namespaces of its own) and compares
+every observation with what BookKeeper's server makes the client return:
 
 - `routed`: `StorageClientImpl`, the default. It asks `GetStorageContainerEndpoint` where each
   storage container lives and sends every call to its owner, with the `bk-rt-sc-id-bin` header and
@@ -241,15 +241,26 @@ def _metrics(server: ClusterServer) -> dict[tuple[str, str], float]:
     return totals
 
 
-def _table_calls(servers: list[ClusterServer]) -> Iterator[tuple[int, float, float]]:
-    """Per server: (index, table calls answered, table calls forwarded to another server)."""
+def _table_calls(servers: list[ClusterServer]) -> dict[int, tuple[float, float]]:
+    """Per server index: (table calls answered, table calls forwarded to another server) so
+    far; the counters count since the server started, so a test compares two readings."""
+    calls = {}
     for s in servers:
         metrics = _metrics(s)
         served = sum(metrics.get(("tablekeeper_requests_total", m), 0.0) for m in TABLE_METHODS)
         forwarded = sum(
             metrics.get(("tablekeeper_forwarded_requests_total", m), 0.0) for m in TABLE_METHODS
         )
-        yield s.index, served, forwarded
+        calls[s.index] = (served, forwarded)
+    return calls
+
+
+def _calls_since(
+    servers: list[ClusterServer], before: dict[int, tuple[float, float]]
+) -> Iterator[tuple[int, float, float]]:
+    """Per server: (index, table calls answered, table calls forwarded) since `before`."""
+    for index, (served, forwarded) in _table_calls(servers).items():
+        yield index, served - before[index][0], forwarded - before[index][1]
 
 
 def test_java_client(
@@ -262,17 +273,20 @@ def test_java_client(
         for driver in drivers:
             driver.check()
         return
-    # Cluster, entered through one server. The routed client alone first: it must have found
-    # every container's owner itself, so its table calls reached several servers and none of
-    # them had to forward one.
+    # Cluster, entered through one server (the module's cluster: the other tests of the module
+    # run before or after, never during, so the counters' changes are this test's calls). The
+    # routed client alone first: it must have found every container's owner itself, so its
+    # table calls reached several servers and none of them had to forward one.
+    before = _table_calls(cluster.servers)
     Driver(java_driver, server, "routed", "java_routed").check()
-    calls = list(_table_calls(cluster.servers))
+    calls = list(_calls_since(cluster.servers, before))
     assert all(forwarded == 0 for _, _, forwarded in calls), calls
     assert sum(1 for _, served, _ in calls if served > 0) >= 2, calls
     # The server-side-routing client: everything through the one endpoint, forwarded there.
+    before = _table_calls(cluster.servers)
     Driver(java_driver, server, "simple", "java_simple").check()
     entry = next(s.index for s in cluster.servers if s.port == getattr(server, "port", None))
-    after = {index: forwarded for index, _, forwarded in _table_calls(cluster.servers)}
+    after = {index: forwarded for index, _, forwarded in _calls_since(cluster.servers, before)}
     assert after[entry] > 0, after
 
 
@@ -311,7 +325,7 @@ def test_java_client_goes_on_after_its_server_restarts(
 ) -> None:
     """The routed client caches each container's owner and its channel; after the server
     restarts (same address), the same client object writes and reads again."""
-    assert isinstance(server, ServerProcess)
+    assert isinstance(server, ServerProcess)  # the module's server: restarted in place
 
     def restart() -> None:
         server.stop()
