@@ -144,18 +144,23 @@ etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run 
 
 test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
-	@# Once more, each test against a fresh 3-server cluster (ZooKeeper + Pulsar, deploy/cluster.sh)
-	@# through one server's endpoint; the tests marked standalone_only are skipped there.
-	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat
-	@# And once more with every server's gRPC ports on grpcio's server (`--runtime grpc-aio`; the
-	@# default is Envoy's HTTP/2): the BookKeeper, etcd (etcdctl, clientv3, jetcd, Pulsar on
-	@# etcd) and Oxia clients. Pulsar's metadata suite runs once, above (`make
-	@# test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio` runs all of it on grpc.aio), and
-	@# so does python-etcd3's suite; tests marked default_runtime_only (nothing about the runtime
-	@# that the others do not prove: a kill -9 under Pulsar-on-Oxia, deploy/pulsar.sh) are
-	@# skipped there.
-	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/compat \
-		--ignore=tests/compat/test_pulsar_metadata.py --ignore=tests/compat/test_python_etcd3.py
+	@# Once more, the tests marked on_cluster: what depends on the topology (the root range and the
+	@# containers on other servers: routing, forwarding, splits), each module against a 3-server
+	@# cluster of its own (ZooKeeper + Pulsar, deploy/cluster.sh) entered through one endpoint.
+	@# The other tests' calls are the same on a cluster; forwarding itself is proven for every
+	@# front-end by tests/integration (test_sdk.py on a cluster, test_forwarded_errors.py,
+	@# test_etcd_cluster.py, test_oxia_cluster.py, test_zookeeper_cluster.py).
+	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_cluster tests/compat
+	@# And once more, the tests marked on_grpc_aio, with every server's gRPC ports on grpcio's server
+	@# (`--runtime grpc-aio`; the default is Envoy's HTTP/2): each client library (BookKeeper Python
+	@# and Java, etcdctl, clientv3, the Oxia Java client) with what depends on the HTTP/2 server
+	@# (status codes, streams, many calls in flight, TLS, metadata, several ports, a client going
+	@# on through a restart). Not again there: what the storage decides (data kept across restarts,
+	@# kill -9, compaction, splits), python-etcd3's and Pulsar's metadata suites, and the Pulsar
+	@# standalones on the Oxia front-end (Pulsar's metadata client there is the Oxia Java client,
+	@# which the on_grpc_aio scenarios run; `make test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio`
+	@# runs Pulsar's own metadata tests, Oxia and etcd stores, on grpc.aio).
+	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_grpc_aio tests/compat
 
 # The ZooKeeper differential test (test-compat plays 3 seeds of 150 operations) over many seeds.
 ZK_DIFFERENTIAL_SEEDS ?= 40

@@ -9,6 +9,10 @@ the suite enters through each); requests for containers owned by another server 
 server-side. `fresh_server` is a server (or cluster) of the test's own, for what only a fresh one
 shows (its first ids) and for tests that stop, restart or reconfigure it. Tests marked
 `standalone_only(reason)` (a standalone server's own life cycle) are skipped in the cluster pass.
+
+`make test-compat` runs every test once on standalone servers, then only the tests marked
+`on_cluster(reason)` against clusters and those marked `on_grpc_aio(reason)` on grpc.aio: the
+properties that differ there (topology; the HTTP/2 server), not every scenario again.
 """
 
 from __future__ import annotations
@@ -47,6 +51,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "other tests do not; skipped when the suite runs again on another runtime "
         f"({RUNTIME_ENV_VAR})",
     )
+    config.addinivalue_line(
+        "markers",
+        "on_cluster(reason): what it shows depends on the topology (routing, forwarding, a "
+        "root range on another server): `make test-compat` runs it once more against a cluster "
+        "(`-m on_cluster`); it must use the `server` or `fresh_server` fixture",
+    )
+    config.addinivalue_line(
+        "markers",
+        "on_grpc_aio(reason): what it shows depends on the HTTP/2 server (status codes and "
+        "trailers, streams, flow control, many calls in flight, TLS, several ports): `make "
+        "test-compat` runs it once more with every server on grpc.aio (`-m on_grpc_aio`)",
+    )
 
 
 def _reason(marker: pytest.Mark) -> str:
@@ -56,6 +72,15 @@ def _reason(marker: pytest.Mark) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     other_runtime = os.environ.get(RUNTIME_ENV_VAR, "") not in ("", "auto")
     for item in items:
+        marker = item.get_closest_marker("on_cluster")
+        if marker is not None and (
+            item.get_closest_marker("standalone_only") is not None
+            or not {"server", "fresh_server"} & set(getattr(item, "fixturenames", ()))
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked on_cluster but runs no cluster: it must use the "
+                "`server` or `fresh_server` fixture and not be standalone_only"
+            )
         marker = item.get_closest_marker("standalone_only")
         if marker is not None and cluster_size():
             item.add_marker(pytest.mark.skip(reason=f"standalone only: {_reason(marker)}"))

@@ -166,6 +166,8 @@ def test_namespace_create_get_delete(server: Server) -> None:
     assert namespaces.get("ns-custom") == props
 
 
+@pytest.mark.on_grpc_aio("error statuses and their messages")
+@pytest.mark.on_cluster("errors of the root range's calls, forwarded to its owner")
 def test_namespace_errors(server: Server) -> None:
     namespaces = admin_client(server).namespaces()
     dup = namespaces.create("dup")
@@ -203,6 +205,7 @@ def test_namespace_errors(server: Server) -> None:
 # admin: tables (streams)
 
 
+@pytest.mark.on_cluster("one id counter for tables in every container")
 def test_table_create_get_delete(server: Server) -> None:
     client = admin_client(server)
     client.namespaces().create("tables-ns1")
@@ -241,6 +244,8 @@ def test_table_create_get_delete(server: Server) -> None:
     assert ns1.get("custom") == props
 
 
+@pytest.mark.on_grpc_aio("error statuses and their messages")
+@pytest.mark.on_cluster("errors of the root range's calls, forwarded to its owner")
 def test_table_errors(server: Server) -> None:
     client = admin_client(server)
     client.namespaces().create("table-errors")
@@ -284,6 +289,8 @@ def test_table_errors(server: Server) -> None:
 # kv
 
 
+@pytest.mark.on_grpc_aio("plain calls")
+@pytest.mark.on_cluster("table calls forwarded to the container's owner")
 def test_put_get(table: Any) -> None:
     assert table.get(b"missing") is None
     assert table.put(b"key", b"v0") is None
@@ -312,6 +319,7 @@ def test_put_get(table: Any) -> None:
     assert table.get(b"missing") is None
 
 
+@pytest.mark.on_cluster("table calls forwarded to the container's owner")
 def test_incr(table: Any) -> None:
     assert table.incr(b"n", 5) is None
     kv_ = table.get(b"n")
@@ -367,6 +375,7 @@ def test_delete(table: Any) -> None:
     assert (table.get(b"n").number_value, table.get(b"n").version) == (4, 0)
 
 
+@pytest.mark.on_cluster("keys routed by their hash")
 def test_binary_keys_and_values(table: Any) -> None:
     pairs = {
         b"\x00": b"\x00",
@@ -390,6 +399,8 @@ def test_binary_keys_and_values(table: Any) -> None:
     assert table.get(b"big").value == big
 
 
+@pytest.mark.on_grpc_aio("the largest messages the server takes")
+@pytest.mark.on_cluster("the largest keys and values, forwarded")
 def test_key_and_value_limits(server: Server, table: Any) -> None:
     empty_key_calls: list[Callable[[], object]] = [
         lambda: table.put(b"", b"v"),
@@ -446,6 +457,7 @@ def test_key_and_value_limits(server: Server, table: Any) -> None:
     assert table.get(b"after").value == b"ok"
 
 
+@pytest.mark.on_cluster("tables whose ranges live on different servers")
 def test_tables_are_isolated(server: Server) -> None:
     client = admin_client(server)
     ns1, ns2 = "isolated-ns1", "isolated-ns2"
@@ -638,6 +650,8 @@ def test_pulsar_functions_state_flow(server: Server) -> None:
     assert ctx.get_counter("hello") == 3
 
 
+@pytest.mark.on_grpc_aio("concurrent calls on one channel")
+@pytest.mark.on_cluster("concurrent increments, forwarded")
 def test_pulsar_functions_concurrent_instances(server: Server) -> None:
     instances = [FunctionContext(server.service, "my-tenant", "my-ns", "counter") for _ in range(2)]
     rounds = 150
@@ -667,6 +681,7 @@ def test_pulsar_functions_concurrent_instances(server: Server) -> None:
 # retries
 
 
+@pytest.mark.on_grpc_aio("what a starting server answers")
 @pytest.mark.standalone_only(reason="restarts a standalone server held at a failpoint")
 def test_request_during_restart_is_retried_until_served(
     fresh_server: Server, tmp_path: Path
@@ -731,6 +746,7 @@ with Client(service, token=token) as client:
 """
 
 
+@pytest.mark.on_grpc_aio("credentials in the call's metadata")
 @pytest.mark.standalone_only(reason="starts servers of its own with authentication on")
 def test_bookkeeper_client_through_the_anonymous_role(
     tmp_path: Path, server_factory: list[ServerProcess]
@@ -772,6 +788,7 @@ def test_bookkeeper_client_through_the_anonymous_role(
 # a range split while the client writes
 
 
+@pytest.mark.on_cluster("a split while writers' calls are forwarded")
 def test_writes_go_on_through_a_range_split(request: pytest.FixtureRequest, server: Server) -> None:
     """Writers keep putting and incrementing while `tablekeeper table split` splits a range of
     their table: the client's requests to the sealed range are answered NOT_FOUND (retried), the

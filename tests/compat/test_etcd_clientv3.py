@@ -132,6 +132,7 @@ def test_mutex_among_five_contenders_one_killed_while_holding(
     assert _get(endpoint, "/mutex/count") == b"20"
 
 
+@pytest.mark.on_grpc_aio("keep-alive streams of clients that die")
 def test_election_five_contenders_leader_killed(
     etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
@@ -149,6 +150,7 @@ def test_election_five_contenders_leader_killed(
     assert len(set(revisions)) == 4  # each led under its own campaign key
 
 
+@pytest.mark.on_grpc_aio("concurrent txns from one client")
 def test_stm_bank_transfers_keep_the_total(
     etcdgo: Callable[..., Program], etcd_server: tuple[ServerProcess, str]
 ) -> None:
@@ -202,6 +204,7 @@ def _keys(endpoint: str, prefix: str) -> list[str]:
     return _etcdctl(endpoint, "get", "--prefix", prefix, "--keys-only").split()
 
 
+@pytest.mark.on_grpc_aio("TLS and the token in every call's metadata")
 def test_username_and_password_over_tls(etcdgo: Callable[..., Program], tmp_path: Path) -> None:
     """clientv3 with Username/Password: it calls Authenticate and sends the token (`token`
     metadata) with every call, streams included; what it may do is the user's permissions on

@@ -14,7 +14,12 @@ import pytest
 from tablekeeper_proto.etcd import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from tests.support.server import ServerProcess, free_port
 
-pytestmark = pytest.mark.standalone_only("a server of its own, with --etcd-port")
+pytestmark = [
+    pytest.mark.standalone_only("a server of its own, with --etcd-port"),
+    pytest.mark.on_grpc_aio(
+        "status codes, messages and watch streams as the HTTP/2 server sends them"
+    ),
+]
 TIMEOUT_S = 30.0
 Compare = rpc_pb2.Compare
 

@@ -77,6 +77,7 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+@pytest.mark.on_grpc_aio("plain calls")
 def test_put_get_delete_with_prefixes_and_key_metadata(endpoint: str) -> None:
     assert etcdctl(endpoint, "put", "kv/a", "1").stdout.strip() == "OK"
     first = get_json(endpoint, "kv/a")
@@ -115,6 +116,7 @@ def test_put_get_delete_with_prefixes_and_key_metadata(endpoint: str) -> None:
     assert prev == ["1", "kv/a", "new"]
 
 
+@pytest.mark.on_grpc_aio("txn calls")
 def test_txn_compares_and_branches(endpoint: str) -> None:
     etcdctl(endpoint, "put", "txn/k", "v1")
     script = 'value("txn/k") = "v1"\n\nput txn/k v2\nput txn/other x\n\nput txn/k failed\n\n'
@@ -175,6 +177,7 @@ def _watch(endpoint: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.on_grpc_aio("a watch stream")
 def test_watch_from_a_past_revision_then_live(endpoint: str) -> None:
     etcdctl(endpoint, "put", "w/1", "a")
     start = get_json(endpoint, "w/1")["kvs"][0]["mod_revision"]
@@ -195,6 +198,7 @@ def test_watch_from_a_past_revision_then_live(endpoint: str) -> None:
         process.wait()
 
 
+@pytest.mark.on_grpc_aio("a keep-alive stream")
 def test_lease_grant_attach_keep_alive_revoke_and_expiry(endpoint: str) -> None:
     granted = etcdctl(endpoint, "lease", "grant", "60").stdout.split()
     assert granted[0] == "lease" and granted[-1] == "granted" or "granted" in granted
@@ -227,6 +231,7 @@ def test_lease_grant_attach_keep_alive_revoke_and_expiry(endpoint: str) -> None:
     assert "expired" in etcdctl(endpoint, "lease", "timetolive", short).stdout
 
 
+@pytest.mark.on_grpc_aio("status codes and messages")
 def test_endpoint_status_health_member_list_and_errors(endpoint: str) -> None:
     # A key of this test's own, so the status has a revision to report whatever ran before
     # (on a server at revision 0, etcdctl's JSON leaves the field out).
@@ -242,6 +247,7 @@ def test_endpoint_status_health_member_list_and_errors(endpoint: str) -> None:
     assert "required revision is a future revision" in future.stderr
 
 
+@pytest.mark.on_grpc_aio("the :authority each HTTP/2 server takes")
 def test_endpoints_written_as_urls(etcd_server: tuple[ServerProcess, int]) -> None:
     """etcd documents endpoints as `http://host:port`. etcdctl 3.4's own client takes them so,
     but its per-endpoint calls (`endpoint status`, `endpoint health`) send the whole URL as the
@@ -348,6 +354,7 @@ def hashkv(endpoint: str, revision: int) -> int:
     return int(member["HashKV"]["hash"])
 
 
+@pytest.mark.on_grpc_aio("several etcd ports on one server")
 def test_keyspaces_on_ports_of_their_own_are_independent(tmp_path: Path) -> None:
     """`--etcd-keyspaces`: each keyspace its own table, revisions, watches and leases."""
     main_port, apps_port = free_port(), free_port()

@@ -263,6 +263,8 @@ def _calls_since(
         yield index, served - before[index][0], forwarded - before[index][1]
 
 
+@pytest.mark.on_cluster("the routed client finds each container's owner; the other is forwarded")
+@pytest.mark.on_grpc_aio("thousands of calls in flight on one connection")
 def test_java_client(
     request: pytest.FixtureRequest, server: Server, java_driver: list[str]
 ) -> None:
@@ -319,6 +321,7 @@ def run_paused_driver(
     return {record["check"]: (record["value"], record["error"]) for record in records}, err
 
 
+@pytest.mark.on_grpc_aio("the client reconnects through the server's own shutdown")
 @pytest.mark.standalone_only("restarts the standalone server the client is connected to")
 def test_java_client_goes_on_after_its_server_restarts(
     server: Server, java_driver: list[str]
@@ -338,6 +341,7 @@ def test_java_client_goes_on_after_its_server_restarts(
     assert observed.get("restart.get") == ("after", None), (observed, err[-4000:])
 
 
+@pytest.mark.on_cluster("the routed client's cached owners after splits on a cluster")
 @pytest.mark.parametrize("kind", ["routed", "simple"])
 def test_java_client_goes_on_through_range_splits(
     server: Server, java_driver: list[str], kind: str

@@ -109,6 +109,7 @@ def plain_results(oxia: Oxia) -> dict[str, str]:
     return results
 
 
+@pytest.mark.on_grpc_aio("the Oxia Java client (grpc-java): write and read streams, notifications")
 @pytest.mark.parametrize("scenario", PLAIN)
 def test_java_client_scenario(plain_results: dict[str, str], scenario: str) -> None:
     """versions: put/get/delete with version ids, modification counts, timestamps, expected
@@ -146,12 +147,14 @@ def _cli(oxia: Oxia, *args: str) -> None:
     )
 
 
+@pytest.mark.on_grpc_aio("the namespace in the call's metadata")
 def test_other_namespace_and_unknown_namespace(oxia: Oxia) -> None:
     name = f"ns{uuid.uuid4().hex[:8]}"
     _cli(oxia, "table", "create", f"oxia/{name}", "--ranges", "2")
     oxia.run("namespace", name)
 
 
+@pytest.mark.on_grpc_aio("streams reconnect through the server's own shutdown")
 def test_notifications_continue_across_a_server_restart(oxia: Oxia) -> None:
     process = oxia.driver("notifications-restart")
     assert process.stdout is not None and process.stdin is not None
@@ -200,6 +203,7 @@ def _code(call: Callable[[], object]) -> grpc.StatusCode:
     return code
 
 
+@pytest.mark.on_grpc_aio("status codes and messages")
 def test_bad_input_gets_oxia_codes_and_writes_nothing(
     stub: client_pb2_grpc.OxiaClientStub,
 ) -> None:
@@ -383,8 +387,8 @@ def _admin_until(pulsar: PulsarOnOxia, method: str, path: str) -> None:
 
 @pytest.mark.default_runtime_only(
     "a kill -9 looks the same to the client on every runtime (refused connections); the "
-    "client's reconnection through a runtime's own shutdown is test_pulsar_standalone_keeps_"
-    "its_metadata_in_tablekeeper's restart, which runs on both"
+    "client's reconnection through a runtime's own shutdown is test_notifications_continue_"
+    "across_a_server_restart's, which runs on both"
 )
 def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
     oxia: Oxia, tmp_path: Path
@@ -470,7 +474,7 @@ def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
 
 @pytest.mark.default_runtime_only(
     "about deploy/pulsar.sh's set-up; the same client's calls on both runtimes are the "
-    "scenarios and test_pulsar_standalone_keeps_its_metadata_in_tablekeeper"
+    "scenarios (test_java_client_scenario)"
 )
 def test_deploy_pulsar_with_tablekeeper_as_its_metadata_store(oxia: Oxia, tmp_path: Path) -> None:
     """`deploy/pulsar.sh start --metadata oxia://…` (the documented one-command set-up): Pulsar
