@@ -149,7 +149,9 @@ test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compa
 	@# cluster of its own (ZooKeeper + Pulsar, deploy/cluster.sh) entered through one endpoint.
 	@# The other tests' calls are the same on a cluster; forwarding itself is proven for every
 	@# front-end by tests/integration (test_sdk.py on a cluster, test_forwarded_errors.py,
-	@# test_etcd_cluster.py, test_oxia_cluster.py, test_zookeeper_cluster.py).
+	@# test_etcd_cluster.py, test_oxia_cluster.py, test_zookeeper_cluster.py). Those also marked
+	@# cluster_only (the Java client through splits) show there all they would on a standalone
+	@# server, and are skipped above.
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_cluster tests/compat
 	@# And once more, the tests marked on_grpc_aio, with every server's gRPC ports on grpcio's server
 	@# (`--runtime grpc-aio`; the default is Envoy's HTTP/2): each client library (BookKeeper Python

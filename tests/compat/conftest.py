@@ -12,7 +12,9 @@ shows (its first ids) and for tests that stop, restart or reconfigure it. Tests 
 
 `make test-compat` runs every test once on standalone servers, then only the tests marked
 `on_cluster(reason)` against clusters and those marked `on_grpc_aio(reason)` on grpc.aio: the
-properties that differ there (topology; the HTTP/2 server), not every scenario again.
+properties that differ there (topology; the HTTP/2 server), not every scenario again. A test
+marked `cluster_only(reason)` as well shows on a cluster all it would show on a standalone
+server, and runs only there.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "trailers, streams, flow control, many calls in flight, TLS, several ports): `make "
         "test-compat` runs it once more with every server on grpc.aio (`-m on_grpc_aio`)",
     )
+    config.addinivalue_line(
+        "markers",
+        "cluster_only(reason): on a cluster the test shows all it shows on a standalone server "
+        "and more; skipped against standalone servers (it must also be on_cluster)",
+    )
 
 
 def _reason(marker: pytest.Mark) -> str:
@@ -81,6 +88,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} is marked on_cluster but runs no cluster: it must use the "
                 "`server` or `fresh_server` fixture and not be standalone_only"
             )
+        marker = item.get_closest_marker("cluster_only")
+        if marker is not None and item.get_closest_marker("on_cluster") is None:
+            raise pytest.UsageError(f"{item.nodeid} is cluster_only but not on_cluster")
+        if marker is not None and not cluster_size():
+            item.add_marker(pytest.mark.skip(reason=f"cluster only: {_reason(marker)}"))
         marker = item.get_closest_marker("standalone_only")
         if marker is not None and cluster_size():
             item.add_marker(pytest.mark.skip(reason=f"standalone only: {_reason(marker)}"))

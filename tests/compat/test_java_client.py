@@ -342,6 +342,10 @@ def test_java_client_goes_on_after_its_server_restarts(
 
 
 @pytest.mark.on_cluster("the routed client's cached owners after splits on a cluster")
+@pytest.mark.cluster_only(
+    "on a cluster one child of a split stays on the parent's container and server, the other "
+    "may go to another server's: the standalone case and routing and forwarding besides"
+)
 @pytest.mark.parametrize("kind", ["routed", "simple"])
 def test_java_client_goes_on_through_range_splits(
     server: Server, java_driver: list[str], kind: str
