@@ -1,4 +1,5 @@
-"""The seeded simulation (tests/simulation/sim.py) over many seeds.
+"""The seeded simulation (tests/simulation/sim.py) over many seeds: this file's half of them,
+tests/simulation/test_simulation_other_half.py the rest (tests/simulation/seeds.py).
 
 `TABLEKEEPER_SIM_SEEDS` sets how many (default 120, run in `make test`; `make simulate
 SEEDS=5000` for more); a failure names its seed, and `python -m tests.simulation --seed N
@@ -7,19 +8,15 @@ SEEDS=5000` for more); a failure names its seed, and `python -m tests.simulation
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.simulation.seeds import chunks
 from tests.simulation.sim import simulate
 
-SEEDS = int(os.environ.get("TABLEKEEPER_SIM_SEEDS", "120"))
-CHUNK = 25
 
-
-@pytest.mark.parametrize("first", range(0, SEEDS, CHUNK))
-def test_seeds(first: int) -> None:
-    for seed in range(first, min(first + CHUNK, SEEDS)):
+@pytest.mark.parametrize("seeds", chunks(0), ids=lambda r: f"{r.start}-{r.stop - 1}")
+def test_seeds(seeds: range) -> None:
+    for seed in seeds:
         stats = simulate(seed)
         assert stats.ops > 0 and stats.acked > 0
 

@@ -11,6 +11,7 @@ violation (the `..._is_caught` tests)."""
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from pathlib import Path
 
@@ -97,10 +98,25 @@ def _modules(root: Path) -> dict[str, Path]:
     return out
 
 
-def _import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
+@functools.cache
+def _parsed(text: str, filename: str) -> ast.Module:
+    """A source's tree, parsed once for all the rules (each walks every module)."""
+    return ast.parse(text, filename=filename)
+
+
+def _tree(path: Path) -> ast.Module:
+    return _parsed(path.read_text(), str(path))
+
+
+@functools.cache
+def _import_nodes_of(text: str, filename: str) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    tree = _parsed(text, filename)
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom))
+
+
+def _import_nodes(path: Path) -> tuple[ast.Import | ast.ImportFrom, ...]:
     """Every import statement of `path`, anywhere (top level, functions, TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    return _import_nodes_of(path.read_text(), str(path))
 
 
 def _imported(path: Path, package: str) -> set[str]:
@@ -185,7 +201,7 @@ def time_readers(root: Path) -> set[str]:
         rel = str(path.relative_to(root))
         if rel == "core/clock.py":
             continue
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Import)
