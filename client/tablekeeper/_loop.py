@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_WAKE_S = 0.25
+"""How often a caller blocked in `run` wakes. A signal (Ctrl-C) may be delivered to any of the
+process's threads — this loop's, gRPC's — and Python runs its handler only when the main
+thread next runs bytecode: a wait without a timeout would sleep through it."""
 
 
 class LoopThread:
@@ -20,7 +26,14 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            while not future.done():
+                concurrent.futures.wait([future], timeout=_WAKE_S)
+        except BaseException:  # KeyboardInterrupt: the coroutine stops too
+            future.cancel()
+            raise
+        return future.result()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

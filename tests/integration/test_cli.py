@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,6 +31,15 @@ from tests.support.cluster import TestCluster
 from tests.support.server import REPO, TABLEKEEPER, ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
+
+if (
+    signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    and threading.main_thread() is threading.current_thread()
+):
+    # A shell ignores Ctrl-C for the jobs it starts in the background (`make test &`), and the
+    # commands these tests interrupt would inherit that and never end; a handled signal is
+    # reset to its default in a child, so handle it here.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SUBCOMMANDS = [
     "server",
