@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import datetime as dt
 import itertools
+import json
 import os
 import re
 import signal
@@ -119,6 +120,15 @@ def no_nan(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [no_nan(v) for v in obj]
     return obj
+
+
+def write_report(report: dict[str, Any], out: Path, load_start: Sequence[float]) -> None:
+    """Write a benchmark's JSON report to `out` and say where, with the machine's load average at
+    the start and now (the figures' context)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(no_nan(report), indent=2, default=str) + "\n")
+    print(f"\nload average {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    print(f"JSON: {out}")
 
 
 def git_info() -> dict[str, Any]:

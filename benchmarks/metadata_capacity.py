@@ -68,12 +68,12 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import (  # noqa: E402
     fmt,
     git_info,
-    no_nan,
     parse_mntr,
     positive_int,
     proc_cpu_s,
     sigterm_as_interrupt,
     src_env,
+    write_report,
 )
 from benchmarks.pulsar_metadata import four_letter  # noqa: E402
 from tests.support.pulsar_oxia import pulsar_classpath  # noqa: E402
@@ -628,14 +628,11 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
         "exit_status": status,
     }
-    out = args.out
-    if out is None:
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        out = OUT_DIR / f"metadata-capacity-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(no_nan(report), indent=2, default=str) + "\n")
-    print(f"\nload average {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    print(f"JSON: {out}")
+    write_report(
+        report,
+        args.out or OUT_DIR / f"metadata-capacity-{started.strftime('%Y%m%dT%H%M%SZ')}.json",
+        load_start,
+    )
     return status
 
 

@@ -119,7 +119,6 @@ from benchmarks._common import (  # noqa: E402
     counter_delta,
     fmt,
     git_info,
-    no_nan,
     parse_mntr,
     parse_prometheus,
     percentile,
@@ -127,6 +126,7 @@ from benchmarks._common import (  # noqa: E402
     proc_cpu_s,
     sigterm_as_interrupt,
     src_env,
+    write_report,
 )
 from tests.support.etcd import EtcdProcess  # noqa: E402
 from tests.support.oxia_server import OxiaServer, default_binary  # noqa: E402
@@ -1224,15 +1224,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": rows,
         "exit_status": status,
     }
-    out = args.out
-    if out is None:
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        out = OUT_DIR / f"pulsar-metadata-{stamp}.json"
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(no_nan(report), indent=2, default=str) + "\n")
-    print(f"\nload average {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    print(f"JSON: {out}")
+    write_report(report, args.out or OUT_DIR / f"pulsar-metadata-{stamp}.json", load_start)
     return status
 
 

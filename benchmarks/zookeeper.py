@@ -48,11 +48,11 @@ from benchmarks._common import (  # noqa: E402
     REPO,
     fmt,
     git_info,
-    no_nan,
     positive_int,
     proc_cpu_s,
     sigterm_as_interrupt,
     src_env,
+    write_report,
 )
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 from tests.support.zookeeper import ZooKeeperProcess  # noqa: E402
@@ -332,15 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": rows,
         "exit_status": status,
     }
-    out = args.out
-    if out is None:
-        OUT_DIR.mkdir(parents=True, exist_ok=True)
-        out = OUT_DIR / f"zookeeper-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(no_nan(report), indent=2, default=str) + "\n")
-    print(f"\nload average {load_start[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end")
-    print(f"JSON: {out}")
+    write_report(
+        report,
+        args.out or OUT_DIR / f"zookeeper-{started.strftime('%Y%m%dT%H%M%SZ')}.json",
+        load_start,
+    )
     return status
 
 
