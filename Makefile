@@ -9,6 +9,11 @@ SERVER_STAMP := $(VENV)/.installed-server
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/tablekeeper_proto/bookkeeper/*.proto proto/tablekeeper_proto/v1/*.proto proto/tablekeeper_proto/etcd/*.proto proto/tablekeeper_proto/oxia/*.proto proto/tablekeeper_proto/zookeeper/*.proto)
 DATA_DIR ?= ./data
+# Python keeps the bytecode it compiles (__pycache__/, git-ignored) even where the environment
+# says not to (PYTHONDONTWRITEBYTECODE, set in some container images): without it every process
+# compiles what it imports from source again, and a server (`make run`, or each of the hundreds
+# the tests start) spends about twice as long starting.
+unexport PYTHONDONTWRITEBYTECODE
 # The Pulsar tests start a Pulsar standalone through deploy/pulsar.sh (its first run downloads
 # the jars with mvn into ~/.cache); under make they must run, never be skipped.
 export TABLEKEEPER_REQUIRE_PULSAR ?= 1
