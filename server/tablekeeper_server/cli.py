@@ -17,10 +17,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tablekeeper_server.config import (
     HELP_EPILOG,
+    ServerConfig,
     add_server_arguments,
     config_from_settings,
     printed_config,
@@ -58,11 +59,32 @@ def register_server(commands: Any) -> None:
             sys.stdout.write(printed_config(config, resolved))
             return EXIT_OK
         check_server(config)  # before the imports that need the `server` extra's packages
+        if config.runtime == "envoy" and (config.workers == 1 or config.worker is not None):
+            _become_envoy(config)
         from tablekeeper_server.main import run as run_server
 
         return run_server(config)
 
     server.set_defaults(run=run)
+
+
+ENVOY_APP = "tablekeeper_server.main:envoy_app"
+"""Where Envoy's embedded interpreter finds the server (`main.envoy_app`)."""
+
+
+def _become_envoy(config: ServerConfig) -> NoReturn:
+    """Become Envoy, which serves the gRPC ports and runs the server in its own interpreter
+    (`rpc.envoy`). Only the settings are needed for that: this process does not import the
+    server's modules (`main`), which Envoy's interpreter imports again (half a second of every
+    start)."""
+    from tablekeeper_server.logging_setup import configure_logging
+    from tablekeeper_server.rpc.envoy import exec_envoy
+
+    worker = config.worker
+    configure_logging(
+        config.log_level, config.log_format, worker.index if worker is not None else None
+    )
+    exec_envoy(config, ENVOY_APP)
 
 
 def register_token(commands: Any) -> None:

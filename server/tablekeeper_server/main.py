@@ -75,7 +75,7 @@ from tablekeeper_server.oxia.keys import FRONT_END as OXIA_FRONT_END
 from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
-from tablekeeper_server.rpc.envoy import EnvoyApp, exec_envoy
+from tablekeeper_server.rpc.envoy import EnvoyApp
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.proxy import Forwarder, RemoteCatalogClient
@@ -907,9 +907,7 @@ def run(config: ServerConfig) -> int:
             )
         finally:
             os.close(lock_fd)
-    if config.runtime == "envoy":
-        # This process becomes Envoy, which runs `serve` in `envoy_app` (never returns).
-        exec_envoy(config, ENVOY_APP)
+    # (With --runtime envoy the process became Envoy before importing this module: `cli`.)
     tune_garbage_collector()
     try:
         _run_loop(serve(config), config.event_loop)
@@ -932,6 +930,4 @@ def failure_exit_code(exc: CorruptionError | ClusterError | OSError) -> int:
 
 envoy_app = EnvoyApp(serve, failure_exit_code)
 """The ASGI application Envoy runs with `--runtime envoy` (see `rpc.envoy`): `serve` inside
-Envoy's process."""
-ENVOY_APP = "tablekeeper_server.main:envoy_app"
-"""Where Envoy's embedded interpreter finds `envoy_app`."""
+Envoy's process, whose interpreter imports this module (`cli.ENVOY_APP` names it)."""
