@@ -68,8 +68,14 @@ def _unusable_stores(data_dir: Path) -> list[Path]:
 def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
     small_disk: Path, server_factory: list[ServerProcess]
 ) -> None:
+    # Small segments: a segment's space is reserved ahead of its records (up to 1 MiB), so on a
+    # full disk a log goes on taking records until its segment's reservation is used up, and
+    # only then fails to create the next one. With 64 KiB that is a few hundred puts, not
+    # thousands.
     server = ServerProcess(
-        small_disk, extra_args=["--containers", "2", "--checkpoint-interval", "0"]
+        small_disk,
+        extra_args=["--containers", "2", "--checkpoint-interval", "0"]
+        + ["--wal-segment-bytes", str(64 * 1024)],
     )
     server_factory.append(server)
     server.start(timeout_s=180)
@@ -88,7 +94,8 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
     refused: TableKeeperError | None = None
     with Client(server.service, retry=NO_RETRY) as client:
         table = client.table(NS, TABLE)
-        # The segment's last page may still take a few records; the next page cannot come.
+        # The segment's reserved space may still take a few hundred records; the next segment
+        # cannot be created.
         for i in range(100_000):
             key, value = f"full-{i:06d}", b"x" * 200
             try:
@@ -109,7 +116,7 @@ def test_disk_full_is_retryable_and_the_range_recovers_once_space_is_freed(
             table.get(b"p", "before-000")
         assert _unusable_stores(small_disk) == []
 
-        # The root range (namespaces, tables) too, once its segment's last page is used up.
+        # The root range (namespaces, tables) too, once its segment's reserved space is used up.
         namespaces: list[str] = []
         for i in range(100_000):
             try:
