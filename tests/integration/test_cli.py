@@ -1,4 +1,10 @@
-"""The `tablekeeper` command, run as a subprocess against real server processes.
+"""The `tablekeeper` command against real server processes.
+
+Most commands run in this process through `tablekeeper.cli.main` (what the console script
+calls), each with its own standard input, output, error and environment, and their exit status:
+a Python start per command would cost this module most of its time. What depends on the process
+itself runs the installed console script as a subprocess: `--help`, `--version`, usage errors
+(`tk_all`), Ctrl-C, `tablekeeper server`, and any `tk(..., process=True)`.
 
 One server is shared by the module (each test uses its own namespace); the metrics / SIGTERM
 test starts its own server with `tablekeeper server ...`, as an operator would.
@@ -7,6 +13,7 @@ test starts its own server with `tablekeeper server ...`, as an operator would.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -83,12 +90,16 @@ def tk(
     timeout: float = 60,
     env: dict[str, str] | None = None,
     stdin: bytes | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run `tablekeeper [--service S] ARGS...`; never raises on a non-zero exit. `env`: extra
-    environment variables; `stdin`: bytes for its standard input (else none)."""
+    environment variables; `stdin`: bytes for its standard input (else none). In this process
+    (see the module) unless `process`: then the console script, `timeout` seconds at most."""
     argv = [str(TABLEKEEPER)]
     if service is not None:
         argv += ["--service", service]
+    if not process:
+        return _in_process([*argv[1:], *args], env, stdin)
     result = subprocess.run(
         [*argv, *args],
         capture_output=True,
@@ -102,6 +113,45 @@ def tk(
         result.returncode,
         result.stdout.decode(errors="backslashreplace"),
         result.stderr.decode(errors="backslashreplace"),
+    )
+
+
+def _in_process(
+    args: list[str], env: dict[str, str] | None, stdin: bytes | None
+) -> subprocess.CompletedProcess[str]:
+    """`tablekeeper.cli.main(args)` with the environment `_env(env)` and standard streams of its
+    own (UTF-8, as the console script's are here), as `tk` returns a subprocess's result; an
+    argparse exit (usage errors) is its exit status."""
+    from tablekeeper.cli import main
+
+    out, err = io.BytesIO(), io.BytesIO()
+    streams = (sys.stdin, sys.stdout, sys.stderr)
+    saved_env = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(_env(env))
+    own = (
+        io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
+        io.TextIOWrapper(out, encoding="utf-8", write_through=True),
+        io.TextIOWrapper(err, encoding="utf-8", write_through=True),
+    )
+    sys.stdin, sys.stdout, sys.stderr = own
+    try:
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = streams
+        for stream in own:
+            stream.flush()
+            stream.detach()  # (a wrapper closes its buffer when collected)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(
+        ["tablekeeper", *args],
+        code,
+        out.getvalue().decode(errors="backslashreplace"),
+        err.getvalue().decode(errors="backslashreplace"),
     )
 
 
