@@ -5,7 +5,7 @@ Everything Pulsar keeps in its metadata store (tenants, namespaces, topics, subs
 cursors, ledgers, the bookie's registration and BookKeeper's ledger metadata) goes to
 TableKeeper; only the bookie's journal and ledger files stay in the given directory.
 
-Shared by tests/compat/test_oxia_client.py (a standalone server) and
+Shared by tests/compat/test_oxia_pulsar.py (a standalone server) and
 tests/integration/test_pulsar_on_oxia_cluster.py (a 3-server cluster). This module imports no
 protos (the compat tests' process must not load `tablekeeper_proto`'s BookKeeper modules).
 """
