@@ -227,7 +227,16 @@ class ZooKeeperServer:
     def record_reply(self, op: int, reply: bytes, started: float) -> None:
         """Count a reply (its operation, its error code) and time it since `started`, for the
         four-letter words and the metrics (`tablekeeper_requests`, method `ZooKeeper/<op>`)."""
-        elapsed = self.clock.monotonic_s() - started
+        self._record(op, reply, self.clock.monotonic_s() - started)
+
+    def record_replies(self, items: list[_Item]) -> None:
+        """`record_reply` for requests answered together (timed up to now)."""
+        now = self.clock.monotonic_s()
+        for item in items:
+            assert item.reply is not None
+            self._record(item.op, item.reply, now - item.started)
+
+    def _record(self, op: int, reply: bytes, elapsed: float) -> None:
         if self.metrics is not None and len(reply) >= 20:
             method = _METHODS.get(op) or f"ZooKeeper/{op}"
             self.metrics.observe_request(method, jute.INT.unpack_from(reply, 16)[0], elapsed)
@@ -679,14 +688,15 @@ class Connection(asyncio.Protocol):
         self._answer(items, outcomes)
 
     def _answer(self, items: list[_Item], outcomes: list[Any]) -> None:
+        pack, unpack_result = jute.FRAMED_REPLY_HEADER.pack, commands.unpack_result
+        skip = commands.RESULT_HEADER_SIZE
         for item, outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, apply_pb2.ApplyResult) and outcome.header.code == 0:
-                result = outcome.result
-                err, zxid = commands.unpack_result(result)
-                body = memoryview(result)[commands.RESULT_HEADER_SIZE :]
-                item.reply = (
-                    jute.FRAMED_REPLY_HEADER.pack(16 + len(body), item.xid, zxid, err) + body
-                )
+            # An applied write's result is its error code, zxid and body (never empty); a
+            # write the range failed has only a header with the range's code.
+            result = outcome.result if isinstance(outcome, apply_pb2.ApplyResult) else b""
+            if result:
+                err, zxid = unpack_result(result)
+                item.reply = pack(len(result) - skip + 16, item.xid, zxid, err) + result[skip:]
             elif isinstance(outcome, TableKeeperError):
                 code = wire_rule(outcome).zookeeper
                 if code is None:
@@ -709,6 +719,7 @@ class Connection(asyncio.Protocol):
         """Reply in order: send what is answered at the head; run the reads (and other
         requests) that reach the head; start the writes queued behind them."""
         unanswered, waiting = self.unanswered, self._waiting
+        sent: list[_Item] = []
         while unanswered and self.state == _OPEN:
             head = unanswered[0]
             if head.reply is None:
@@ -727,8 +738,9 @@ class Connection(asyncio.Protocol):
                 if head.reply is None:
                     break
             self._send(head.reply)
-            self.server.record_reply(head.op, head.reply, head.started)
-            unanswered.popleft()
+            sent.append(unanswered.popleft())
+        if sent:
+            self.server.record_replies(sent)
         self._resume()
 
     def _error_reply(self, xid: int, err: int) -> bytes:
