@@ -12,7 +12,7 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import store_key
-from tablekeeper_server.errors import Code, IllegalOpError
+from tablekeeper_server.errors import Code, CompactedError, IllegalOpError
 from tablekeeper_server.etcd.apply import EtcdApplier
 from tablekeeper_server.oxia.apply import OxiaApplier
 from tablekeeper_server.range.apply import (
@@ -23,10 +23,11 @@ from tablekeeper_server.range.apply import (
     front_end_command,
 )
 from tablekeeper_server.range.bookkeeper_apply import BookKeeperApplier
-from tablekeeper_server.range.events import EventHistory
+from tablekeeper_server.range.events import EventHistory, iter_history
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.session_apply import SessionApplier
 from tablekeeper_server.range.state_machine import RangeStateMachine
+from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS
 
@@ -41,6 +42,7 @@ class CounterApplier:
 
     name = "counter"
     ops: tuple[str, ...] = ()
+    keeps_history = True
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         payload = command.front_end.payload
@@ -210,3 +212,27 @@ def test_a_session_ending_hook_ends_an_appliers_own_state_in_the_same_command() 
     ]
     sm.apply_batch([(6, wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=2)))])
     assert seen[-1] == (2, [])  # nothing of its own left: the hook returns None
+
+
+def test_an_applier_that_keeps_no_history_reaches_live_watchers_only() -> None:
+    class Forgetful(CounterApplier):
+        name = "forgetful"
+        keeps_history = False
+
+    store = MemoryKvStore()
+    registry = Appliers([SessionApplier(), CounterApplier(), Forgetful()])
+    sm = RangeStateMachine(store, registry, history=EventHistory(store))
+    forget = front_end_command("forgetful", b"b")
+    forget.timestamp_ms = NOW
+    sm.apply_batch([(1, count(b"a")), (2, forget), (3, forget), (4, count(b"a"))])
+    assert [e.revision for e in sm.last_events] == [1, 2, 3, 4]  # live watchers get every one
+    assert [e.revision for e in iter_history(store)] == [1, 4]
+    assert sm.get(store_key(b"c", b"b")) == StoredRecord(2, 3, 1, False, 0, b"2")
+    reopened = EventHistory(store)
+    assert reopened.trimmed_through == 3  # recorded with the batch
+    hub = WatchHub("r")
+    hub.attach(reopened, sm.applied_sequence)
+    span = KeySpan(store_key(b"c", b""), store_key(b"d", b""))
+    with pytest.raises(CompactedError):
+        hub.start(span, 3)  # revision 3's events were never kept
+    hub.start(span, 4)

@@ -42,6 +42,7 @@ class EtcdApplier:
 
     name = NAME
     ops = ("etcd_txn", "etcd_compact")
+    keeps_history = True
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         if command.WhichOneof("op") == "etcd_compact":

@@ -62,6 +62,7 @@ class OxiaApplier:
 
     name = NAME
     ops = ("oxia_write",)
+    keeps_history = True
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         return apply_oxia_write(ctx, command.oxia_write)

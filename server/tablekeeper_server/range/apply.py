@@ -66,6 +66,11 @@ What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a to
   a `TableKeeperError`); `context()` makes a throwaway context over the applied state (nothing
   staged on it is written). It runs for every command on the write path: return at once when
   there is nothing to check.
+- **History.** `keeps_history`: whether its commands' change events also go into the range's
+  durable event history (`range.events`), from which watches resume at a past revision. They
+  always reach the range's live watchers. An applier whose protocol never watches from the past
+  says False: its commands then cost no history write, and the history answers any watch from
+  their revision or before "compacted" (it does not hold them).
 - **Splits.** `refuse_split(ctx, seal)` says why the range cannot be sealed for `seal` (the
   applier keeps bookkeeping a split cannot divide between the children by pkey), or None.
 """
@@ -197,6 +202,9 @@ class ApplyContext:
         """The current command's sequence number: the revision of every key it writes."""
         self.now_ms = 0
         """The time the range accepted the current command (`WalCommand.timestamp_ms`)."""
+        self.keep_history = True
+        """Whether the current command's events go into the history (its applier's
+        `keeps_history`; set by the state machine)."""
         self.pending: dict[bytes, StoredRecord | None] = {}
         self.read_cache: dict[bytes, StoredRecord | None] = {}
         self.batch: WriteBatch = store.new_batch()
@@ -330,9 +338,13 @@ class ApplyContext:
                 self.batch.delete(key)
             else:
                 self.batch.put(key, raw)
-        if self.history is not None:
-            for event in self.events[self._settled_events :]:
-                self.history.append(self.batch, event)
+        history = self.history
+        if history is not None and len(self.events) > self._settled_events:
+            if self.keep_history:
+                for event in self.events[self._settled_events :]:
+                    history.append(self.batch, event)
+            else:
+                history.forget(self.events[-1].revision)
         self._settled_dirty = self._settled_dirty or bool(self._staged)
         self._staged.clear()
         self._undo.clear()
@@ -424,6 +436,12 @@ class Applier(Protocol):
     def ops(self) -> tuple[str, ...]:
         """The `WalCommand` op fields it applies besides `front_end` (the first protocols have
         their own fields; a new front-end claims none)."""
+        ...
+
+    @property
+    def keeps_history(self) -> bool:
+        """Whether its commands' change events go into the range's durable event history (see
+        the module's docstring); they reach live watchers either way."""
         ...
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:

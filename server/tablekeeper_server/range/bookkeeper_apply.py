@@ -62,6 +62,7 @@ class BookKeeperApplier:
 
     name = NAME
     ops = ("put", "increment", "delete_range", "txn")
+    keeps_history = True
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         return _Command(ctx, stop=False).run(command)

@@ -7,6 +7,9 @@ write batch as the change itself, so the history is exactly as durable as the da
 restarts and travels in checkpoints. The write-ahead log holds commands, not their effects, so
 this history (not the log) is what serves watches from older revisions.
 
+The events of an applier that keeps no history (`Applier.keeps_history`) are not written: the
+history then counts their revision as trimmed.
+
 The history keeps about the newest `limit` events and at most about `bytes_limit` bytes of them
 per range (64 MiB by default: values are kept in full), trimmed at each commit (one apply batch
 may overshoot briefly). `trimmed_through` is the highest revision ever trimmed: a watch starting
@@ -112,6 +115,13 @@ class EventHistory:
         """Drop every committed event below `revision` at the next `seal`; from then on
         `trimmed_through` is at least `revision - 1`."""
         self._floor = max(self._floor, revision)
+
+    def forget(self, revision: int) -> None:
+        """The events of `revision` are not kept (their applier keeps no history): a watch
+        starting at or before it is answered "compacted" from now on (recorded at the next
+        `seal`)."""
+        if revision > self.trimmed_through:
+            self.trimmed_through = revision
 
     def append(self, batch: WriteBatch, event: ChangeEvent) -> None:
         raw = encode_event(event)

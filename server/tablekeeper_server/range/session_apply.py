@@ -52,6 +52,7 @@ class SessionApplier:
 
     name = NAME
     ops = ("session",)
+    keeps_history = True
 
     def __init__(self, session_ending: Sequence[SessionEnding] = ()) -> None:
         """`session_ending`: the other appliers' parts in ending a session, in order."""

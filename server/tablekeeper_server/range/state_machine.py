@@ -179,6 +179,7 @@ class RangeStateMachine:
 
     def _apply_one(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         op = command.WhichOneof("op")
+        ctx.keep_history = True
         if self.sealed is not None:
             return self._after_seal(op, command)
         if op == "seal":
@@ -186,6 +187,7 @@ class RangeStateMachine:
         applier = self.appliers.for_op(op, command)
         if applier is None:  # no applier claims it (a newer server's command?): nothing changes
             return kv_rpc_pb2.PutResponse(header=header(Code.BAD_REQUEST))
+        ctx.keep_history = applier.keeps_history
         return applier.apply(ctx, command)
 
     def _error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:

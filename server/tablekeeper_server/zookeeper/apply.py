@@ -483,6 +483,10 @@ class ZooKeeperApplier:
 
     name = NAME
     ops: tuple[str, ...] = ()
+    keeps_history = False
+    """ZooKeeper's watches are live only (a reconnecting client's `setWatches` compares the
+    nodes' stats, not past changes): the range's durable event history, a quarter of a write's
+    apply, would never be read."""
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
         return apply_pb2.ApplyResult(
