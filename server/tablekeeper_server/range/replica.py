@@ -21,7 +21,8 @@ the newest checkpoint plus the log, which together hold every acknowledged write
 truncated only up to a kept checkpoint). Recovery itself does the same when it meets the damage.
 
 Watches: the state machine writes every change into the range's bounded event history (same
-store batch, see `range.events`) and reports the changes of each applied batch; the writer task
+store batch, see `range.events`; except the changes of an applier that keeps none,
+`Applier.keeps_history`) and reports the changes of each applied batch; the writer task
 hands them to `self.watch` (`range.watch.WatchHub`) right after apply, before answering callers.
 Closing or failing the range ends its watchers (they resume elsewhere from their last revision).
 

@@ -19,7 +19,9 @@ bumps the data version, mzxid and mtime; setACL the ACL version.
 
 The znode changes ZooKeeper notifies watchers of (created, deleted, data changed) are recorded
 as the range's change events (`ApplyContext.record_event`), one per operation in order; the
-dispatcher of watch events (`watches`) turns them into ZooKeeper's events. Stat-only changes (a
+dispatcher of watch events (`watches`) turns them into ZooKeeper's events. They are live only:
+the applier keeps none in the range's durable history (`keeps_history`), which no ZooKeeper
+watch reads. Stat-only changes (a
 parent's counters, an ACL) are written without an event. A session's end (its close, or its
 expiry found by the range's session timer) deletes its ephemeral nodes through
 `ZooKeeperApplier.session_ending`, which the session applier calls in the command that ends the
