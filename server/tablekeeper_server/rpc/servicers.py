@@ -19,7 +19,6 @@ from tablekeeper_proto.bookkeeper import (
     kv_rpc_pb2_grpc,
     storage_pb2,
     storage_pb2_grpc,
-    stream_pb2,
 )
 from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import tablekeeper_pb2, tablekeeper_pb2_grpc, wal_pb2
@@ -548,7 +547,3 @@ class TableKeeperServicer(tablekeeper_pb2_grpc.TableKeeperServicer):
         except Exception as exc:
             outcome.set_exception(exc)
         return batch_result(kind, request, outcome)
-
-
-def stream_conf_default() -> stream_pb2.StreamConfiguration:
-    return stream_pb2.StreamConfiguration(initial_num_ranges=4, storage_type=stream_pb2.TABLE)
