@@ -1,8 +1,10 @@
-"""What `pip install` of each extra really gives, in a fresh virtualenv (pip's local cache makes
-the installs take tens of seconds): `tablekeeper` alone is the SDK and CLI (grpcio + protobuf,
-no server dependencies); `tablekeeper[server]` runs a standalone server without kazoo or
-pulsar-client; asking that server for cluster mode or Pulsar says, in one line, which extra to
-install. The installs run in order in one virtualenv (SDK, then the server extra on top)."""
+"""What `pip install` of each extra really gives, in a fresh virtualenv: `tablekeeper` alone is
+the SDK and CLI (grpcio + protobuf, no server dependencies); `tablekeeper[server]` runs a
+standalone server without kazoo or pulsar-client; asking that server for cluster mode or Pulsar
+says, in one line, which extra to install. The project is built into a wheel once (as it would
+be published), and the installs of that wheel run in order in one virtualenv (SDK, then the
+server extra on top). The virtualenv has no pip of its own: the project's pip installs into it
+(`pip --python`), so its listing holds only what the wheel brought."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ CLUSTER_HINT = "pip install 'tablekeeper[cluster]'"
 @dataclass
 class Venv:
     root: Path
-    source: Path
-    """A copy of the project's packaging inputs (the build writes into its tree)."""
+    wheel: Path
+    """The project's wheel, built from a copy of its packaging inputs."""
 
     def bin(self, name: str) -> str:
         return str(self.root / "bin" / name)
@@ -42,12 +44,15 @@ class Venv:
             list(argv), capture_output=True, text=True, timeout=timeout_s, env=env, check=False
         )
 
+    def pip(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "pip", "--python", self.bin("python"), *argv)
+
     def pip_install(self, requirement: str) -> None:
-        done = self.run(self.bin("python"), "-m", "pip", "install", "-q", requirement)
+        done = self.pip("install", "-q", requirement)
         assert done.returncode == 0, done.stderr[-4000:]
 
     def installed(self) -> set[str]:
-        done = self.run(self.bin("python"), "-m", "pip", "list", "--format", "freeze")
+        done = self.pip("list", "--format", "freeze")
         assert done.returncode == 0, done.stderr
         # Canonical names (PEP 503): pip lists e.g. prometheus_client for prometheus-client.
         return {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower() for line in done.stdout.split()}
@@ -70,27 +75,33 @@ def _copy_source(dest: Path) -> Path:
     return dest
 
 
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+
+
+def _build_wheel(source: Path, dest: Path) -> Path:
+    """`pip wheel` of the project, with the setuptools of the environment running the tests."""
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+          "-w", str(dest), str(source)])  # fmt: skip
+    (wheel,) = dest.glob("tablekeeper-*.whl")
+    return wheel
+
+
 @pytest.fixture(scope="module")
 def sdk_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A fresh virtualenv with `pip install <project>`."""
+    """A fresh virtualenv with `pip install tablekeeper` (the wheel)."""
     base = tmp_path_factory.mktemp("packaging")
-    made = subprocess.run(
-        [sys.executable, "-m", "venv", str(base / "venv")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
-    venv = Venv(base / "venv", _copy_source(base / "src"))
-    venv.pip_install(str(venv.source))
+    _run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")])
+    venv = Venv(base / "venv", _build_wheel(_copy_source(base / "src"), base / "dist"))
+    venv.pip_install(str(venv.wheel))
     return venv
 
 
 @pytest.fixture(scope="module")
 def server_venv(sdk_venv: Venv) -> Venv:
-    """The same virtualenv after `pip install '<project>[server]'` (tests after the SDK's)."""
-    sdk_venv.pip_install(f"{sdk_venv.source}[server]")
+    """The same virtualenv after `pip install 'tablekeeper[server]'` (tests after the SDK's)."""
+    sdk_venv.pip_install(f"{sdk_venv.wheel}[server]")
     return sdk_venv
 
 
