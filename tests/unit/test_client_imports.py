@@ -62,11 +62,11 @@ _WITHOUT_SERVER = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, NoServer())
-    from tablekeeper import cli
+    from tablekeeper import _launch, cli
 
     parser = cli.build_parser()
     assert "completion" in parser.format_help()
-    code = cli.main(sys.argv[1:])
+    code = _launch.main(sys.argv[1:])  # the console script's
     loaded = sorted(m for m in sys.modules if m.startswith(BLOCKED))
     assert not loaded, loaded
     sys.exit(code)
@@ -145,3 +145,68 @@ def test_a_broken_server_package_breaks_only_its_commands() -> None:
     result = _cli_without_server("completion", "zsh", blocked="tablekeeper_server.config")
     assert result.returncode == 0, result.stderr
     assert "bashcompinit" in result.stdout
+
+
+def _declared_names() -> dict[str, str]:
+    """name -> module, from the imports `tablekeeper/__init__.py` shows type checkers."""
+    tree = ast.parse((CLIENT / "__init__.py").read_text())
+    return {
+        alias.name: node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != "typing"
+        for alias in node.names
+    }
+
+
+def test_every_public_name_is_the_one_its_module_defines() -> None:
+    """`tablekeeper` imports its names on first use: each is the object the import shown to
+    type checkers names, and `__all__` lists exactly those."""
+    import importlib
+
+    import tablekeeper
+
+    declared = _declared_names()
+    assert sorted(declared) == sorted(tablekeeper.__all__)
+    wrong = {
+        name: module
+        for name, module in declared.items()
+        if getattr(tablekeeper, name) is not getattr(importlib.import_module(module), name)
+    }
+    assert wrong == {}
+    assert set(tablekeeper.__all__) <= set(dir(tablekeeper))
+    with pytest.raises(AttributeError, match="no attribute 'Clinet'"):
+        tablekeeper.Clinet  # type: ignore[attr-defined]  # noqa: B018
+
+
+_LIGHT = textwrap.dedent(
+    """
+    import sys
+
+    import tablekeeper
+
+    assert "grpc" not in sys.modules, "import tablekeeper loaded grpc"
+    from tablekeeper._launch import main
+
+    code = main(["server", "--print-config", "--data-dir", sys.argv[1]])
+    sdk = sorted(m for m in sys.modules if m.split(".")[0] == "tablekeeper")
+    print(sdk)
+    sys.exit(code)
+    """
+)
+
+
+def test_the_server_command_does_not_load_the_sdk(tmp_path: Path) -> None:
+    """`tablekeeper server` (the console script) parses its flags without the SDK and the full
+    CLI: with Envoy, that process only becomes Envoy, and every start paid for them."""
+    result = subprocess.run(
+        [sys.executable, "-c", _LIGHT, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    from tablekeeper import _launch, cli
+
+    assert _launch.PLUGIN_GROUP == cli.PLUGIN_GROUP
+    assert "--print-config" in result.stdout  # the configuration was printed
+    assert result.stdout.strip().splitlines()[-1] == "['tablekeeper', 'tablekeeper._launch']"
