@@ -94,12 +94,30 @@ pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run 
 	@# the examples jar and pulsar-admin for tests/integration/test_pulsar_functions.py
 	deploy/pulsar-functions.sh fetch >/dev/null
 
+# $(call beside,MAIN,SIDE,WHAT): run the shell command SIDE (WHAT names it) in a process group of
+# its own beside MAIN, print its output once MAIN is done, and fail if either fails (an interrupt
+# or a failure of the recipe stops SIDE's whole group). A tier whose modules leave the cores idle
+# part of the time (waiting on servers, ZooKeeper, Pulsar) runs its other passes this way. The
+# two pick their servers' ports from ranges of their own (tests/support/server.py).
+define beside
+	@side_log=$$(mktemp); \
+	setsid env TABLEKEEPER_TEST_PORTS=28000-32000 bash -c "$(2)" >"$$side_log" 2>&1 & side=$$!; \
+	trap 'kill -TERM -- -'$$side' 2>/dev/null; rm -f "'$$side_log'"' EXIT; \
+	echo "beside this run (process group $$side): $(3)"; \
+	TABLEKEEPER_TEST_PORTS=20000-28000 $(1); main_status=$$?; \
+	wait $$side; side_status=$$?; \
+	echo "--- $(3) (exit $$side_status):"; \
+	cat "$$side_log"; \
+	test $$main_status -eq 0 && test $$side_status -eq 0
+endef
+
 # The unit, integration and compat tiers run their modules on TEST_WORKERS pytest processes
 # (pytest-xdist), a module's tests together on one of them (`TEST_WORKERS=1`: one at a time).
-# Most tests wait on servers, ZooKeeper sessions and Pulsar more than they compute, so two
-# workers share this machine's two cores well. Each worker starts the Pulsar its tests ask for
-# and picks ports from its own share (tests/support/server.py).
-TEST_WORKERS ?= 2
+# Most tests wait on servers, ZooKeeper sessions and Pulsar more than they compute (two workers
+# kept this machine's two cores 58 % busy in the integration tier), so three workers share them.
+# Each worker starts the Pulsar its tests ask for and picks ports from its own share
+# (tests/support/server.py).
+TEST_WORKERS ?= 3
 test-unit: $(STAMP) pulsar-fetch  ## unit, contract and simulation tests (fakes, local files, a real Pulsar)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit tests/contract tests/simulation
 
@@ -107,13 +125,14 @@ SEEDS ?= 2000
 simulate: $(STAMP)  ## the seeded simulation over SEEDS seeds (a failure prints the command replaying it)
 	$(PY) -m tests.simulation --seeds $(SEEDS)
 
-test-integration: $(STAMP) pulsar-fetch etcd-client promtool  ## real server processes (and Pulsar), SDK and CLI end to end
-	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/integration --ignore=tests/integration/test_spark.py
-	@# Spark starts its JVM with fork/exec: in a process whose earlier tests left gRPC threads
-	@# running, that fork is unsafe (gRPC skips its fork handlers), so Spark gets a process of its own.
-	$(PY) -m pytest -q tests/integration/test_spark.py
-	@# The SDK suite once more, entering a 3-server cluster (ZooKeeper + Pulsar) through one endpoint.
+# Beside the tier's modules: Spark's tests (Spark starts its JVM with fork/exec: in a process
+# whose earlier tests left gRPC threads running, that fork is unsafe, as gRPC skips its fork
+# handlers, so Spark gets a process of its own), then the SDK suite once more, entering a
+# 3-server cluster (ZooKeeper + Pulsar) through one endpoint.
+INTEGRATION_SIDE = $(PY) -m pytest -q tests/integration/test_spark.py && \
 	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q tests/integration/test_sdk.py -k 'not data_survives_restart'
+test-integration: $(STAMP) pulsar-fetch etcd-client promtool  ## real server processes (and Pulsar), SDK and CLI end to end
+	$(call beside,$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests/integration --ignore=tests/integration/test_spark.py,$(INTEGRATION_SIDE),tests/integration/test_spark.py then test_sdk.py on a cluster)
 
 etcd-client:  ## etcdctl for the etcd API tests (Debian etcd-client; installed if missing)
 	command -v etcdctl >/dev/null || (apt-get update -qq && apt-get install -y -qq etcd-client)
@@ -147,27 +166,28 @@ ETCD3_VENV := .venv-etcd3
 etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run from (PyPI; first run only)
 	$(PY) -c "from tests.compat.test_python_etcd3 import prepare; prepare()"
 
-test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
-	$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat
-	@# Once more, the tests marked on_cluster: what depends on the topology (the root range and the
-	@# containers on other servers: routing, forwarding, splits), each module against a 3-server
-	@# cluster of its own (ZooKeeper + Pulsar, deploy/cluster.sh) entered through one endpoint.
-	@# The other tests' calls are the same on a cluster; forwarding itself is proven for every
-	@# front-end by tests/integration (test_sdk.py on a cluster, test_forwarded_errors.py,
-	@# test_etcd_cluster.py, test_oxia_cluster.py, test_zookeeper_cluster.py). Those also marked
-	@# cluster_only (the Java client through splits) show there all they would on a standalone
-	@# server, and are skipped above.
-	TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_cluster tests/compat
-	@# And once more, the tests marked on_grpc_aio, with every server's gRPC ports on grpcio's server
-	@# (`--runtime grpc-aio`; the default is Envoy's HTTP/2): each client library (BookKeeper Python
-	@# and Java, etcdctl, clientv3, the Oxia Java client) with what depends on the HTTP/2 server
-	@# (status codes, streams, many calls in flight, TLS, metadata, several ports, a client going
-	@# on through a restart). Not again there: what the storage decides (data kept across restarts,
-	@# kill -9, compaction, splits), python-etcd3's and Pulsar's metadata suites, and the Pulsar
-	@# standalones on the Oxia front-end (Pulsar's metadata client there is the Oxia Java client,
-	@# which the on_grpc_aio scenarios run; `make test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio`
-	@# runs Pulsar's own metadata tests, Oxia and etcd stores, on grpc.aio).
+# Beside the modules' standalone pass, two more passes, one after the other:
+# Once more, the tests marked on_cluster: what depends on the topology (the root range and the
+# containers on other servers: routing, forwarding, splits), each module against a 3-server
+# cluster of its own (ZooKeeper + Pulsar, deploy/cluster.sh) entered through one endpoint.
+# The other tests' calls are the same on a cluster; forwarding itself is proven for every
+# front-end by tests/integration (test_sdk.py on a cluster, test_forwarded_errors.py,
+# test_etcd_cluster.py, test_oxia_cluster.py, test_zookeeper_cluster.py). Those also marked
+# cluster_only (the Java client through splits) show there all they would on a standalone
+# server, and are skipped above.
+# And once more, the tests marked on_grpc_aio, with every server's gRPC ports on grpcio's server
+# (`--runtime grpc-aio`; the default is Envoy's HTTP/2): each client library (BookKeeper Python
+# and Java, etcdctl, clientv3, the Oxia Java client) with what depends on the HTTP/2 server
+# (status codes, streams, many calls in flight, TLS, metadata, several ports, a client going
+# on through a restart). Not again there: what the storage decides (data kept across restarts,
+# kill -9, compaction, splits), python-etcd3's and Pulsar's metadata suites, and the Pulsar
+# standalones on the Oxia front-end (Pulsar's metadata client there is the Oxia Java client,
+# which the on_grpc_aio scenarios run; `make test-pulsar-metadata PULSAR_METADATA_RUNTIME=grpc-aio`
+# runs Pulsar's own metadata tests, Oxia and etcd stores, on grpc.aio).
+COMPAT_SIDE = TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_cluster tests/compat && \
 	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_grpc_aio tests/compat
+test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
+	$(call beside,$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat,$(COMPAT_SIDE),the on_cluster pass then the on_grpc_aio pass)
 
 # The ZooKeeper differential test (test-compat plays 3 seeds of 150 operations) over many seeds.
 ZK_DIFFERENTIAL_SEEDS ?= 40

@@ -298,10 +298,13 @@ async def test_sessions_and_their_ephemeral_keys_move_with_their_pkeys(
         table = await client.table("ns", "t")
         first = next(p for p in in_parent("a", 50) if routing_hash(p.encode()) < -(2**62))
         second = next(p for p in in_parent("b", 50) if routing_hash(p.encode()) >= -(2**62))
-        divided = table.session(first, ttl_s=2.0)
+        divided = table.session(first, ttl_s=10.0)
         await divided.start()
         await table.put(second, "other-side", "x", session=divided)
-        refused = cli(server, "table", "split", "ns/t", "--range", str(PARENT))
+        # In a thread: the loop goes on keeping the session alive while the command runs.
+        refused = await asyncio.to_thread(
+            cli, server, "table", "split", "ns/t", "--range", str(PARENT)
+        )
         assert refused.returncode != 0 and "divides" in refused.stderr, refused.stderr
         await divided.close()
 

@@ -27,14 +27,18 @@ SERVER_COMMAND = Path(os.environ.get("TABLEKEEPER_TEST_SERVER_BIN") or TABLEKEEP
 names another (the SDK-at-its-floor-versions run uses a client-only environment)."""
 
 
+PORTS_ENV_VAR = "TABLEKEEPER_TEST_PORTS"
+
+
 def _free_ports() -> range:
     """Where `free_port` picks: below Linux's ephemeral range (32768-60999 by default), which the
     kernel hands to outgoing connections (Pulsar's, ZooKeeper's, the tests' own clients) and to
     `bind(0)`; a port picked there could be taken before the server it was picked for binds it.
 
     Under pytest-xdist each worker picks from its own share, so two workers never pick one port
-    between one's check and its server's bind."""
-    low, high = 20_000, 32_000
+    between one's check and its server's bind. Test runs beside each other (`make test` runs
+    some passes side by side) each get their own range: `TABLEKEEPER_TEST_PORTS=LOW-HIGH`."""
+    low, high = (int(p) for p in os.environ.get(PORTS_ENV_VAR, "20000-32000").split("-"))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ...
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if not worker.startswith("gw") or count <= 1:
