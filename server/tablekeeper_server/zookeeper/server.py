@@ -39,7 +39,6 @@ from functools import partial
 from typing import Any, Protocol, cast
 
 from tablekeeper_proto.v1 import wal_pb2
-from tablekeeper_proto.zookeeper import apply_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.keys import prefix_end
@@ -52,7 +51,7 @@ from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import commands, jute, reads, words
 from tablekeeper_server.zookeeper import protocol as zk
-from tablekeeper_server.zookeeper.apply import NAME, decode_multi, decode_operation
+from tablekeeper_server.zookeeper.apply import NAME, Applied, decode_multi, decode_operation
 from tablekeeper_server.zookeeper.jute import JuteError
 from tablekeeper_server.zookeeper.keyspace import SWEEP_INTERVAL_S, Keyspace
 from tablekeeper_server.zookeeper.paths import END, EPHEMERALS, PREFIX, node_key
@@ -708,15 +707,13 @@ class Connection(asyncio.Protocol):
         self._answer(items, outcomes)
 
     def _answer(self, items: list[_Item], outcomes: list[Any]) -> None:
-        pack, unpack_result = jute.FRAMED_REPLY_HEADER.pack, commands.unpack_result
-        skip = commands.RESULT_HEADER_SIZE
+        pack = jute.INT_INT.pack
         for item, outcome in zip(items, outcomes, strict=True):
-            # An applied write's result is its error code, zxid and body (never empty); a
-            # write the range failed has only a header with the range's code.
-            result = outcome.result if isinstance(outcome, apply_pb2.ApplyResult) else b""
-            if result:
-                err, zxid = unpack_result(result)
-                item.reply = pack(len(result) - skip + 16, item.xid, zxid, err) + result[skip:]
+            # An applied write's result is the rest of its reply after the xid (zxid, error
+            # code, body); a write the range failed has an `ApplyResult` with the range's code.
+            if type(outcome) is Applied:
+                result = outcome.result
+                item.reply = pack(len(result) + 4, item.xid) + result
             elif isinstance(outcome, TableKeeperError):
                 code = wire_rule(outcome).zookeeper
                 if code is None:
