@@ -189,3 +189,37 @@ async def test_names_beyond_the_bound_keep_only_tables_with_open_ranges() -> Non
     names.opened(4)
     await names.learned()
     assert [names.get(s) for s in (1, 2, 3, 4)] == [None, ("ns", "2"), None, ("ns", "4")]
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.0001, 0.001, 0.0042, 0.5, 3.0, 1e6])
+def test_requests_answered_together_expose_what_single_observations_do(seconds: float) -> None:
+    """`observe_requests(..., count)` (a group of replies that took the same time) leaves
+    /metrics exactly as `count` calls of `observe_request` would: counter, sum, every bucket
+    (on a bound or between two, and past the last)."""
+    one_by_one, together = ServerMetrics(CollectorRegistry()), ServerMetrics(CollectorRegistry())
+    for _ in range(7):
+        one_by_one.observe_request("ZooKeeper/setData", 0, seconds)
+    one_by_one.observe_request("ZooKeeper/setData", -101, seconds)
+    together.observe_requests("ZooKeeper/setData", 0, seconds, 7)
+    together.observe_requests("ZooKeeper/setData", -101, seconds, 1)
+
+    def requests(metrics: ServerMetrics) -> tuple[list[str], float]:
+        text = generate_latest(metrics.registry).decode()
+        lines = [
+            line
+            for line in text.splitlines()
+            if line.startswith(("tablekeeper_requests_total", "tablekeeper_request_seconds_"))
+            and "_created" not in line
+        ]
+        (total,) = [line for line in lines if line.startswith("tablekeeper_request_seconds_sum")]
+        lines.remove(total)
+        return lines, float(total.rsplit(" ", 1)[1])
+
+    expected, expected_sum = requests(one_by_one)
+    assert 'tablekeeper_request_seconds_bucket{le="+Inf",method="ZooKeeper/setData"} 8.0' in (
+        expected
+    )
+    lines, total = requests(together)
+    assert lines == expected
+    assert total == pytest.approx(expected_sum, rel=1e-12, abs=0)
+    assert total == pytest.approx(8 * seconds)

@@ -18,6 +18,7 @@ from tablekeeper_server.storage.memory import MemoryKvStore
 from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import commands, jute, paths, reads
 from tablekeeper_server.zookeeper import protocol as zk
+from tablekeeper_server.zookeeper.apply import Applied
 from tablekeeper_server.zookeeper.znode import OPEN_ACL
 from tests.support.appliers import APPLIERS
 
@@ -86,7 +87,7 @@ class Tree:
             self.session if session is None else session, op, acls.encode_auth(auth or []), body
         )
         result = self.command(front_end_command("zookeeper", payload))
-        assert isinstance(result, apply_pb2.ApplyResult) and result.header.code == 0
+        assert isinstance(result, Applied) and result.header.code == 0
         err, zxid = commands.unpack_result(result.result)
         return err, zxid, result.result[commands.RESULT_HEADER_SIZE :]
 
@@ -164,6 +165,24 @@ def test_create_sets_the_nodes_and_its_parents_stats() -> None:
     parent = tree.stat("/a")
     assert parent is not None
     assert (parent[CVERSION], parent[CHILDREN]) == (2, 0)  # one create and one delete seen
+
+
+def test_a_result_is_the_reply_after_its_xid_and_serializes_as_an_apply_result() -> None:
+    """The front-end frames an applied write's reply as length, xid and the result unchanged:
+    the result is ZooKeeper's reply header after the xid (zxid, then error code) and the
+    response record; as a protobuf message it is an `ApplyResult` holding those bytes."""
+    tree = Tree()
+    payload = commands.request(tree.session, zk.CREATE, b"", create_body("/a", b"x"))
+    result = tree.command(front_end_command("zookeeper", payload))
+    assert isinstance(result, Applied) and result.header.code == 0
+    zxid, err = struct.unpack_from(">qi", result.result)
+    assert (err, zxid) == (zk.OK, len(tree.log))
+    assert result.result[12:] == jute.write_string("/a")
+    message = apply_pb2.ApplyResult.FromString(result.SerializeToString())
+    assert message.result == result.result and message.header.code == 0
+    failed = tree.command(front_end_command("zookeeper", payload))  # NODEEXISTS: still applied
+    assert isinstance(failed, Applied)
+    assert commands.unpack_result(failed.result) == (zk.NODE_EXISTS, len(tree.log))
 
 
 def test_create_errors_come_in_zookeepers_order() -> None:

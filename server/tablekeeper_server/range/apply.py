@@ -102,7 +102,13 @@ FRONT_END_OP = "front_end"
 def front_end_command(applier: str, payload: bytes) -> wal_pb2.WalCommand:
     """The command that logs `payload` for the applier registered under the name `applier`: the
     log needs no new field for a new protocol (the range never reads `payload`)."""
-    return wal_pb2.WalCommand(front_end=wal_pb2.FrontEndCommand(applier=applier, payload=payload))
+    command = wal_pb2.WalCommand()
+    front_end = command.front_end  # set in place: half the cost of building it from kwargs
+    front_end.applier = applier
+    front_end.payload = payload
+    if not applier and not payload:
+        front_end.SetInParent()  # (an empty one is still a front-end command)
+    return command
 
 
 def encode_applied(sequence: int) -> bytes:

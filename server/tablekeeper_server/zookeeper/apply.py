@@ -476,6 +476,25 @@ def _multi(tree: _Tree, session_id: int, body: bytes) -> bytes:
     return b"".join(parts)
 
 
+class Applied:
+    """The response to an applied ZooKeeper command: its `result` (`commands.result`), with
+    the range's SUCCESS header. A plain object rather than an `ApplyResult` message (which
+    `SerializeToString` gives): one is made per write, and the front-end only reads `result`.
+    A command the range failed is answered `error_response`'s `ApplyResult` instead."""
+
+    __slots__ = ("result",)
+
+    header = kv_rpc_pb2.ResponseHeader()
+    """SUCCESS (shared by every instance: never change it)."""
+
+    def __init__(self, result: bytes) -> None:
+        self.result = result
+
+    def SerializeToString(self, *, deterministic: bool = False) -> bytes:  # noqa: N802
+        message = apply_pb2.ApplyResult(result=self.result)
+        return message.SerializeToString(deterministic=deterministic)
+
+
 NAME = "zookeeper"
 """The applier's registered name, written into every command of it: never rename it."""
 
@@ -491,9 +510,7 @@ class ZooKeeperApplier:
     apply, would never be read."""
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
-        return apply_pb2.ApplyResult(
-            result=_apply(ctx, ctx.revision, ctx.now_ms, command.front_end.payload)
-        )
+        return Applied(_apply(ctx, ctx.revision, ctx.now_ms, command.front_end.payload))
 
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]

@@ -11,8 +11,10 @@ A command is everything its apply depends on, so replay decides the same:
   has passed since its last change and has no children (ZooKeeper's `ContainerManager`); the
   apply checks both again.
 
-A result is the operation's error code and zxid (the command's revision), then the body of
-ZooKeeper's response record (nothing for an error).
+A result is the operation's zxid (the command's revision) and error code, then the body of
+ZooKeeper's response record (nothing for an error): a reply's header after its xid, so the
+front-end's reply is its length and xid followed by the result as it is. Results are never
+logged (replay makes them again), so their layout may change between versions.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ SWEEP = 3
 
 _REQUEST = struct.Struct(">Bqii")
 """kind, session id, operation code, length of the caller's ids (then the ids, the request)."""
-_RESULT = struct.Struct(">iq")
+_RESULT = struct.Struct(">qi")
+"""zxid, error code (ZooKeeper's ReplyHeader after its xid)."""
 RESULT_HEADER_SIZE = _RESULT.size
 
 
@@ -49,10 +52,10 @@ def unpack_request(payload: bytes) -> tuple[int, int, bytes, bytes]:
 
 
 def result(err: int, zxid: int, body: bytes = b"") -> bytes:
-    return _RESULT.pack(err, zxid) + body
+    return _RESULT.pack(zxid, err) + body
 
 
 def unpack_result(raw: bytes) -> tuple[int, int]:
     """(error code, zxid) of a result; its body follows at `RESULT_HEADER_SIZE`."""
-    err, zxid = _RESULT.unpack_from(raw)
+    zxid, err = _RESULT.unpack_from(raw)
     return err, zxid

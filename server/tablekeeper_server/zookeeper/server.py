@@ -39,7 +39,6 @@ from functools import partial
 from typing import Any, Protocol, cast
 
 from tablekeeper_proto.v1 import wal_pb2
-from tablekeeper_proto.zookeeper import apply_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.keys import prefix_end
@@ -52,7 +51,7 @@ from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import commands, jute, reads, words
 from tablekeeper_server.zookeeper import protocol as zk
-from tablekeeper_server.zookeeper.apply import NAME, decode_multi, decode_operation
+from tablekeeper_server.zookeeper.apply import NAME, Applied, decode_multi, decode_operation
 from tablekeeper_server.zookeeper.jute import JuteError
 from tablekeeper_server.zookeeper.keyspace import SWEEP_INTERVAL_S, Keyspace
 from tablekeeper_server.zookeeper.paths import END, EPHEMERALS, PREFIX, node_key
@@ -230,23 +229,43 @@ class ZooKeeperServer:
         self._record(op, reply, self.clock.monotonic_s() - started)
 
     def record_replies(self, items: list[_Item]) -> None:
-        """`record_reply` for requests answered together (timed up to now)."""
+        """`record_reply` for requests answered together (timed up to now). Those of one
+        operation, code and arrival (a client's pipelined requests arrive together) took the
+        same time: each such set is counted and timed with one update."""
         now = self.clock.monotonic_s()
-        for item in items:
+        if len(items) == 1:
+            item = items[0]
             assert item.reply is not None
             self._record(item.op, item.reply, now - item.started)
+            return
+        unpack = jute.INT.unpack_from
+        sets: dict[tuple[int, int, float], int] = {}
+        for item in items:
+            reply = item.reply
+            assert reply is not None
+            key = (item.op, unpack(reply, 16)[0] if len(reply) >= 20 else _NO_CODE, item.started)
+            sets[key] = sets.get(key, 0) + 1
+        for (op, code, started), count in sets.items():
+            self._count(op, code, now - started, count)
 
     def _record(self, op: int, reply: bytes, elapsed: float) -> None:
-        if self.metrics is not None and len(reply) >= 20:
+        code = jute.INT.unpack_from(reply, 16)[0] if len(reply) >= 20 else _NO_CODE
+        self._count(op, code, elapsed, 1)
+
+    def _count(self, op: int, code: int, elapsed: float, count: int) -> None:
+        if self.metrics is not None and code != _NO_CODE:
             method = _METHODS.get(op) or f"ZooKeeper/{op}"
-            self.metrics.observe_request(method, jute.INT.unpack_from(reply, 16)[0], elapsed)
+            if count == 1:
+                self.metrics.observe_request(method, code, elapsed)
+            else:
+                self.metrics.observe_requests(method, code, elapsed, count)
         stats = self.latency_s
         if elapsed < stats[0]:
             stats[0] = elapsed
         if elapsed > stats[2]:
             stats[2] = elapsed
-        stats[1] += elapsed
-        stats[3] += 1
+        stats[1] += elapsed * count
+        stats[3] += count
 
     def stats(self) -> words.Stats:
         range_ = self.keyspace.serving
@@ -688,15 +707,13 @@ class Connection(asyncio.Protocol):
         self._answer(items, outcomes)
 
     def _answer(self, items: list[_Item], outcomes: list[Any]) -> None:
-        pack, unpack_result = jute.FRAMED_REPLY_HEADER.pack, commands.unpack_result
-        skip = commands.RESULT_HEADER_SIZE
+        pack = jute.INT_INT.pack
         for item, outcome in zip(items, outcomes, strict=True):
-            # An applied write's result is its error code, zxid and body (never empty); a
-            # write the range failed has only a header with the range's code.
-            result = outcome.result if isinstance(outcome, apply_pb2.ApplyResult) else b""
-            if result:
-                err, zxid = unpack_result(result)
-                item.reply = pack(len(result) - skip + 16, item.xid, zxid, err) + result[skip:]
+            # An applied write's result is the rest of its reply after the xid (zxid, error
+            # code, body); a write the range failed has an `ApplyResult` with the range's code.
+            if type(outcome) is Applied:
+                result = outcome.result
+                item.reply = pack(len(result) + 4, item.xid) + result
             elif isinstance(outcome, TableKeeperError):
                 code = wire_rule(outcome).zookeeper
                 if code is None:
@@ -1069,6 +1086,12 @@ _METHODS: dict[int, str] = {
 
 class RequestMetrics(Protocol):
     def observe_request(self, method: str, code: int, seconds: float) -> None: ...
+
+    def observe_requests(self, method: str, code: int, seconds: float, count: int) -> None: ...
+
+
+_NO_CODE = -(2**40)
+"""The code of a reply too short to hold one (counted in the four-letter words' figures only)."""
 
 
 _KINDS: dict[int, int] = {
