@@ -95,8 +95,8 @@ pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run 
 	deploy/pulsar-functions.sh fetch >/dev/null
 
 # $(call beside,MAIN,SIDE,WHAT): run the shell command SIDE (WHAT names it) in a process group of
-# its own beside MAIN, print its output once MAIN is done, and fail if either fails (an interrupt
-# or a failure of the recipe stops SIDE's whole group). A tier whose modules leave the cores idle
+# its own beside MAIN, print its output once both are done, and fail if either fails (an
+# interrupt stops SIDE's whole group as well as MAIN). A tier whose modules leave the cores idle
 # part of the time (waiting on servers, ZooKeeper, Pulsar) runs its other passes this way. The
 # two pick their servers' ports from ranges of their own (tests/support/server.py).
 define beside
