@@ -38,11 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _server_parser() -> argparse.ArgumentParser | None:
     """`tablekeeper` with the server package's `server` command alone (None: not installed, or
     it fails to load; the full CLI then explains)."""
-    entry = next(
-        (e for e in importlib.metadata.entry_points(group=PLUGIN_GROUP) if e.name == SERVER), None
-    )
-    if entry is None:
+    found = importlib.metadata.entry_points(group=PLUGIN_GROUP, name=SERVER)
+    if not found:
         return None
+    entry = next(iter(found))  # the same distribution may be on sys.path twice
     parser = argparse.ArgumentParser(prog="tablekeeper")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     try:

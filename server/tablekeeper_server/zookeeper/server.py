@@ -238,19 +238,16 @@ class ZooKeeperServer:
             assert item.reply is not None
             self._record(item.op, item.reply, now - item.started)
             return
-        unpack = jute.INT.unpack_from
         sets: dict[tuple[int, int, float], int] = {}
         for item in items:
-            reply = item.reply
-            assert reply is not None
-            key = (item.op, unpack(reply, 16)[0] if len(reply) >= 20 else _NO_CODE, item.started)
+            assert item.reply is not None
+            key = (item.op, _reply_code(item.reply), item.started)
             sets[key] = sets.get(key, 0) + 1
         for (op, code, started), count in sets.items():
             self._count(op, code, now - started, count)
 
     def _record(self, op: int, reply: bytes, elapsed: float) -> None:
-        code = jute.INT.unpack_from(reply, 16)[0] if len(reply) >= 20 else _NO_CODE
-        self._count(op, code, elapsed, 1)
+        self._count(op, _reply_code(reply), elapsed, 1)
 
     def _count(self, op: int, code: int, elapsed: float, count: int) -> None:
         if self.metrics is not None and code != _NO_CODE:
@@ -1092,6 +1089,11 @@ class RequestMetrics(Protocol):
 
 _NO_CODE = -(2**40)
 """The code of a reply too short to hold one (counted in the four-letter words' figures only)."""
+
+
+def _reply_code(reply: bytes) -> int:
+    """The error code of a framed reply (after its length, xid and zxid), or `_NO_CODE`."""
+    return jute.INT.unpack_from(reply, 16)[0] if len(reply) >= 20 else _NO_CODE
 
 
 _KINDS: dict[int, int] = {
