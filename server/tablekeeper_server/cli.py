@@ -78,7 +78,7 @@ def _become_envoy(config: ServerConfig) -> NoReturn:
     server's modules (`main`), which Envoy's interpreter imports again (half a second of every
     start)."""
     from tablekeeper_server.logging_setup import configure_logging
-    from tablekeeper_server.rpc.envoy import exec_envoy
+    from tablekeeper_server.rpc.envoy_launch import exec_envoy
 
     worker = config.worker
     configure_logging(

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, front_end_name
+from tablekeeper_server.etcd.names import DEFAULT_KEYSPACE, front_end_name
 from tablekeeper_server.logging_setup import LOG_FORMATS
 from tablekeeper_server.oxia.keys import FRONT_END as OXIA_FRONT_END
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.security.config import SECURITY_SETTINGS, SecurityConfig
 from tablekeeper_server.settings import (
     BOOL,

@@ -50,7 +50,7 @@ from tablekeeper_server.core.failpoints import Failpoints
 from tablekeeper_server.edge.limits import packet_refusal
 from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
-from tablekeeper_server.etcd.keys import front_end_name
+from tablekeeper_server.etcd.names import front_end_name
 from tablekeeper_server.etcd.server import EtcdServer
 from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.gc_tuning import tune_garbage_collector

@@ -7,7 +7,8 @@ import grpc
 
 from tablekeeper.routing import RangeInfo, RangeRouter
 from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc, stream_pb2
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, KEYSPACE_PKEY
+from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
+from tablekeeper_server.etcd.names import DEFAULT_KEYSPACE
 
 Metadata = tuple[tuple[str, str], ...]
 TIMEOUT_S = 30.0

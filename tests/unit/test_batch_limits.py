@@ -8,7 +8,7 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import tablekeeper_pb2
 from tablekeeper_server.errors import ResourceLimitError
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.rpc.batch import BatchBudget, write_response_bytes_max
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ from tablekeeper_server.errors import BadRequestError, InvalidKeyError
 from tablekeeper_server.etcd.errors import EtcdError
 from tablekeeper_server.etcd.servicers import _check_put, _check_request_size, _check_txn
 from tablekeeper_server.range import validation
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 
 LIMITS = Limits(key_bytes_max=100, value_bytes_max=1000)
 

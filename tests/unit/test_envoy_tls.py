@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tablekeeper_server.rpc.envoy import _secrets_from_files, write_tls_secrets
+from tablekeeper_server.rpc.envoy_launch import _secrets_from_files, write_tls_secrets
 from tablekeeper_server.security.certs import write_authority
 from tablekeeper_server.security.tls import TlsFiles
 

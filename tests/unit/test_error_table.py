@@ -18,7 +18,7 @@ from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.bookkeeper.storage_pb2 import StatusCode
 from tablekeeper_proto.v1 import tablekeeper_pb2
 from tablekeeper_server import errors as server
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.rpc.servicers import TableKeeperServicer
 from tablekeeper_server.rpc.status import (
     error_for_unary_status,

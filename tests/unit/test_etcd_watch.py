@@ -15,8 +15,8 @@ from tablekeeper_server.errors import UnavailableError
 from tablekeeper_server.etcd.keys import span
 from tablekeeper_server.etcd.servicers import _EventCache, _Watch, _WatchStream
 from tablekeeper_server.range.events import EventHistory
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.state_machine import RangeStateMachine
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS

@@ -13,11 +13,12 @@ import pytest
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2 as kv
 from tablekeeper_server.errors import BadRequestError, Code
 from tablekeeper_server.range import validation
+from tablekeeper_server.range.limits import Limits
 from tests.unit.test_state_machine import Machine, header, put, txn
 
 pytestmark = pytest.mark.unit
 
-LIMITS = validation.Limits()
+LIMITS = Limits()
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # What the Java client's default RangeOption puts in a RangeRequest.

@@ -13,7 +13,7 @@ from tablekeeper_server.oxia.errors import OxiaError
 from tablekeeper_server.oxia.leaders import ShardLeaders
 from tablekeeper_server.oxia.namespaces import Namespaces, Shard
 from tablekeeper_server.oxia.servicer import OxiaServicer
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 
 SHARD = Shard(shard_id=7 << 32, stream_id=7, range_id=0, container_id=3, ttl_seconds=0,

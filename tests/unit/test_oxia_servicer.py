@@ -13,9 +13,9 @@ from tablekeeper_server.oxia import keys, reads
 from tablekeeper_server.oxia.errors import OxiaError, from_tablekeeper
 from tablekeeper_server.oxia.servicer import _check_write, _notification_batches, start_after
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import RangeStateMachine
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, WatchHub
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS

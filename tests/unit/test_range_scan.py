@@ -11,6 +11,7 @@ from tablekeeper_server.core.keys import split_store_key, store_key
 from tablekeeper_server.errors import Code
 from tablekeeper_server.range import validation
 from tablekeeper_server.range.bookkeeper_reads import SCAN_ROWS_MAX
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS
@@ -119,7 +120,7 @@ def test_txn_increment_with_marker_applies_once() -> None:
                 kv.IncrementRequest(key=lkey, amount=amount)
             )
         request.failure.add().request_put.CopyFrom(kv.PutRequest(key=b"\xffm", value=marker_value))
-        validation.check_txn(request, validation.Limits())
+        validation.check_txn(request, Limits())
         response = m.apply(wal_pb2.WalCommand(txn=request))
         assert isinstance(response, kv.TxnResponse)
         assert response.header.code == Code.SUCCESS
@@ -152,4 +153,4 @@ def test_txn_increment_on_a_bytes_key_fails_alone() -> None:
     with pytest.raises(Exception, match="empty"):
         bad = kv.TxnRequest()
         bad.success.add().request_increment.CopyFrom(kv.IncrementRequest(key=b"", amount=1))
-        validation.check_txn(bad, validation.Limits())
+        validation.check_txn(bad, Limits())

@@ -24,7 +24,7 @@ from tablekeeper_server.config import (
     resolve_settings,
     worker_command,
 )
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.security.config import SecurityConfig
 from tablekeeper_server.settings import (
     SettingError,

@@ -12,6 +12,7 @@ from tablekeeper_server.errors import BadRequestError as ServerBadRequest
 from tablekeeper_server.errors import Code, InvalidKeyError
 from tablekeeper_server.range import validation
 from tablekeeper_server.range.events import EventHistory, iter_history
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tests.support.appliers import APPLIERS
@@ -41,7 +42,7 @@ def test_cas_delete() -> None:
 
 
 def test_cas_delete_validation() -> None:
-    limits = validation.Limits()
+    limits = Limits()
     with pytest.raises(ServerBadRequest):
         validation.check_delete(
             kv.DeleteRangeRequest(key=b"a", range_end=b"z", expected_version=0), limits

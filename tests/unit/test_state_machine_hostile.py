@@ -19,6 +19,7 @@ from tablekeeper_server.range.apply import APPLIED_KEY, Response
 from tablekeeper_server.range.bookkeeper_apply import sequence_counter_key
 from tablekeeper_server.range.bookkeeper_reads import ROW_OVERHEAD_BYTES, SCAN_BYTES_MAX, ReadBudget
 from tablekeeper_server.range.events import EventHistory, iter_history
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.records import INT64_MAX, StoredRecord
 from tablekeeper_server.range.replica import Range, RangeName
 from tablekeeper_server.range.state_machine import RangeStateMachine
@@ -29,7 +30,7 @@ from tests.unit.test_state_machine import NOW, Machine, delete, header, incr, pu
 pytestmark = pytest.mark.unit
 
 Compare = kv.Compare
-LIMITS = validation.Limits()
+LIMITS = Limits()
 
 
 def op_put(key: bytes, value: bytes = b"v", **kw: object) -> kv.RequestOp:

@@ -11,9 +11,9 @@ from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import pkey_prefix, prefix_end
 from tablekeeper_server.errors import CompactedError, UnavailableError, WatcherTooSlowError
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.state_machine import RangeStateMachine
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import (
     SEND_BYTES_MAX,
     ConvertedEvents,

@@ -36,8 +36,8 @@ from tablekeeper_server.errors import (
     StreamNotFoundError,
     TableKeeperError,
 )
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.replica import Range
-from tablekeeper_server.range.validation import Limits
 
 _LONG = struct.Struct(">q")
 NS_ID_KEY = b"\xffnsid"

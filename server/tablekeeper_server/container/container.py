@@ -33,8 +33,8 @@ from tablekeeper_server.errors import StorageUnavailableError, UnavailableError
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.range.apply import Appliers
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.replica import Range, RangeMetrics, RangeName
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import HistoryBudget, WatchHub
 from tablekeeper_server.storage.api import StoreOpener
 

@@ -21,7 +21,7 @@ raises nothing: the caller picks its protocol's error."""
 
 from __future__ import annotations
 
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 
 _MIB = 1024 * 1024
 REQUEST_OVERHEAD_BYTES = _MIB

@@ -13,8 +13,6 @@ from tablekeeper_proto.etcd import kv_pb2
 from tablekeeper_server.core.keys import pkey_prefix, prefix_end, system_key
 from tablekeeper_server.range.records import StoredRecord
 
-DEFAULT_KEYSPACE = "keyspace"
-"""The keyspace on `--etcd-port`; more are named by `--etcd-keyspaces` (table `etcd/NAME`)."""
 KEYSPACE_PKEY = b""
 PREFIX = pkey_prefix(KEYSPACE_PKEY)
 END = prefix_end(PREFIX)
@@ -50,13 +48,3 @@ def to_kv(
     if not keys_only:
         kv.value = record.value
     return kv
-
-
-FRONT_END = "etcd"
-"""The name this front-end's address is published under in cluster membership (for the default
-keyspace; see `front_end_name`)."""
-
-
-def front_end_name(keyspace: str) -> str:
-    """What a server publishes its port of `keyspace` under in cluster membership."""
-    return FRONT_END if keyspace == DEFAULT_KEYSPACE else f"{FRONT_END}/{keyspace}"

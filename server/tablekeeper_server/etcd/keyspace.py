@@ -26,7 +26,8 @@ from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.edge.startup import retry_until_done
 from tablekeeper_server.etcd.apply import run_read_only_txn
 from tablekeeper_server.etcd.errors import EtcdError
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, KEYSPACE_PKEY
+from tablekeeper_server.etcd.keys import KEYSPACE_PKEY
+from tablekeeper_server.etcd.names import DEFAULT_KEYSPACE
 from tablekeeper_server.etcd.state import PastView, StoreView, do_range
 from tablekeeper_server.range.apply import failure_of
 from tablekeeper_server.range.replica import Range

@@ -26,8 +26,8 @@ from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError
 from tablekeeper_server.etcd.auth import AuthServicer
 from tablekeeper_server.etcd.errors import ERRORS, EtcdError
-from tablekeeper_server.etcd.keys import DEFAULT_KEYSPACE, front_end_name
 from tablekeeper_server.etcd.keyspace import Keyspace
+from tablekeeper_server.etcd.names import DEFAULT_KEYSPACE, front_end_name
 from tablekeeper_server.etcd.servicers import (
     PROGRESS_INTERVAL_S,
     ClusterServicer,
@@ -36,7 +36,7 @@ from tablekeeper_server.etcd.servicers import (
     MaintenanceServicer,
     WatchServicer,
 )
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.rpc.frontends import (
     FrontEndPeers,
     NoOwnerError,

@@ -29,15 +29,16 @@ from tablekeeper_server.errors import (
 )
 from tablekeeper_server.etcd.apply import TXN_OPS_MAX, read_only_txn
 from tablekeeper_server.etcd.errors import COMPACTED_REASON, EtcdError, from_tablekeeper
-from tablekeeper_server.etcd.keys import PREFIX, front_end_name, span, to_kv
+from tablekeeper_server.etcd.keys import PREFIX, span, to_kv
 from tablekeeper_server.etcd.keyspace import MEMBER_ID, Keyspace
+from tablekeeper_server.etcd.names import front_end_name
 from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.etcd.state import PastView, StoreView, members_prefix
 from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.records import StoredRecord
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.sessions import TTL_MS_MAX
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import ConvertedEvents, KeySpan, Watcher
 
 log = logging.getLogger(__name__)

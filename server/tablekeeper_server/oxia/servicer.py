@@ -38,8 +38,8 @@ from tablekeeper_server.oxia.namespaces import Namespaces, Shard
 from tablekeeper_server.oxia.records import version_id
 from tablekeeper_server.range.apply import failure_of
 from tablekeeper_server.range.events import ChangeEvent
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.records import decode_record
-from tablekeeper_server.range.validation import Limits
 from tablekeeper_server.range.watch import KeySpan, Watcher, WatchHub
 
 Context: TypeAlias = Any  # grpc.aio.ServicerContext

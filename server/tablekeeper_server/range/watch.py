@@ -45,7 +45,7 @@ from tablekeeper_server.errors import (
     WatcherTooSlowError,
 )
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 
 RING_EVENTS = 4096
 QUEUE_EVENTS_MAX = 10_000

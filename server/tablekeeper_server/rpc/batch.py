@@ -11,7 +11,7 @@ from typing import Any
 
 from tablekeeper_proto.v1 import tablekeeper_pb2, wal_pb2
 from tablekeeper_server.errors import Code, ResourceLimitError, TableKeeperError, wire_rule
-from tablekeeper_server.range import validation
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.replica import Outcome
 from tablekeeper_server.rpc.status import command_status_reason
 from tablekeeper_server.rpc.table_ops import TABLE_METHODS
@@ -89,13 +89,13 @@ class BatchBudget:
     and answered over-limit; after that no later read runs. Headers and echoed routing keys are
     not counted (they are bounded by the request's own size)."""
 
-    def __init__(self, bytes_max: int, limits: validation.Limits) -> None:
+    def __init__(self, bytes_max: int, limits: Limits) -> None:
         self.left = bytes_max
         self.limits = limits
         self.exhausted = False
 
     @classmethod
-    def of(cls, request: tablekeeper_pb2.BatchRequest, limits: validation.Limits) -> BatchBudget:
+    def of(cls, request: tablekeeper_pb2.BatchRequest, limits: Limits) -> BatchBudget:
         n_ops = len(request.ops)
         if n_ops > limits.batch_ops_max:
             raise ResourceLimitError(
@@ -129,7 +129,7 @@ class BatchBudget:
         self.left -= size
 
 
-def write_response_bytes_max(op: tablekeeper_pb2.BatchOp, limits: validation.Limits) -> int:
+def write_response_bytes_max(op: tablekeeper_pb2.BatchOp, limits: Limits) -> int:
     """Worst-case bytes of stored data the write `op` may return (0 for reads)."""
     one_kv = limits.key_bytes_max + limits.value_bytes_max
     kind = op.WhichOneof("op")

@@ -18,7 +18,7 @@ from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.edge.limits import request_bytes_max
 from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.metrics import ServerMetrics
-from tablekeeper_server.range.validation import Limits
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.rpc.listen import GrpcPort
 from tablekeeper_server.rpc.malformed import MalformedRequestInterceptor
 from tablekeeper_server.rpc.proxy import Forwarder

@@ -15,6 +15,7 @@ from tablekeeper_proto.v1 import tablekeeper_pb2, wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.errors import BadRequestError, NotServedHereError, RouteNotFoundError
 from tablekeeper_server.range import scan, validation
+from tablekeeper_server.range.limits import Limits
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc import follower_reads
 from tablekeeper_server.rpc.proxy import (
@@ -29,7 +30,7 @@ from tablekeeper_server.rpc.status import command_status_reason
 Context: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type stubs)
 M = TypeVar("M")
 STREAM_ID_METADATA_KEY = "bk-rt-sid-bin"
-WRITE_CHECKS: dict[str, Callable[[Any, validation.Limits], None]] = {
+WRITE_CHECKS: dict[str, Callable[[Any, Limits], None]] = {
     "put": validation.check_put,
     "increment": validation.check_increment,
     "delete_range": validation.check_delete,
@@ -75,7 +76,7 @@ class TableOps:
     def __init__(
         self,
         registry: ContainerRegistry,
-        limits: validation.Limits,
+        limits: Limits,
         forwarder: Forwarder | None = None,
     ) -> None:
         self.registry = registry

@@ -12,8 +12,10 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:  # grpc is imported where it is used: the server's settings name these classes
+    import grpc
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +45,16 @@ class ServerTls:
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         key, cert, client_ca = files.read()
+        import grpc
+
         self._lock = threading.Lock()
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self._initial = grpc.ssl_server_certificate_configuration([(key, cert)], client_ca)
         self.reloads = 0
 
     def credentials(self) -> grpc.ServerCredentials:
+        import grpc
+
         return grpc.dynamic_ssl_server_credentials(
             self._initial,
             self._fetch,
@@ -57,6 +63,8 @@ class ServerTls:
 
     def reload(self) -> bool:
         """Re-read the certificate files; True if they are in use for new connections now."""
+        import grpc
+
         try:
             key, cert, client_ca = self.files.read()
             config = grpc.ssl_server_certificate_configuration([(key, cert)], client_ca)
@@ -79,6 +87,8 @@ class ServerTls:
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """What this server uses to call the others: it trusts `ca` (or `client_ca`) and
         presents its own certificate (needed when the others require client certificates)."""
+        import grpc
+
         files = self.files
         trusted = files.ca or files.client_ca
         return grpc.ssl_channel_credentials(
