@@ -23,7 +23,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
+.PHONY: docs etcd-client promtool debian-tools java-drivers-build help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -94,14 +94,15 @@ pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run 
 	@# the examples jar and pulsar-admin for tests/integration/test_pulsar_functions.py
 	deploy/pulsar-functions.sh fetch >/dev/null
 
-# $(call beside,MAIN,SIDE,WHAT): run the shell command SIDE (WHAT names it) in a process group of
-# its own beside MAIN, print its output once both are done, and fail if either fails (an
+# $(call beside,MAIN,SIDE,WHAT[,PORTS]): run the shell command SIDE (WHAT names it) in a process
+# group of its own beside MAIN, print its output once both are done, and fail if either fails (an
 # interrupt stops SIDE's whole group as well as MAIN). A tier whose modules leave the cores idle
 # part of the time (waiting on servers, ZooKeeper, Pulsar) runs its other passes this way. The
-# two pick their servers' ports from ranges of their own (tests/support/server.py).
+# two pick their servers' ports from ranges of their own (tests/support/server.py): MAIN's
+# 20000-28000, SIDE's PORTS (default 28000-32000).
 define beside
 	@side_log=$$(mktemp); \
-	setsid env TABLEKEEPER_TEST_PORTS=28000-32000 bash -c "$(2)" >"$$side_log" 2>&1 & side=$$!; \
+	setsid env TABLEKEEPER_TEST_PORTS=$(or $(4),28000-32000) bash -c "$(2)" >"$$side_log" 2>&1 & side=$$!; \
 	trap 'kill -TERM -- -'$$side' 2>/dev/null; rm -f "'$$side_log'"' EXIT; \
 	echo "beside this run (process group $$side): $(3)"; \
 	TABLEKEEPER_TEST_PORTS=20000-28000 $(1); main_status=$$?; \
@@ -186,7 +187,8 @@ etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run 
 # runs Pulsar's own metadata tests, Oxia and etcd stores, on grpc.aio).
 COMPAT_SIDE = TABLEKEEPER_TEST_CLUSTER=3 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_cluster tests/compat && \
 	TABLEKEEPER_TEST_RUNTIME=grpc-aio $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m on_grpc_aio tests/compat
-test-compat: $(STAMP) pulsar-fetch etcd-client java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
+COMPAT_BUILDS ?= java-compat-build zookeeper-compat-build pulsar-metadata-build etcd3-suite
+test-compat: $(STAMP) pulsar-fetch etcd-client $(COMPAT_BUILDS)  ## the unmodified BookKeeper Python and Java clients against a real server (own process: its protos share names with ours)
 	$(call beside,$(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadfile tests/compat,$(COMPAT_SIDE),the on_cluster pass then the on_grpc_aio pass)
 
 # The ZooKeeper differential test (test-compat plays 3 seeds of 150 operations) over many seeds.
@@ -231,7 +233,24 @@ robustness: $(STAMP) pulsar-fetch robustness-tools  ## the long robustness run: 
 	$(PY) -m tests.robustness --minutes $(MINUTES) --duration $(DURATION) \
 		$(if $(SEED),--seed $(SEED)) $(if $(NEMESIS),--nemesis $(NEMESIS))
 
-test: lint test-unit test-integration test-compat test-floors test-robustness  ## everything CI runs
+# What the tiers need built, installed or checked first, made side by side (mypy, Maven and pip
+# each keep at most one core busy): lint; the Java drivers (one after the other: they share
+# ~/.m2) and Pulsar's metadata harness; the virtualenvs of python-etcd3's suite and of the floors;
+# the Debian tools (one after the other: apt holds a lock).
+debian-tools:
+	$(MAKE) --no-print-directory etcd-client promtool robustness-tools
+java-drivers-build:
+	$(MAKE) --no-print-directory java-compat-build zookeeper-compat-build
+TEST_PREPARE := lint pulsar-fetch debian-tools java-drivers-build pulsar-metadata-build etcd3-suite $(FLOORS_STAMP)
+
+# Then the tiers, the robustness run beside the compat tier (whose passes wait on Java clients,
+# Pulsar and ZooKeeper more than they compute), on ports of its own. The tiers do not build again
+# what the first step built (COMPAT_BUILDS=).
+test: $(STAMP)  ## everything CI runs
+	@$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_PREPARE)
+	@$(MAKE) --no-print-directory test-unit test-integration
+	$(call beside,$(MAKE) --no-print-directory COMPAT_BUILDS= test-compat,$(MAKE) --no-print-directory test-robustness,the robustness tests,32000-32700)
+	@$(MAKE) --no-print-directory test-floors
 
 GHZ_VERSION := v0.93.0
 GHZ := $(CURDIR)/.deploy/bin/ghz

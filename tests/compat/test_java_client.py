@@ -178,8 +178,9 @@ def java_driver() -> list[str]:
             )
         assert done.returncode == 0, f"mvn failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     classpath = f"{JAR}:{CLASSPATH.read_text().strip()}"
-    return [java, "-Xmx512m", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", classpath,
-            MAIN_CLASS]  # fmt: skip
+    return [java, "-Xmx512m", "-XX:TieredStopAtLevel=1",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp", classpath, MAIN_CLASS]  # fmt: skip
 
 
 class Driver:

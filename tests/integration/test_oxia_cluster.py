@@ -144,7 +144,16 @@ def test_java_client_through_the_cluster_and_after_a_shard_leader_dies(
     bootstrap = addresses[(victim + 1) % 3]  # the client's service address stays up
 
     driver = subprocess.Popen(
-        ["java", "-Xmx128m", "-cp", driver_classpath, "OxiaClusterDriver", bootstrap, "spread"]
+        [
+            "java",
+            "-Xmx128m",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            driver_classpath,
+            "OxiaClusterDriver",
+            bootstrap,
+            "spread",
+        ]
         + [str(KEYS)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

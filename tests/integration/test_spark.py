@@ -63,7 +63,13 @@ def spark() -> Iterator[SparkSession]:
     session = get_session(
         "local[2,2]",
         "tablekeeper-tests",
-        **{"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "4"},
+        **{
+            "spark.driver.memory": "1g",
+            "spark.sql.shuffle.partitions": "4",
+            # Spark's JVM with the client compiler only, as the tests' other JVMs (Pulsar,
+            # ZooKeeper, the Java clients): a short run does not repay the optimising one's CPU.
+            "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        },
     )
     yield session
     session.stop()

@@ -73,7 +73,6 @@ def test_a_response_of_serialized_updates_parses_as_the_response() -> None:
     )
 
 
-
 def test_a_length_is_encoded_as_protobuf_encodes_it() -> None:
     """The one- and two-byte lengths come from a table built at import; longer ones are encoded."""
     assert len(_SMALL_VARINTS) == 1 << 14

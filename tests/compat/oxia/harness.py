@@ -27,7 +27,16 @@ class Oxia:
 
     def driver(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            ["java", "-Xmx128m", "-cp", self.java_classpath, "OxiaDriver", self.address, *args],
+            [
+                "java",
+                "-Xmx128m",
+                "-XX:TieredStopAtLevel=1",
+                "-cp",
+                self.java_classpath,
+                "OxiaDriver",
+                self.address,
+                *args,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
