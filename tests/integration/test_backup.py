@@ -31,8 +31,9 @@ import pytest
 
 from tablekeeper import Client
 from tablekeeper.bulk import scan_range, table_layout
+from tests.support.cli import run_cli
 from tests.support.cluster import TestCluster
-from tests.support.server import TABLEKEEPER, ServerProcess, free_port
+from tests.support.server import ServerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +58,9 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         server.stop()
 
 
-def tk(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TABLEKEEPER_")}
-    return subprocess.run(
-        [str(TABLEKEEPER), *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+def tk(*args: str) -> subprocess.CompletedProcess[str]:
+    """`tablekeeper ARGS`, in this process (tests/support/cli.py)."""
+    return run_cli(list(args))
 
 
 def backup(server: ServerProcess, dest: Path, *scope: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ version) and counter by counter (total and version).
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -37,7 +38,8 @@ from tablekeeper import Client, RetryPolicy, TableKeeperError
 from tablekeeper_server.checkpoint.manifest import Manifest
 from tablekeeper_server.core.failpoints import CRASH_EXIT_CODE, ENV_VAR
 from tablekeeper_server.core.routing import routing_hash, split_hash_space
-from tests.support.server import TABLEKEEPER, ServerProcess
+from tests.support.cli import run_cli
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -124,12 +126,8 @@ class Node:
             return file.read().decode(errors="replace")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(TABLEKEEPER), "--service", self.server.service, *args],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        """`tablekeeper --service (this server) ARGS`, in this process (tests/support/cli.py)."""
+        return run_cli(["--service", self.server.service, *args])
 
     def checkpoint(self, *, table_only: bool = False) -> str:
         """`tablekeeper admin checkpoint [--table NS/T]`, which must succeed."""
@@ -373,15 +371,54 @@ def two_checkpoints(node: Node, ledger: Ledger) -> int:
     return table_id
 
 
+@dataclass(frozen=True)
+class TwoCheckpoints:
+    """The directories of a stopped node after `two_checkpoints`, made once per module (a dozen
+    tests start from that state, and building it is most of what each would otherwise cost)."""
+
+    base: Path
+    ledger: Ledger
+    table_id: int
+
+    def copy_to(self, node: Node) -> tuple[Ledger, int]:
+        """Give `node` (not started) copies of the directories; its ledger and table id."""
+        for name in ("data", "wal", "checkpoints"):
+            shutil.copytree(self.base / name, node.base / name)
+        return copy.deepcopy(self.ledger), self.table_id
+
+
+@pytest.fixture(scope="module")
+def two_checkpointed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoCheckpoints]:
+    servers: list[ServerProcess] = []
+    node = _NodeFactory(tmp_path_factory.mktemp("two-checkpoints"), servers)()
+    ledger = Ledger()
+    try:
+        table_id = two_checkpoints(node, ledger)
+        node.server.stop()
+    finally:
+        if node.server.running:
+            node.server.kill()
+    yield TwoCheckpoints(node.base, ledger, table_id)
+
+
+def from_two_checkpoints(node: Node, prepared: TwoCheckpoints) -> tuple[Ledger, int]:
+    """`node` (not started) in the state `two_checkpoints` leaves, the server stopped: every
+    table range with two checkpoints and a truncated log, the last phase in the log only."""
+    ledger, table_id = prepared.copy_to(node)
+    for log_name in table_log_names(table_id):
+        assert len(manifests_of(node, log_name)) == 2, log_name
+    return ledger, table_id
+
+
 # --------------------------------------------------------------------------- crash points
 
 
 @pytest.mark.parametrize("failpoint", CHECKPOINT_FAILPOINTS)
-def test_crash_during_checkpoint_loses_nothing(make_node: _NodeFactory, failpoint: str) -> None:
+def test_crash_during_checkpoint_loses_nothing(
+    make_node: _NodeFactory, two_checkpointed: TwoCheckpoints, failpoint: str
+) -> None:
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
 
     # Restart with the failpoint armed, write more, and checkpoint: the server dies there.
     node.start(failpoint)
@@ -422,15 +459,13 @@ def test_crash_during_checkpoint_loses_nothing(make_node: _NodeFactory, failpoin
 @pytest.mark.parametrize("scope", ["startup", "lazy"])
 @pytest.mark.parametrize("failpoint", RESTORE_FAILPOINTS)
 def test_crash_during_restore_loses_nothing(
-    make_node: _NodeFactory, failpoint: str, scope: str
+    make_node: _NodeFactory, two_checkpointed: TwoCheckpoints, failpoint: str, scope: str
 ) -> None:
     """`startup`: the whole data directory is gone, so the root and meta ranges restore while
     the server starts, and it dies there. `lazy`: only the table's stores are gone; the server
     starts, and dies restoring a table range on its first read."""
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
     if scope == "startup":
         shutil.rmtree(node.data)
         offset = node.start_expecting_crash(failpoint)
@@ -466,11 +501,11 @@ def test_crash_during_restore_loses_nothing(
 # --------------------------------------------------------------------------- damaged checkpoints
 
 
-def test_corrupt_sst_in_newest_checkpoint_falls_back_to_older(make_node: _NodeFactory) -> None:
+def test_corrupt_sst_in_newest_checkpoint_falls_back_to_older(
+    make_node: _NodeFactory, two_checkpointed: TwoCheckpoints
+) -> None:
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
     older = {}
     for log_name in table_log_names(table_id):
         flip_byte(newest_only_sst(node, log_name))
@@ -495,11 +530,11 @@ def test_corrupt_sst_in_newest_checkpoint_falls_back_to_older(make_node: _NodeFa
         )
 
 
-def test_truncated_newest_manifest_falls_back_to_older(make_node: _NodeFactory) -> None:
+def test_truncated_newest_manifest_falls_back_to_older(
+    make_node: _NodeFactory, two_checkpointed: TwoCheckpoints
+) -> None:
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
     older = {}
     for log_name in table_log_names(table_id):
         older_manifest, newest_manifest = manifests_of(node, log_name)
@@ -523,11 +558,11 @@ def test_truncated_newest_manifest_falls_back_to_older(make_node: _NodeFactory) 
     verify(node, ledger)
 
 
-def test_no_valid_checkpoint_refuses_to_serve(make_node: _NodeFactory) -> None:
+def test_no_valid_checkpoint_refuses_to_serve(
+    make_node: _NodeFactory, two_checkpointed: TwoCheckpoints
+) -> None:
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
     victim = range_log_name(table_id, PKEYS[0])
     older_manifest, _ = manifests_of(node, victim)
     flip_byte(newest_only_sst(node, victim))
@@ -562,11 +597,10 @@ def test_no_valid_checkpoint_refuses_to_serve(make_node: _NodeFactory) -> None:
 
 def test_checkpoints_gone_after_truncation_refuses_with_a_clear_message(
     make_node: _NodeFactory,
+    two_checkpointed: TwoCheckpoints,
 ) -> None:
     node = make_node()
-    ledger = Ledger()
-    table_id = two_checkpoints(node, ledger)
-    node.server.stop()
+    ledger, table_id = from_two_checkpoints(node, two_checkpointed)
     first = {log_name: first_segment(node, log_name) for log_name in table_log_names(table_id)}
     shutil.rmtree(node.checkpoints)
     shutil.rmtree(node.data)

@@ -13,7 +13,6 @@ test starts its own server with `tablekeeper server ...`, as an operator would.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import re
@@ -34,6 +33,7 @@ import pytest
 from tablekeeper import Client
 from tablekeeper_server.cluster.zookeeper import ZkCoordinator
 from tablekeeper_server.core.clock import SystemClock
+from tests.support.cli import cli_env, run_cli
 from tests.support.cluster import TestCluster
 from tests.support.server import REPO, TABLEKEEPER, ServerProcess, free_port
 
@@ -66,22 +66,6 @@ SUBCOMMANDS = [
     "token",
     "completion",
 ]
-CLI_ENVIRONMENT = (
-    "TABLEKEEPER_SERVICE",
-    "TABLEKEEPER_OUTPUT",
-    "TABLEKEEPER_HEX",
-    "TABLEKEEPER_TIMEOUT",
-    "TABLEKEEPER_TLS_CA",
-    "TABLEKEEPER_TLS_CERT",
-    "TABLEKEEPER_TLS_KEY",
-    "TABLEKEEPER_TOKEN",
-)
-
-
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment without the CLI's variables (a developer's own must not leak in)."""
-    env = {k: v for k, v in os.environ.items() if k not in CLI_ENVIRONMENT}
-    return env | (extra or {})
 
 
 def tk(
@@ -99,13 +83,13 @@ def tk(
     if service is not None:
         argv += ["--service", service]
     if not process:
-        return _in_process([*argv[1:], *args], env, stdin)
+        return run_cli([*argv[1:], *args], env, stdin)
     result = subprocess.run(
         [*argv, *args],
         capture_output=True,
         timeout=timeout,
         cwd=REPO,
-        env=_env(env),
+        env=cli_env(env),
         input=stdin if stdin is not None else b"",
     )
     return subprocess.CompletedProcess(
@@ -113,45 +97,6 @@ def tk(
         result.returncode,
         result.stdout.decode(errors="backslashreplace"),
         result.stderr.decode(errors="backslashreplace"),
-    )
-
-
-def _in_process(
-    args: list[str], env: dict[str, str] | None, stdin: bytes | None
-) -> subprocess.CompletedProcess[str]:
-    """`tablekeeper.cli.main(args)` with the environment `_env(env)` and standard streams of its
-    own (UTF-8, as the console script's are here), as `tk` returns a subprocess's result; an
-    argparse exit (usage errors) is its exit status."""
-    from tablekeeper.cli import main
-
-    out, err = io.BytesIO(), io.BytesIO()
-    streams = (sys.stdin, sys.stdout, sys.stderr)
-    saved_env = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(_env(env))
-    own = (
-        io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8"),
-        io.TextIOWrapper(out, encoding="utf-8", write_through=True),
-        io.TextIOWrapper(err, encoding="utf-8", write_through=True),
-    )
-    sys.stdin, sys.stdout, sys.stderr = own
-    try:
-        try:
-            code = main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.stdin, sys.stdout, sys.stderr = streams
-        for stream in own:
-            stream.flush()
-            stream.detach()  # (a wrapper closes its buffer when collected)
-        os.environ.clear()
-        os.environ.update(saved_env)
-    return subprocess.CompletedProcess(
-        ["tablekeeper", *args],
-        code,
-        out.getvalue().decode(errors="backslashreplace"),
-        err.getvalue().decode(errors="backslashreplace"),
     )
 
 
@@ -167,7 +112,7 @@ def tk_all(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
                 stderr=subprocess.PIPE,
                 text=True,
                 cwd=REPO,
-                env=_env(),
+                env=cli_env(),
             ),
         )
         for argv in commands
@@ -792,7 +737,7 @@ def test_watch_streams_until_interrupted(svc: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        env=_env(),
+        env=cli_env(),
     )
     try:
         assert process.stderr is not None and process.stdout is not None
@@ -885,7 +830,7 @@ def test_session_keep_alive_until_interrupted(svc: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        env=_env(),
+        env=cli_env(),
     )
     try:
         assert process.stdin is not None and process.stdout is not None
