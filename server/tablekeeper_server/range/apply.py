@@ -80,7 +80,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
@@ -109,6 +109,69 @@ def front_end_command(applier: str, payload: bytes) -> wal_pb2.WalCommand:
     if not applier and not payload:
         front_end.SetInParent()  # (an empty one is still a front-end command)
     return command
+
+
+class FrontEndCommand:
+    """A front-end's command on its way to the log and the apply, without a `WalCommand`
+    message: what `front_end_command(applier, payload)` logs, with its `timestamp_ms` (set by
+    the range when it accepts it). `SerializeToString` gives exactly that message's bytes (the
+    log holds the same records, and replay reads them as `WalCommand`s), and the state machine
+    hands `payload` straight to an applier that takes it (`PayloadApplier`; any other gets the
+    message, `message()`).
+
+    `prepared` is what the front-end already decoded from `payload` to check it, for its
+    applier to use instead of decoding it again: it is never logged, so it must be exactly what
+    the applier would decode from `payload` (replay passes None). One is made per write: a
+    slotted object costs about a quarter of building the message (and of reading it back)."""
+
+    __slots__ = ("applier", "payload", "prepared", "timestamp_ms")
+
+    def __init__(self, applier: str, payload: bytes, prepared: object = None) -> None:
+        self.applier = applier
+        self.payload = payload
+        self.prepared = prepared
+        self.timestamp_ms = 0
+
+    def SerializeToString(self) -> bytes:  # noqa: N802
+        """The bytes of `message()` (protobuf's encoding, field by field, in field order)."""
+        applier = self.applier.encode()
+        payload = self.payload
+        inner = b""
+        if applier:
+            inner = b"\x0a" + _varint(len(applier)) + applier
+        if payload:
+            inner += b"\x12" + _varint(len(payload)) + payload
+        body = _FRONT_END_TAG + _varint(len(inner)) + inner
+        timestamp = self.timestamp_ms
+        if timestamp:
+            return b"\x08" + _varint(timestamp & _UINT64) + body
+        return body
+
+    def message(self) -> wal_pb2.WalCommand:
+        """The command as a `WalCommand` (for what takes only messages)."""
+        command = front_end_command(self.applier, self.payload)
+        command.timestamp_ms = self.timestamp_ms
+        return command
+
+
+Command = wal_pb2.WalCommand | FrontEndCommand
+"""What a range queues, logs and applies: a message, or a front-end's command without one."""
+
+_FRONT_END_TAG = b"\xba\x01"
+"""`WalCommand.front_end` (field 23, length-delimited)."""
+_UINT64 = 2**64 - 1
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative `value` below 2**64."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def encode_applied(sequence: int) -> bytes:
@@ -471,6 +534,23 @@ class Applier(Protocol):
         ...
 
 
+@runtime_checkable
+class PayloadApplier(Protocol):
+    """A front-end's applier that also takes its commands as `FrontEndCommand`s: their
+    payload, and what the front-end decoded of it (`FrontEndCommand.prepared`; None on
+    replay), with no `WalCommand` made. Both methods must do exactly what `apply` and `check`
+    do with the message that carries the payload."""
+
+    @property
+    def keeps_history(self) -> bool: ...
+
+    def apply_payload(
+        self, ctx: ApplyContext, payload: bytes, prepared: object
+    ) -> Response | Rejected: ...
+
+    def check_payload(self, payload: bytes, context: Callable[[], ApplyContext]) -> None: ...
+
+
 class Appliers:
     """The registry of appliers: which one applies each logged command. Built once, in `main`
     (`tablekeeper_server.appliers.server_appliers`), with every applier whatever the flags
@@ -480,10 +560,13 @@ class Appliers:
         self._all = tuple(appliers)
         self._by_op: dict[str, Applier] = {}
         self._by_name: dict[str, Applier] = {}
+        self._payload: dict[str, PayloadApplier] = {}
         for applier in self._all:
             if applier.name in self._by_name:
                 raise ValueError(f"two appliers are named {applier.name!r}")
             self._by_name[applier.name] = applier
+            if isinstance(applier, PayloadApplier):
+                self._payload[applier.name] = applier
             for op in applier.ops:
                 if op == FRONT_END_OP or op in self._by_op:
                     raise ValueError(f"the op {op!r} cannot be {applier.name!r}'s")
@@ -504,3 +587,8 @@ class Appliers:
 
     def named(self, name: str) -> Applier:
         return self._by_name[name]
+
+    def taking_payload(self, name: str) -> PayloadApplier | None:
+        """The applier registered under `name` if it takes `FrontEndCommand`s' payloads
+        (`PayloadApplier`), else None (it is given their `message()`)."""
+        return self._payload.get(name)
