@@ -134,18 +134,26 @@ class FrontEndCommand:
 
     def SerializeToString(self) -> bytes:  # noqa: N802
         """The bytes of `message()` (protobuf's encoding, field by field, in field order)."""
-        applier = self.applier.encode()
         payload = self.payload
-        inner = b""
-        if applier:
-            inner = b"\x0a" + _varint(len(applier)) + applier
-        if payload:
-            inner += b"\x12" + _varint(len(payload)) + payload
-        body = _FRONT_END_TAG + _varint(len(inner)) + inner
+        applier = _APPLIER_FIELDS.get(self.applier)
+        if applier is None:
+            applier = _APPLIER_FIELDS[self.applier] = _applier_field(self.applier)
+        size = len(payload)
+        if size:
+            head = applier + _PAYLOAD_TAG + (_VARINTS[size] if size < _SMALL else _varint(size))
+            size += len(head)
+        else:
+            head = applier
+            size = len(head)
+        body = _FRONT_END_TAG + (_VARINTS[size] if size < _SMALL else _varint(size)) + head
         timestamp = self.timestamp_ms
-        if timestamp:
-            return b"\x08" + _varint(timestamp & _UINT64) + body
-        return body
+        if not timestamp:
+            return body + payload
+        field = _TIMESTAMP_FIELD.get(timestamp)
+        if field is None:  # (the commands of one submission share their timestamp)
+            _TIMESTAMP_FIELD.clear()
+            field = _TIMESTAMP_FIELD[timestamp] = b"\x08" + _varint(timestamp & _UINT64)
+        return field + body + payload
 
     def message(self) -> wal_pb2.WalCommand:
         """The command as a `WalCommand` (for what takes only messages)."""
@@ -162,6 +170,21 @@ _FRONT_END_TAG = b"\xba\x01"
 _UINT64 = 2**64 - 1
 
 
+_PAYLOAD_TAG = b"\x12"
+"""`FrontEndCommand.payload` (field 2, length-delimited)."""
+_APPLIER_FIELDS: dict[str, bytes] = {}
+"""Each applier name's `FrontEndCommand.applier` field, encoded."""
+
+
+def _applier_field(applier: str) -> bytes:
+    name = applier.encode()
+    return b"\x0a" + _varint(len(name)) + name if name else b""
+
+
+_TIMESTAMP_FIELD: dict[int, bytes] = {}
+"""The last timestamp a `FrontEndCommand` serialized, and its field's bytes."""
+
+
 def _varint(value: int) -> bytes:
     """Protobuf's base-128 varint of a non-negative `value` below 2**64."""
     if value < 0x80:
@@ -172,6 +195,11 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_SMALL = 0x4000
+_VARINTS = [_varint(n) for n in range(_SMALL)]
+"""The varints of the lengths of most fields (one or two bytes), made once."""
 
 
 def encode_applied(sequence: int) -> bytes:
@@ -437,9 +465,11 @@ class ApplyContext:
         self.event_revision, self.event_index = self._settled_event_position
         self.dirty = self._settled_dirty
 
-    def commit(self, applied_sequence: int) -> None:
+    def commit(self, applied_sequence: int, *, last: bool = False) -> None:
         """Write the settled changes together with the applied position, atomically. Called
-        between commands, or (through `write_settled`) by a command before it staged anything."""
+        between commands, or (through `write_settled`) by a command before it staged anything.
+        `last`: the batch ends here (the context takes no more changes, so it makes no new
+        store batch for them)."""
         assert not self._staged, "commit with a command's changes staged"
         self.batch.put(APPLIED_KEY, encode_applied(applied_sequence))
         try:
@@ -451,7 +481,8 @@ class ApplyContext:
             raise
         self.pending.clear()
         self.read_cache.clear()
-        self.batch = self._store.new_batch()
+        if not last:
+            self.batch = self._store.new_batch()
         self.dirty = False
         self._settled_dirty = False
 

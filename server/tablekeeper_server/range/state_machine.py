@@ -180,7 +180,7 @@ class RangeStateMachine:
             responses.append(response)
             last = sequence
         if last > self.applied_sequence:
-            ctx.commit(last)
+            ctx.commit(last, last=True)
             self.applied_sequence = last
         self.sessions = ctx.sessions
         self.last_events = ctx.events
