@@ -13,7 +13,10 @@ How a command reaches its applier: a `WalCommand`'s `op` names it. The ops of th
 protocols have their own fields (`put`, `txn`, `session`, `etcd_txn`, `oxia_write`, ...); an
 applier claims them in `ops`. A new front-end adds no field: it logs `front_end_command(name,
 payload)` (`WalCommand.front_end`: its applier's `name` and its own opaque bytes), and the
-registry hands it to the applier of that `name`.
+registry hands it to the applier of that `name`. On its hot path a front-end may queue a
+`FrontEndCommand` instead (the same record in the log, without a message made per write, with
+what the front-end decoded of its payload); an applier that also takes payloads
+(`PayloadApplier`) is then handed the payload and that decoding, any other the message.
 
 What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a toy applier to it):
 

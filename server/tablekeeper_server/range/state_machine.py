@@ -118,13 +118,12 @@ class RangeStateMachine:
         nothing is logged then. It runs against the applied state and changes nothing."""
         if self.sealed is not None:
             return
-        if type(command) is FrontEndCommand:
+        if isinstance(command, FrontEndCommand):
             taking = self.appliers.taking_payload(command.applier)
             if taking is not None:
                 taking.check_payload(command.payload, lambda: self._throwaway_context(command))
                 return
             command = command.message()
-        assert isinstance(command, wal_pb2.WalCommand)
         applier = self.appliers.for_command(command)
         if applier is not None:
             applier.check(command, lambda: self._throwaway_context(command))
@@ -187,13 +186,12 @@ class RangeStateMachine:
         return responses
 
     def _apply_one(self, ctx: ApplyContext, command: Command) -> Response | Rejected:
-        if type(command) is FrontEndCommand:
+        if isinstance(command, FrontEndCommand):
             taking = self.appliers.taking_payload(command.applier)
             if taking is not None and self.sealed is None:
                 ctx.keep_history = taking.keeps_history
                 return taking.apply_payload(ctx, command.payload, command.prepared)
             command = command.message()
-        assert isinstance(command, wal_pb2.WalCommand)
         op = command.WhichOneof("op")
         ctx.keep_history = True
         if self.sealed is not None:
@@ -208,9 +206,8 @@ class RangeStateMachine:
 
     def _error_response(self, command: Command, code: int) -> Response:
         """A bare response of the command's kind with status `code`."""
-        if type(command) is FrontEndCommand:
+        if isinstance(command, FrontEndCommand):
             command = command.message()
-        assert isinstance(command, wal_pb2.WalCommand)
         applier = self.appliers.for_command(command)
         if applier is None:
             return kv_rpc_pb2.PutResponse(header=header(code))

@@ -28,7 +28,11 @@ expiry found by the range's session timer) deletes its ephemeral nodes through
 session. The keyspace's bookkeeping (`paths.BOOKKEEPING`) cannot be divided by pkey: a range
 holding any refuses a split.
 
-The result depends only on the store and the command, so replay agrees.
+The result depends only on the store and the command, so replay agrees. The front-end queues a
+client's write with its decoded request (`prepare`, a `range.apply.FrontEndCommand`), which the
+apply uses instead of decoding the logged request again; replay decodes it. A create, setData or
+delete outside a multi is applied on the nodes' records directly (`_single_*`), the rest on a
+`_Tree` of decoded `Znode`s; both make the same checks, writes, events and replies.
 """
 
 from __future__ import annotations
