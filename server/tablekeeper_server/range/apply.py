@@ -88,6 +88,7 @@ from typing import Protocol, runtime_checkable
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import SYSTEM_PREFIX, system_key
+from tablekeeper_server.core.varint import length
 from tablekeeper_server.errors import Code, TableKeeperError
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import StoredRecord, decode_record, encode_number
@@ -144,12 +145,12 @@ class FrontEndCommand:
             applier = _APPLIER_FIELDS[self.applier] = _applier_field(self.applier)
         size = len(payload)
         if size:
-            head = applier + _PAYLOAD_TAG + (_VARINTS[size] if size < _SMALL else _varint(size))
+            head = applier + _PAYLOAD_TAG + length(size)
             size += len(head)
         else:
             head = applier
             size = len(head)
-        body = _FRONT_END_TAG + (_VARINTS[size] if size < _SMALL else _varint(size)) + head
+        body = _FRONT_END_TAG + length(size) + head
         timestamp = self.timestamp_ms
         if not timestamp:
             return body + payload
@@ -180,28 +181,11 @@ _APPLIER_FIELDS: dict[str, bytes] = {}
 
 def _applier_field(applier: str) -> bytes:
     name = applier.encode()
-    return b"\x0a" + _varint(len(name)) + name if name else b""
+    return b"\x0a" + length(len(name)) + name if name else b""
 
 
 _TIMESTAMP_FIELD: dict[int, bytes] = {}
 """The last timestamp a `FrontEndCommand` serialized, and its field's bytes."""
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf's base-128 varint of a non-negative `value` below 2**64."""
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL = 0x4000
-_VARINTS = [_varint(n) for n in range(_SMALL)]
-"""The varints of the lengths of most fields (one or two bytes), made once."""
 
 
 def encode_applied(sequence: int) -> bytes:
