@@ -1,13 +1,14 @@
 """Process CPU per ZooKeeper write in the range alone: no sockets, no log, no event loop.
 
 The commands the ZooKeeper front-end logs (create of a new node, setData on one of 1,000 nodes,
-delete of the nodes created; `--value-size` bytes of data) are fed to a `RangeStateMachine` on
-RocksDB as the range's writer feeds them: each command stamped, checked and serialized as
-`Range.submit_many` does, then applied in groups of `--group` by `apply_batch` (one store write
-per group). The commands are built before the clock starts (the front-end's share, like the
-reply, is not in these figures). Per op: the minimum over `--rounds` rounds of `--ops` commands
-each, in microseconds of this process's CPU (`time.process_time`), which a busy machine
-disturbs far less than rates.
+delete of the nodes created; `--value-size` bytes of data), built as the front-end builds them
+(`zookeeper.apply.prepare`: a `FrontEndCommand` carrying its decoded request), are fed to a
+`RangeStateMachine` on RocksDB as the range's writer feeds them: each command stamped, checked
+and serialized as `Range.submit_many` does, then applied in groups of `--group` by `apply_batch`
+(one store write per group). The commands are built before the clock starts (the front-end's
+share, like the reply, is not in these figures). Per op: the minimum over `--rounds` rounds of
+`--ops` commands each, in microseconds of this process's CPU (`time.process_time`), which a busy
+machine disturbs far less than rates.
 
     .venv/bin/python benchmarks/zookeeper_apply.py [--rounds 5] [--ops 16000] [--group 16]
 
@@ -20,18 +21,18 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.appliers import server_appliers
-from tablekeeper_server.range.apply import front_end_command
+from tablekeeper_server.range.apply import Command, FrontEndCommand, front_end_command
 from tablekeeper_server.range.events import EventHistory
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.rocksdb import RocksKvStore
 from tablekeeper_server.zookeeper import commands, jute
 from tablekeeper_server.zookeeper import protocol as zk
-from tablekeeper_server.zookeeper.apply import NAME
+from tablekeeper_server.zookeeper.apply import NAME, prepare
 from tablekeeper_server.zookeeper.znode import OPEN_ACL
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -53,10 +54,10 @@ class Keyspace:
         )
         self.session = int(created[0].session_id)  # type: ignore[attr-defined]
 
-    def apply(self, batch: list[wal_pb2.WalCommand]) -> list[object]:
+    def apply(self, batch: Sequence[Command]) -> list[object]:
         out: list[object] = []
         for start in range(0, len(batch), self.group):
-            group = []
+            group: list[tuple[int, Command]] = []
             for command in batch[start : start + self.group]:
                 self.now_ms += 1
                 command.timestamp_ms = self.now_ms
@@ -67,8 +68,10 @@ class Keyspace:
             out.extend(self.sm.apply_batch(group))
         return out
 
-    def request(self, op: int, body: bytes) -> wal_pb2.WalCommand:
-        return front_end_command(NAME, commands.request(self.session, op, b"", body))
+    def request(self, op: int, body: bytes) -> Command:
+        """The command the front-end queues for a client's request (`Connection._start`)."""
+        payload, prepared = prepare(self.session, op, b"", jute.INT_INT.pack(0, op) + body)
+        return FrontEndCommand(NAME, payload, prepared)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,28 +86,28 @@ def main(argv: list[str] | None = None) -> int:
         keyspace = Keyspace(Path(tmp) / "store", args.group)
         n = args.ops
 
-        def creates(prefix: str) -> list[wal_pb2.WalCommand]:
+        def creates(prefix: str) -> list[Command]:
             tail = jute.write_buffer(value) + OPEN_ACL + jute.INT.pack(0)
             return [
                 keyspace.request(zk.CREATE, jute.write_string(f"/{prefix}{i}") + tail)
                 for i in range(n)
             ]
 
-        def sets(prefix: str) -> list[wal_pb2.WalCommand]:
+        def sets(prefix: str) -> list[Command]:
             tail = jute.write_buffer(value) + jute.INT.pack(-1)
             return [
                 keyspace.request(zk.SET_DATA, jute.write_string(f"/{prefix}{i % 1000}") + tail)
                 for i in range(n)
             ]
 
-        def deletes(prefix: str) -> list[wal_pb2.WalCommand]:
+        def deletes(prefix: str) -> list[Command]:
             tail = jute.INT.pack(-1)
             return [
                 keyspace.request(zk.DELETE, jute.write_string(f"/{prefix}{i}") + tail)
                 for i in range(n)
             ]
 
-        kinds: dict[str, Callable[[str], list[wal_pb2.WalCommand]]] = {
+        kinds: dict[str, Callable[[str], list[Command]]] = {
             "create": creates,
             "set": sets,
             "delete": deletes,

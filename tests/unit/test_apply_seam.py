@@ -18,6 +18,7 @@ from tablekeeper_server.oxia.apply import OxiaApplier
 from tablekeeper_server.range.apply import (
     Appliers,
     ApplyContext,
+    FrontEndCommand,
     Rejected,
     Response,
     front_end_command,
@@ -236,3 +237,41 @@ def test_an_applier_that_keeps_no_history_reaches_live_watchers_only() -> None:
     with pytest.raises(CompactedError):
         hub.start(span, 3)  # revision 3's events were never kept
     hub.start(span, 4)
+
+
+@pytest.mark.parametrize("applier", ["", "counter", "x" * 200])
+@pytest.mark.parametrize("payload", [b"", b"\x00", b"p" * 127, b"q" * 128, b"r" * 70_000])
+@pytest.mark.parametrize("timestamp", [0, 1, 127, 128, NOW, 2**63 - 1, -1, -(2**63)])
+def test_a_front_end_command_without_a_message_serializes_as_the_message(
+    applier: str, payload: bytes, timestamp: int
+) -> None:
+    command = FrontEndCommand(applier, payload)
+    command.timestamp_ms = timestamp
+    message = front_end_command(applier, payload)
+    message.timestamp_ms = timestamp
+    assert command.SerializeToString() == message.SerializeToString()
+    assert wal_pb2.WalCommand.FromString(command.SerializeToString()) == message
+    assert command.message() == message
+
+
+def test_a_front_end_command_without_a_message_reaches_an_applier_of_messages() -> None:
+    """An applier that takes no payloads (`PayloadApplier`) gets the command's message: checks,
+    applies, refusals and failures as for the message itself."""
+    queued, logged = machine(), machine()
+
+    def both(payload: bytes) -> FrontEndCommand:
+        command = FrontEndCommand("counter", payload)
+        command.timestamp_ms = NOW
+        return command
+
+    batch = [both(b"a"), both(b"a"), both(b"no"), both(b"boom"), both(b"b")]
+    with pytest.raises(IllegalOpError):
+        queued.check(both(b""))
+    responses = queued.apply_batch(list(enumerate(batch, start=1)))
+    expected = logged.apply_batch(
+        [(sequence, command.message()) for sequence, command in enumerate(batch, start=1)]
+    )
+    assert [r.SerializeToString() for r in responses] == [r.SerializeToString() for r in expected]
+    assert list(queued.last_rejections) == [2]
+    assert dump(queued) == dump(logged)
+    assert queued.get(store_key(b"c", b"a")) == StoredRecord(1, 2, 1, False, 0, b"2")

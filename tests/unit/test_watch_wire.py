@@ -7,12 +7,10 @@ import pytest
 
 from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2
+from tablekeeper_server.core.varint import SMALL_VARINTS, length, varint
 from tablekeeper_server.rpc.watch import (
-    _SMALL_VARINTS,
     _UPDATE_EVENT,
-    _length,
     _length_delimited,
-    _varint,
     events_update_field,
     response_field,
     update_header,
@@ -75,8 +73,8 @@ def test_a_response_of_serialized_updates_parses_as_the_response() -> None:
 
 def test_a_length_is_encoded_as_protobuf_encodes_it() -> None:
     """The one- and two-byte lengths come from a table built at import; longer ones are encoded."""
-    assert len(_SMALL_VARINTS) == 1 << 14
-    assert all(_SMALL_VARINTS[n] == _varint(n) for n in range(1 << 14))
+    assert len(SMALL_VARINTS) == 1 << 14
+    assert all(SMALL_VARINTS[n] == varint(n) for n in range(1 << 14))
     for n in (0, 1, 127, 128, 255, 16383, 16384, 100_000):
         field = kv_pb2.KeyValue(key=b"x" * n).SerializeToString()  # tag, length, key
-        assert field == (b"\x0a" + _length(n) + b"x" * n if n else b"")
+        assert field == (b"\x0a" + length(n) + b"x" * n if n else b"")

@@ -5,20 +5,30 @@ change events watches are made of, and that replaying the log gives the same tre
 
 from __future__ import annotations
 
+import collections
+import random
 import struct
 
 import pytest
 
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_proto.zookeeper import apply_pb2
-from tablekeeper_server.range.apply import front_end_command
+from tablekeeper_server.range.apply import (
+    Appliers,
+    ApplyContext,
+    Command,
+    FrontEndCommand,
+    front_end_command,
+)
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
+from tablekeeper_server.range.session_apply import SessionApplier
 from tablekeeper_server.range.state_machine import RangeStateMachine
 from tablekeeper_server.storage.memory import MemoryKvStore
 from tablekeeper_server.zookeeper import acl as acls
+from tablekeeper_server.zookeeper import apply as zk_apply
 from tablekeeper_server.zookeeper import commands, jute, paths, reads
 from tablekeeper_server.zookeeper import protocol as zk
-from tablekeeper_server.zookeeper.apply import Applied
+from tablekeeper_server.zookeeper.apply import Applied, ZooKeeperApplier, prepare
 from tablekeeper_server.zookeeper.znode import OPEN_ACL
 from tests.support.appliers import APPLIERS
 
@@ -432,3 +442,150 @@ def test_a_range_holding_a_keyspace_refuses_a_split() -> None:
     assert "ZooKeeper keyspace" in refused.message
     assert tree.sm.sealed is None
     assert sorted(tree.children("/")) == ["s", "zookeeper"]
+
+
+# ---------------------------------------------------------------------------- the write paths
+
+
+class _General(ZooKeeperApplier):
+    """The ZooKeeper applier with every client write applied on a `_Tree` (`_run`): the
+    general path, which single writes take a shorter way around (`_single_*`)."""
+
+    def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Applied:
+        payload = command.front_end.payload
+        if payload[:1] != bytes([commands.REQUEST]):
+            return super().apply(ctx, command)  # type: ignore[return-value]
+        session_id, op, auth, body = commands.unpack_request(payload)
+        tree = zk_apply._Tree(ctx, ctx.revision, ctx.now_ms, auth)
+        try:
+            if op == zk.MULTI:
+                operations = zk_apply.decode_multi(body, zk.MULTI_WRITE_OPS)
+                response = zk_apply._multi(tree, session_id, operations)
+            else:
+                fields = zk_apply.decode_operation(op, body, 0)[0]
+                response = zk_apply._run(tree, session_id, op, fields)
+        except zk_apply._FailedError as failed:
+            return Applied(commands.result(failed.code, ctx.revision))
+        except jute.JuteError:
+            return Applied(commands.result(zk.MARSHALLING_ERROR, ctx.revision))
+        tree.flush()
+        return Applied(commands.result(zk.OK, ctx.revision, response))
+
+    def apply_payload(self, ctx: ApplyContext, payload: bytes, prepared: object) -> Applied:
+        return self.apply(ctx, front_end_command(self.name, payload))
+
+
+def _appliers(zookeeper: ZooKeeperApplier) -> Appliers:
+    return Appliers([zookeeper, SessionApplier(session_ending=(zookeeper.session_ending,))])
+
+
+def _random_writes(seed: int, count: int) -> list[tuple[int, int, bytes, int]]:
+    """(operation, session index (0, 1: closed halfway, 2: never opened), request, auth index)
+    of `count` random writes over a small tree: every error a create, setData or delete can
+    answer turns up (no node, node exists, bad version, not empty, no auth, invalid ACL, bad
+    arguments, expired session, children of ephemerals), and multis over the same nodes."""
+    rng = random.Random(seed)
+    paths = ["/a", "/a/b", "/a/b/c", "/a/d", "/e", "/e/f", "/s", "/s/t", "/", "/zookeeper", "x"]
+    datas = [b"", None, b"v", b"w" * 300]
+    bob = acls.digest_id("bob:pw")
+    acl_lists = [
+        OPEN_ACL,
+        OPEN_ACL,
+        jute.write_acls([(zk.ALL, "digest", bob)]),
+        jute.write_acls([(zk.READ | zk.CREATE_PERM, "world", "anyone")]),
+        jute.write_acls([(zk.ALL, "auth", "")]),
+        jute.write_acls([]),
+    ]
+    out = []
+    for _ in range(count):
+        path = rng.choice(paths)
+        roll = rng.random()
+        if roll < 0.45:
+            op = rng.choice([zk.CREATE, zk.CREATE, zk.CREATE2, zk.CREATE_CONTAINER, zk.CREATE_TTL])
+            mode = rng.choice([0, 0, 0, 1, 2, 3, 5, 6, 7])
+            body = create_body(path, rng.choice(datas), mode, rng.choice(acl_lists))
+            if op == zk.CREATE_TTL:
+                body += jute.LONG.pack(rng.choice([-1, 0, 1, 10_000]))
+        elif roll < 0.7:
+            op = zk.SET_DATA
+            body = jute.write_string(path) + jute.write_buffer(rng.choice(datas))
+            body += jute.INT.pack(rng.choice([-1, -1, 0, 1, 2]))
+        elif roll < 0.9:
+            op = zk.DELETE
+            body = path_version(path, rng.choice([-1, -1, 0, 1]))
+        else:
+            op = zk.MULTI
+            body = multi_body(
+                (zk.CREATE, create_body(path + "m", b"m")),
+                (zk.SET_DATA, set_data_body(rng.choice(paths), b"n")),
+                (zk.DELETE, path_version(rng.choice(paths), -1)),
+            )
+        out.append((op, rng.choice([0] * 8 + [1, 2]), body, rng.choice([0, 0, 1])))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_single_writes_and_prepared_commands_apply_as_the_general_path_does(seed: int) -> None:
+    """The same random writes through three paths (the general one; the logged command as
+    replay reads it; the command as the front-end queues it, with its decoded request) give the
+    same results, events and stored bytes, write by write."""
+    bob = [("digest", acls.digest_id("bob:pw"))]
+    machines = [
+        RangeStateMachine(MemoryKvStore(), _appliers(_General()), history=None),
+        RangeStateMachine(MemoryKvStore(), APPLIERS, history=None),
+        RangeStateMachine(MemoryKvStore(), APPLIERS, history=None),
+    ]
+    setup = [
+        front_end_command("zookeeper", commands.init(b"k" * 32)),
+        wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=5000)),
+        wal_pb2.WalCommand(session=wal_pb2.SessionCommand(create_ttl_ms=5000)),
+    ]
+    writes = _random_writes(seed, 600)
+    sessions = [2, 3, 99]
+    codes: dict[int, set[bytes]] = collections.defaultdict(set)
+    for sequence, command in enumerate(setup, start=1):
+        command.timestamp_ms = 1_000
+        for sm in machines:
+            sm.apply_batch([(sequence, command)])
+    for index, (op, session, body, auth) in enumerate(writes):
+        sequence = len(setup) + 1 + index
+        if index == len(writes) // 2:  # the second session ends: its ephemerals go
+            close = wal_pb2.WalCommand(session=wal_pb2.SessionCommand(close_id=sessions[1]))
+            close.timestamp_ms = 2_000
+            for sm in machines:
+                sm.apply_batch([(sequence, close)])
+            setup.append(close)
+            sequence += 1
+        caller = acls.encode_auth(bob if auth else [])
+        frame = jute.INT_INT.pack(index, op) + body
+        try:
+            payload, prepared = prepare(sessions[session], op, caller, frame)
+        except jute.JuteError:
+            continue  # the front-end answers it without logging it
+        logged = front_end_command("zookeeper", payload)
+        queued = FrontEndCommand("zookeeper", payload, prepared)
+        logged.timestamp_ms = queued.timestamp_ms = 1_000 + index
+        assert queued.SerializeToString() == logged.SerializeToString()
+        results = []
+        paths_: tuple[Command, ...] = (logged, logged, queued)
+        for sm, given in zip(machines, paths_, strict=True):
+            response = sm.apply_batch([(sequence, given)])[0]
+            # (a createTTL of a mode without a TTL and a ttl of -1 fails in the apply on
+            # every path: answered as a failed apply, as ZooKeeper answers its exception)
+            results.append((response.SerializeToString(), sm.last_events))
+        assert results[1] == results[0], (index, op)
+        assert results[2] == results[0], (index, op)
+        codes[op].add(apply_pb2.ApplyResult.FromString(results[0][0]).result[8:12])
+    dumps = [dict(sm.store.scan(b"", b"\xff" * 8)) for sm in machines]
+    assert dumps[1] == dumps[0] and dumps[2] == dumps[0]
+    answered = set().union(*(codes[op] for op in (zk.CREATE, zk.SET_DATA, zk.DELETE)))
+    expected: tuple[int, ...] = (
+        zk.OK,
+        zk.NO_NODE,
+        zk.NODE_EXISTS,
+        zk.BAD_VERSION,
+        zk.NO_AUTH,
+        zk.BAD_ARGUMENTS,
+    )
+    expected += (zk.SESSION_EXPIRED, zk.INVALID_ACL)
+    assert {jute.INT.pack(code) for code in expected} <= answered  # the writes reach them

@@ -13,7 +13,18 @@ from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import jute, paths
 from tablekeeper_server.zookeeper import protocol as zk
 from tablekeeper_server.zookeeper.jute import JuteError
-from tablekeeper_server.zookeeper.znode import OPEN_ACL, Znode, from_record, next_version, read_raw
+from tablekeeper_server.zookeeper.znode import (
+    OPEN_ACL,
+    Znode,
+    from_record,
+    meta_of,
+    new_record,
+    next_version,
+    read_raw,
+    record_stat,
+    with_children,
+    with_data,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -192,3 +203,32 @@ def test_fixup_expands_auth_drops_duplicates_and_refuses_what_zookeeper_refuses(
 def test_a_commands_caller_ids_round_trip() -> None:
     ids = [("ip", "127.0.0.1"), ("digest", "bob:abc")]
     assert acls.decode_auth(acls.encode_auth(ids)) == ids
+
+
+@pytest.mark.parametrize("data", [None, b"", b"d" * 300])
+@pytest.mark.parametrize("owner", [0, 0x1234, zk.CONTAINER_OWNER, zk.ttl_owner(5000)])
+def test_a_znodes_record_changed_in_place_is_the_record_of_the_changed_znode(
+    data: bytes | None, owner: int
+) -> None:
+    """The write path's record edits (`with_children`, `with_data`, `new_record`,
+    `record_stat`) make the same bytes as decoding the node, changing it and encoding it."""
+    acl = jute.write_acls([(zk.READ, "world", "anyone"), (zk.ALL, "digest", "bob:x")])
+    node = Znode(3, 7, 2**31 - 1, 100, 200, 5, owner, 2**31 - 1, 4, 9, acl, data)
+    record = node.record()
+    assert record_stat(record) == node.stat()
+    meta = meta_of(record)
+
+    parent = from_record(record)
+    parent.cversion, parent.children, parent.pzxid = -(2**31), 5, 11
+    assert with_children(record, meta, -(2**31), 5, 11) == parent.record()
+
+    for new_data in (None, b"", b"n" * 70):
+        changed = from_record(record)
+        changed.version = next_version(changed.version)
+        changed.data, changed.mtime, changed.mzxid = new_data, 300, 12
+        assert with_data(record, meta, 12, 300, new_data) == changed.record()
+        assert record_stat(changed.record()) == changed.stat()
+
+    created = Znode(13, 13, 0, 400, 400, 0, owner, 0, 0, 13, acl, data)
+    assert new_record(13, 400, owner, acl, data) == created.record()
+    assert record_stat(created.record()) == created.stat()

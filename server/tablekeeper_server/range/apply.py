@@ -13,7 +13,10 @@ How a command reaches its applier: a `WalCommand`'s `op` names it. The ops of th
 protocols have their own fields (`put`, `txn`, `session`, `etcd_txn`, `oxia_write`, ...); an
 applier claims them in `ops`. A new front-end adds no field: it logs `front_end_command(name,
 payload)` (`WalCommand.front_end`: its applier's `name` and its own opaque bytes), and the
-registry hands it to the applier of that `name`.
+registry hands it to the applier of that `name`. On its hot path a front-end may queue a
+`FrontEndCommand` instead (the same record in the log, without a message made per write, with
+what the front-end decoded of its payload); an applier that also takes payloads
+(`PayloadApplier`) is then handed the payload and that decoding, any other the message.
 
 What an applier may do (the contract; `tests/unit/test_apply_seam.py` holds a toy applier to it):
 
@@ -80,11 +83,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import SYSTEM_PREFIX, system_key
+from tablekeeper_server.core.varint import length
 from tablekeeper_server.errors import Code, TableKeeperError
 from tablekeeper_server.range.events import ChangeEvent, EventHistory
 from tablekeeper_server.range.records import StoredRecord, decode_record, encode_number
@@ -109,6 +113,79 @@ def front_end_command(applier: str, payload: bytes) -> wal_pb2.WalCommand:
     if not applier and not payload:
         front_end.SetInParent()  # (an empty one is still a front-end command)
     return command
+
+
+class FrontEndCommand:
+    """A front-end's command on its way to the log and the apply, without a `WalCommand`
+    message: what `front_end_command(applier, payload)` logs, with its `timestamp_ms` (set by
+    the range when it accepts it). `SerializeToString` gives exactly that message's bytes (the
+    log holds the same records, and replay reads them as `WalCommand`s), and the state machine
+    hands `payload` straight to an applier that takes it (`PayloadApplier`; any other gets the
+    message, `message()`).
+
+    `prepared` is what the front-end already decoded from `payload` to check it, for its
+    applier to use instead of decoding it again: it is never logged, so it must be exactly what
+    the applier would decode from `payload` (replay passes None). One is made per write: making
+    the slotted object costs about a third of making the message, and the range reads its
+    fields without protobuf's accessors."""
+
+    __slots__ = ("applier", "payload", "prepared", "timestamp_ms")
+
+    def __init__(self, applier: str, payload: bytes, prepared: object = None) -> None:
+        self.applier = applier
+        self.payload = payload
+        self.prepared = prepared
+        self.timestamp_ms = 0
+
+    def SerializeToString(self) -> bytes:  # noqa: N802
+        """The bytes of `message()` (protobuf's encoding, field by field, in field order)."""
+        payload = self.payload
+        applier = _APPLIER_FIELDS.get(self.applier)
+        if applier is None:
+            applier = _APPLIER_FIELDS[self.applier] = _applier_field(self.applier)
+        size = len(payload)
+        if size:
+            head = applier + _PAYLOAD_TAG + length(size)
+            size += len(head)
+        else:
+            head = applier
+            size = len(head)
+        body = _FRONT_END_TAG + length(size) + head
+        timestamp = self.timestamp_ms
+        if not timestamp:
+            return body + payload
+        field = _TIMESTAMP_FIELD.get(timestamp)
+        if field is None:  # (the commands of one submission share their timestamp)
+            _TIMESTAMP_FIELD.clear()
+            field = wal_pb2.WalCommand(timestamp_ms=timestamp).SerializeToString()
+            _TIMESTAMP_FIELD[timestamp] = field  # (protobuf's varint: faster than ours)
+        return field + body + payload
+
+    def message(self) -> wal_pb2.WalCommand:
+        """The command as a `WalCommand` (for what takes only messages)."""
+        command = front_end_command(self.applier, self.payload)
+        command.timestamp_ms = self.timestamp_ms
+        return command
+
+
+Command = wal_pb2.WalCommand | FrontEndCommand
+"""What a range queues, logs and applies: a message, or a front-end's command without one."""
+
+_FRONT_END_TAG = b"\xba\x01"
+"""`WalCommand.front_end` (field 23, length-delimited)."""
+_PAYLOAD_TAG = b"\x12"
+"""`FrontEndCommand.payload` (field 2, length-delimited)."""
+_APPLIER_FIELDS: dict[str, bytes] = {}
+"""Each applier name's `FrontEndCommand.applier` field, encoded."""
+
+
+def _applier_field(applier: str) -> bytes:
+    name = applier.encode()
+    return b"\x0a" + length(len(name)) + name if name else b""
+
+
+_TIMESTAMP_FIELD: dict[int, bytes] = {}
+"""The last timestamp a `FrontEndCommand` serialized, and its field's bytes."""
 
 
 def encode_applied(sequence: int) -> bytes:
@@ -374,9 +451,11 @@ class ApplyContext:
         self.event_revision, self.event_index = self._settled_event_position
         self.dirty = self._settled_dirty
 
-    def commit(self, applied_sequence: int) -> None:
+    def commit(self, applied_sequence: int, *, last: bool = False) -> None:
         """Write the settled changes together with the applied position, atomically. Called
-        between commands, or (through `write_settled`) by a command before it staged anything."""
+        between commands, or (through `write_settled`) by a command before it staged anything.
+        `last`: the batch ends here (the context takes no more changes, so it makes no new
+        store batch for them)."""
         assert not self._staged, "commit with a command's changes staged"
         self.batch.put(APPLIED_KEY, encode_applied(applied_sequence))
         try:
@@ -388,7 +467,8 @@ class ApplyContext:
             raise
         self.pending.clear()
         self.read_cache.clear()
-        self.batch = self._store.new_batch()
+        if not last:
+            self.batch = self._store.new_batch()
         self.dirty = False
         self._settled_dirty = False
 
@@ -471,6 +551,23 @@ class Applier(Protocol):
         ...
 
 
+@runtime_checkable
+class PayloadApplier(Protocol):
+    """A front-end's applier that also takes its commands as `FrontEndCommand`s: their
+    payload, and what the front-end decoded of it (`FrontEndCommand.prepared`; None on
+    replay), with no `WalCommand` made. Both methods must do exactly what `apply` and `check`
+    do with the message that carries the payload."""
+
+    @property
+    def keeps_history(self) -> bool: ...
+
+    def apply_payload(
+        self, ctx: ApplyContext, payload: bytes, prepared: object
+    ) -> Response | Rejected: ...
+
+    def check_payload(self, payload: bytes, context: Callable[[], ApplyContext]) -> None: ...
+
+
 class Appliers:
     """The registry of appliers: which one applies each logged command. Built once, in `main`
     (`tablekeeper_server.appliers.server_appliers`), with every applier whatever the flags
@@ -480,10 +577,13 @@ class Appliers:
         self._all = tuple(appliers)
         self._by_op: dict[str, Applier] = {}
         self._by_name: dict[str, Applier] = {}
+        self._payload: dict[str, PayloadApplier] = {}
         for applier in self._all:
             if applier.name in self._by_name:
                 raise ValueError(f"two appliers are named {applier.name!r}")
             self._by_name[applier.name] = applier
+            if isinstance(applier, PayloadApplier):
+                self._payload[applier.name] = applier
             for op in applier.ops:
                 if op == FRONT_END_OP or op in self._by_op:
                     raise ValueError(f"the op {op!r} cannot be {applier.name!r}'s")
@@ -504,3 +604,8 @@ class Appliers:
 
     def named(self, name: str) -> Applier:
         return self._by_name[name]
+
+    def taking_payload(self, name: str) -> PayloadApplier | None:
+        """The applier registered under `name` if it takes `FrontEndCommand`s' payloads
+        (`PayloadApplier`), else None (it is given their `message()`)."""
+        return self._payload.get(name)

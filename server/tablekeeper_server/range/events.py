@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tablekeeper_server.core.keys import system_key
 from tablekeeper_server.range.records import StoredRecord, decode_record
@@ -37,10 +37,13 @@ _META = struct.Struct(">qqq")  # count, trimmed_through, bytes
 _LEN = struct.Struct(">I")
 
 
-@dataclass(frozen=True, slots=True)
-class ChangeEvent:
+class ChangeEvent(NamedTuple):
+    """One change a command made (immutable). A named tuple rather than a frozen dataclass:
+    every write makes one, and a frozen dataclass's constructor (one `object.__setattr__` per
+    field) costs about four times as much."""
+
     revision: int
-    index: int
+    index: int  # type: ignore[assignment]  # (hides `tuple.index`, which nothing calls)
     """Position of the event among the changes of its command (revision)."""
     key: bytes
     """The store key (see `core.keys`)."""

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -59,7 +59,7 @@ from tablekeeper_server.errors import (
     UnavailableError,
 )
 from tablekeeper_server.log.api import LogBackend, LogRecord, LogWriter
-from tablekeeper_server.range.apply import Appliers, Response, applied_sequence
+from tablekeeper_server.range.apply import Appliers, Command, Response, applied_sequence
 from tablekeeper_server.range.bookkeeper_reads import RESPONSE_BYTES_MAX_DEFAULT, ReadBudget
 from tablekeeper_server.range.checkpoint import RangeCheckpointer
 from tablekeeper_server.range.events import EventHistory
@@ -109,7 +109,7 @@ class RangeName:
 @dataclass(slots=True)
 class _Pending:
     payload: bytes
-    command: wal_pb2.WalCommand
+    command: Command
     future: asyncio.Future[Response]
 
 
@@ -122,7 +122,7 @@ class _PendingMany:
     """Several commands queued as one entry (`Range.submit_many`): one future for all of them."""
 
     payloads: list[bytes]
-    commands: list[wal_pb2.WalCommand]
+    commands: list[Command]
     future: asyncio.Future[list[Outcome]]
     refused: dict[int, TableKeeperError]
     """Positions (among the commands submitted) refused before queueing, with their errors."""
@@ -509,7 +509,7 @@ class Range:
 
     # ------------------------------------------------------------------ serving
 
-    async def execute(self, command: wal_pb2.WalCommand) -> Response:
+    async def execute(self, command: Command) -> Response:
         """Append `command` durably, apply it, and return its response.
 
         Raises `UnavailableError` if the range is not accepting (closing or failed): nothing was
@@ -522,9 +522,7 @@ class Range:
         await self._queue.put(_Pending(command.SerializeToString(), command, future))
         return await self._queued(future)
 
-    def submit_many(
-        self, commands: list[wal_pb2.WalCommand]
-    ) -> asyncio.Future[list[Outcome]] | None:
+    def submit_many(self, commands: Sequence[Command]) -> asyncio.Future[list[Outcome]] | None:
         """Queue `commands` now, in order, as one entry of the write queue (they join one group
         commit, or consecutive ones) without waiting, and return the future of their outcomes
         in order: each command's response, or the error `execute` would raise for it alone (its
@@ -537,7 +535,7 @@ class Range:
         self._check_serving()
         now = self._clock.now_ms()
         sm = self._sm
-        queued: list[wal_pb2.WalCommand] = []
+        queued: list[Command] = []
         refused: dict[int, TableKeeperError] = {}
         for position, command in enumerate(commands):
             command.timestamp_ms = now
@@ -566,7 +564,7 @@ class Range:
         if self._sm is not None and self._sm.sealed is not None:
             raise self._moved()
 
-    def _prepare(self, command: wal_pb2.WalCommand) -> asyncio.Future[Response]:
+    def _prepare(self, command: Command) -> asyncio.Future[Response]:
         self._check_serving()
         command.timestamp_ms = self._clock.now_ms()
         if self._sm is not None:
@@ -666,7 +664,7 @@ class Range:
                 break
             group = [first]
             payloads: list[bytes] = []
-            commands: list[wal_pb2.WalCommand] = []
+            commands: list[Command] = []
             _add_records(first, payloads, commands)
             while len(payloads) < GROUP_RECORDS_MAX and not self._queue.empty():
                 item = self._queue.get_nowait()
@@ -836,7 +834,7 @@ def _flush_and_close(store: KvStore) -> None:
 
 
 def _add_records(
-    item: _Pending | _PendingMany, payloads: list[bytes], commands: list[wal_pb2.WalCommand]
+    item: _Pending | _PendingMany, payloads: list[bytes], commands: list[Command]
 ) -> None:
     """Add a queue entry's payloads and commands to its group's."""
     if isinstance(item, _Pending):

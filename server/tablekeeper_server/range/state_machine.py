@@ -33,6 +33,8 @@ from tablekeeper_server.errors import Code, IllegalOpError, RangeMovedError, Tab
 from tablekeeper_server.range.apply import (
     Appliers,
     ApplyContext,
+    Command,
+    FrontEndCommand,
     RangeSettings,
     Rejected,
     Response,
@@ -110,17 +112,23 @@ class RangeStateMachine:
         """Bytes of keys and values one Range response, or the reads of one Txn, may carry."""
         return self.settings.response_bytes_max
 
-    def check(self, command: wal_pb2.WalCommand) -> None:
+    def check(self, command: Command) -> None:
         """Let `command`'s applier refuse it before it is logged (`Applier.check`: e.g. a write
         whose previous values would not fit in one response raises `ResourceLimitError`);
         nothing is logged then. It runs against the applied state and changes nothing."""
         if self.sealed is not None:
             return
+        if isinstance(command, FrontEndCommand):
+            taking = self.appliers.taking_payload(command.applier)
+            if taking is not None:
+                taking.check_payload(command.payload, lambda: self._throwaway_context(command))
+                return
+            command = command.message()
         applier = self.appliers.for_command(command)
         if applier is not None:
             applier.check(command, lambda: self._throwaway_context(command))
 
-    def _throwaway_context(self, command: wal_pb2.WalCommand) -> ApplyContext:
+    def _throwaway_context(self, command: Command) -> ApplyContext:
         """A context over the applied state for `command` as the next command (discarded)."""
         ctx = ApplyContext(self.store, None, self.sessions, self.settings)
         ctx.begin(self.applied_sequence, self.applied_sequence + 1, command.timestamp_ms)
@@ -128,7 +136,7 @@ class RangeStateMachine:
 
     # ------------------------------------------------------------------ writes
 
-    def apply_batch(self, commands: Sequence[tuple[int, wal_pb2.WalCommand]]) -> list[Response]:
+    def apply_batch(self, commands: Sequence[tuple[int, Command]]) -> list[Response]:
         """Apply commands in sequence order and return one response per command.
 
         Commands at or below the applied position are skipped (their response is a bare
@@ -171,13 +179,19 @@ class RangeStateMachine:
             responses.append(response)
             last = sequence
         if last > self.applied_sequence:
-            ctx.commit(last)
+            ctx.commit(last, last=True)
             self.applied_sequence = last
         self.sessions = ctx.sessions
         self.last_events = ctx.events
         return responses
 
-    def _apply_one(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
+    def _apply_one(self, ctx: ApplyContext, command: Command) -> Response | Rejected:
+        if isinstance(command, FrontEndCommand):
+            taking = self.appliers.taking_payload(command.applier)
+            if taking is not None and self.sealed is None:
+                ctx.keep_history = taking.keeps_history
+                return taking.apply_payload(ctx, command.payload, command.prepared)
+            command = command.message()
         op = command.WhichOneof("op")
         ctx.keep_history = True
         if self.sealed is not None:
@@ -190,8 +204,10 @@ class RangeStateMachine:
         ctx.keep_history = applier.keeps_history
         return applier.apply(ctx, command)
 
-    def _error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
+    def _error_response(self, command: Command, code: int) -> Response:
         """A bare response of the command's kind with status `code`."""
+        if isinstance(command, FrontEndCommand):
+            command = command.message()
         applier = self.appliers.for_command(command)
         if applier is None:
             return kv_rpc_pb2.PutResponse(header=header(code))

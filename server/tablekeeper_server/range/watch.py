@@ -226,6 +226,11 @@ class Watcher:
     def take(self, bytes_max: int) -> list[ChangeEvent]:
         """The oldest queued events, at most `bytes_max` bytes of them (at least one)."""
         pending = self.pending
+        if self.pending_bytes <= bytes_max and pending:  # all of them (the usual case)
+            everything = list(pending)
+            pending.clear()
+            self.pending_bytes = 0
+            return everything
         taken: list[ChangeEvent] = []
         size = 0
         while pending:
@@ -302,6 +307,25 @@ class WatchHub:
         if self._budget is not None:
             self._budget.used -= cost
 
+    def _drop_over(self) -> None:
+        """`drop_oldest` until the ring is within its bounds (one update of the counts)."""
+        ring, sizes = self._ring, self._ring_sizes
+        events_max, bytes_max = self._ring_events, self.ring_bytes_max
+        ring_bytes = self.ring_bytes
+        dropped = 0
+        floor = self._ring_floor
+        while ring and (len(ring) > events_max or ring_bytes > bytes_max):
+            revision = ring.popleft().revision
+            if revision > floor:
+                floor = revision
+            cost = sizes.popleft()
+            ring_bytes -= cost
+            dropped += cost
+        self._ring_floor = floor
+        self.ring_bytes = ring_bytes
+        if self._budget is not None:
+            self._budget.used -= dropped
+
     def _clear_ring(self) -> None:
         if self._budget is not None:
             self._budget.used -= self.ring_bytes
@@ -319,8 +343,8 @@ class WatchHub:
         self._ring_sizes.extend(sizes)
         added = sum(sizes)
         self.ring_bytes += added
-        while ring and (len(ring) > self._ring_events or self.ring_bytes > self.ring_bytes_max):
-            self.drop_oldest()
+        if len(ring) > self._ring_events or self.ring_bytes > self.ring_bytes_max:
+            self._drop_over()
         if self._budget is not None:
             self._budget.used += added
             self._budget.make_room()
@@ -410,7 +434,9 @@ class WatchHub:
         if watcher.error is not None and not pending:
             raise watcher.error
         last = watcher.last
-        batch = [e for e in watcher.take(SEND_BYTES_MAX) if (e.revision, e.index) > last]
+        batch = watcher.take(SEND_BYTES_MAX)
+        if batch and (batch[0].revision, batch[0].index) <= last:  # (events come in order)
+            batch = [e for e in batch if (e.revision, e.index) > last]
         if batch:
             tail = batch[-1]
             watcher.last = (tail.revision, tail.index)

@@ -26,6 +26,7 @@ from tablekeeper_proto.bookkeeper import kv_pb2
 from tablekeeper_proto.v1 import watch_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.keys import pkey_prefix
+from tablekeeper_server.core.varint import length, varint
 from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import (
     BadRequestError,
@@ -59,18 +60,8 @@ UPDATES_PER_MESSAGE_MAX = 1024
 by the range's watch hub)."""
 
 
-def _varint(value: int) -> bytes:
-    value &= 0xFFFF_FFFF_FFFF_FFFF  # negative int64s as protobuf encodes them
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _tag(message: Any, field: str, wire_type: int) -> bytes:
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
+    return varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)
 
 
 _LENGTH_DELIMITED, _VARINT = 2, 0
@@ -79,37 +70,26 @@ _UPDATE_EVENT = _tag(watch_pb2.WatchUpdate, "events", _LENGTH_DELIMITED)
 _RESPONSE_UPDATE = _tag(watch_pb2.WatchStreamResponse, "updates", _LENGTH_DELIMITED)
 
 
-_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
-_CONTINUED = tuple(bytes((n | 0x80,)) for n in range(0x80))
-_SMALL_VARINTS = _ONE_BYTE + tuple(low + high for high in _ONE_BYTE[1:] for low in _CONTINUED)
-"""The varints of 0..16383 (one or two bytes): the lengths of nearly every update. Built from
-byte pairs (through `_varint` the table cost every server start 30 ms)."""
-
-
-def _length(n: int) -> bytes:
-    return _SMALL_VARINTS[n] if n < 16384 else _varint(n)
-
-
 def _length_delimited(tag: bytes, payload: bytes) -> bytes:
-    return tag + _length(len(payload)) + payload
+    return tag + length(len(payload)) + payload
 
 
 def update_header(watch_id: int) -> bytes:
     """How every serialized `WatchUpdate` of the watch starts (its id)."""
-    return _UPDATE_ID + _varint(watch_id)
+    return _UPDATE_ID + varint(watch_id)
 
 
 def response_field(update: bytes) -> bytes:
     """A serialized `WatchUpdate` as an `updates` entry of a `WatchStreamResponse`: a message
     is the join of such entries (repeated fields concatenate)."""
-    return _RESPONSE_UPDATE + _length(len(update)) + update
+    return _RESPONSE_UPDATE + length(len(update)) + update
 
 
 def events_update_field(header: bytes, events: bytes) -> bytes:
     """The `updates` entry of a watch's `WatchUpdate` of events, from its `update_header` and
     its events already encoded as `events` entries and joined (`_EventCache.encoded`): what a
     stream sends per watcher costs a join, not a conversion and a serialization."""
-    return b"".join((_RESPONSE_UPDATE, _length(len(header) + len(events)), header, events))
+    return b"".join((_RESPONSE_UPDATE, length(len(header) + len(events)), header, events))
 
 
 def _event(prefix_len: int, event: ChangeEvent, prev_kv: bool) -> watch_pb2.WatchEvent:

@@ -28,12 +28,17 @@ expiry found by the range's session timer) deletes its ephemeral nodes through
 session. The keyspace's bookkeeping (`paths.BOOKKEEPING`) cannot be divided by pkey: a range
 holding any refuses a split.
 
-The result depends only on the store and the command, so replay agrees.
+The result depends only on the store and the command, so replay agrees. The front-end queues a
+client's write with its decoded request (`prepare`, a `range.apply.FrontEndCommand`), which the
+apply uses instead of decoding the logged request again; replay decodes it. A create, setData or
+delete outside a multi is applied on the nodes' records directly (`_single_*`), the rest on a
+`_Tree` of decoded `Znode`s; both make the same checks, writes, events and replies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 from tablekeeper_proto.bookkeeper import kv_rpc_pb2
 from tablekeeper_proto.v1 import wal_pb2
@@ -41,6 +46,7 @@ from tablekeeper_proto.zookeeper import apply_pb2
 from tablekeeper_server.core.keys import prefix_end
 from tablekeeper_server.range.apply import ApplyContext, Rejected, Response
 from tablekeeper_server.range.records import StoredRecord
+from tablekeeper_server.range.session_keys import session_key
 from tablekeeper_server.zookeeper import acl as acls
 from tablekeeper_server.zookeeper import commands, jute
 from tablekeeper_server.zookeeper import protocol as zk
@@ -57,7 +63,19 @@ from tablekeeper_server.zookeeper.paths import (
     node_key,
     parent_of,
 )
-from tablekeeper_server.zookeeper.znode import OPEN_ACL, READ_ACL, Znode, from_record, next_version
+from tablekeeper_server.zookeeper.znode import (
+    META_SIZE,
+    OPEN_ACL,
+    READ_ACL,
+    Znode,
+    from_record,
+    meta_of,
+    new_record,
+    next_version,
+    record_stat,
+    with_children,
+    with_data,
+)
 
 _INDEX_RECORD_VALUE = b""
 ROOT_NODES = (
@@ -437,6 +455,173 @@ def _run(tree: _Tree, session_id: int, op: int, fields: tuple[object, ...]) -> b
     raise _FailedError(zk.UNIMPLEMENTED)
 
 
+# ---------------------------------------------------------------------------- single writes
+#
+# A write that is not part of a multi (most of them) changes one node and its parent at most,
+# once each: it is applied on the nodes' records, read, checked and rewritten in place
+# (`znode.meta_of`, `with_data`, `with_children`, `new_record`), without a `_Tree` and its
+# `Znode`s. Each makes the same checks in the same order, stages the same writes and events and
+# answers the same as `_run` on a `_Tree` (tests/unit/test_zookeeper_apply.py compares them).
+
+
+def _ids(auth: bytes) -> list[acls.AuthId]:
+    return acls.decode_auth(auth) if auth else []
+
+
+def _single_create(
+    ctx: ApplyContext,
+    zxid: int,
+    now: int,
+    session_id: int,
+    auth: bytes,
+    op: int,
+    fields: tuple[object, ...],
+) -> bytes:
+    path, data, acl_list, mode, ttl = fields
+    if mode not in zk.MODES:
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    if mode in zk.TTL_MODES:
+        if not 0 < ttl <= zk.TTL_MAX_MS:  # type: ignore[operator]
+            raise _FailedError(zk.BAD_ARGUMENTS)
+    elif ttl >= 0:  # type: ignore[operator]
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    if ctx.get(session_key(session_id)) is None:
+        raise _FailedError(zk.SESSION_EXPIRED)
+    if not isinstance(path, str) or "\0" in path or "/" not in path:
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    ids: list[acls.AuthId] | None = None
+    if isinstance(acl_list, bytes):
+        fixed = acl_list  # OPEN_ACL_UNSAFE, as stored
+    else:
+        ids = _ids(auth)
+        try:
+            fixed = acls.fixup(acl_list, ids)  # type: ignore[arg-type]
+        except acls.InvalidAclError:
+            raise _FailedError(zk.INVALID_ACL) from None
+    parent_path = parent_of(path)
+    parent_key = node_key(parent_path)
+    parent = ctx.get(parent_key)
+    if parent is None:
+        raise _FailedError(zk.NO_NODE)
+    meta = meta_of(parent)
+    acl_len = meta[8]
+    parent_acl = parent.value[META_SIZE : META_SIZE + acl_len]
+    if parent_acl != OPEN_ACL:
+        if ids is None:
+            ids = _ids(auth)
+        if not acls.allowed(parent_acl, zk.CREATE_PERM, ids):
+            raise _FailedError(zk.NO_AUTH)
+    cversion = meta[4]
+    if mode in zk.SEQUENTIAL_MODES:
+        path = f"{path}{cversion:010d}"
+    if not is_valid(path):
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    key = node_key(path)
+    if ctx.get(key) is not None:
+        raise _FailedError(zk.NODE_EXISTS)
+    parent_owner = meta[3]
+    if zk.is_session_owner(parent_owner):
+        raise _FailedError(zk.NO_CHILDREN_FOR_EPHEMERALS)
+    if op == zk.CREATE_CONTAINER:
+        owner = zk.CONTAINER_OWNER
+    elif op == zk.CREATE_TTL:
+        owner = zk.ttl_owner(ttl)  # type: ignore[arg-type]
+    elif mode in zk.EPHEMERAL_MODES:
+        owner = session_id
+    else:
+        owner = 0
+    record = new_record(zxid, now, owner, fixed, data)  # type: ignore[arg-type]
+    ctx.put(
+        parent_key,
+        with_children(parent, meta, (cversion + 1 + 2**31) % 2**32 - 2**31, meta[5] + 1, zxid),
+    )
+    ctx.put(key, record)
+    if owner != 0:
+        _index(ctx, zxid, path, owner, True)
+    ctx.record_event(key, record, None)
+    if op == zk.CREATE:
+        return jute.write_string(path)
+    return jute.write_string(path) + record_stat(record)
+
+
+def _single_delete(
+    ctx: ApplyContext, zxid: int, session_id: int, auth: bytes, path: object, version: object
+) -> bytes:
+    if ctx.get(session_key(session_id)) is None:
+        raise _FailedError(zk.SESSION_EXPIRED)
+    if not isinstance(path, str) or "\0" in path or "/" not in path or path in zk.SPECIAL_PATHS:
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    parent_path = parent_of(path)
+    parent_key = node_key(parent_path)
+    parent = ctx.get(parent_key)
+    if parent is None:
+        raise _FailedError(zk.NO_NODE)
+    meta = meta_of(parent)
+    parent_acl = parent.value[META_SIZE : META_SIZE + meta[8]]
+    if parent_acl != OPEN_ACL and not acls.allowed(parent_acl, zk.DELETE_PERM, _ids(auth)):
+        raise _FailedError(zk.NO_AUTH)
+    key = node_key(path)
+    prev = ctx.get(key)
+    if prev is None:
+        raise _FailedError(zk.NO_NODE)
+    if version != -1 and version != prev.version:
+        raise _FailedError(zk.BAD_VERSION)
+    node_meta = meta_of(prev)
+    if node_meta[5] > 0:
+        raise _FailedError(zk.NOT_EMPTY)
+    ctx.put(parent_key, with_children(parent, meta, meta[4], meta[5] - 1, max(meta[6], zxid)))
+    ctx.delete(key)
+    owner = node_meta[3]
+    if owner != 0:
+        _index(ctx, zxid, path, owner, False)
+    ctx.record_event(key, None, prev)
+    return b""
+
+
+def _single_set_data(
+    ctx: ApplyContext,
+    zxid: int,
+    now: int,
+    session_id: int,
+    auth: bytes,
+    path: object,
+    data: object,
+    version: object,
+) -> bytes:
+    if ctx.get(session_key(session_id)) is None:
+        raise _FailedError(zk.SESSION_EXPIRED)
+    if not isinstance(path, str) or not is_valid(path):
+        raise _FailedError(zk.BAD_ARGUMENTS)
+    key = node_key(path)
+    prev = ctx.get(key)
+    if prev is None:
+        raise _FailedError(zk.NO_NODE)
+    meta = meta_of(prev)
+    acl = prev.value[META_SIZE : META_SIZE + meta[8]]
+    if acl != OPEN_ACL and not acls.allowed(acl, zk.WRITE, _ids(auth)):
+        raise _FailedError(zk.NO_AUTH)
+    if version != -1 and version != prev.version:
+        raise _FailedError(zk.BAD_VERSION)
+    record = with_data(prev, meta, zxid, now, data)  # type: ignore[arg-type]
+    ctx.put(key, record)
+    ctx.record_event(key, record, prev)
+    return record_stat(record)
+
+
+def _index(ctx: ApplyContext, zxid: int, path: str, owner: int, present: bool) -> None:
+    """`_Tree.index_owner` and its flush, for a single write (`owner` is not 0)."""
+    if owner == zk.CONTAINER_OWNER:
+        key = CONTAINERS + path.encode("utf-8", "surrogatepass")
+    elif zk.is_ttl_owner(owner):
+        key = TTLS + path.encode("utf-8", "surrogatepass")
+    else:
+        key = ephemeral_key(owner, path)
+    if present:
+        ctx.put(key, StoredRecord(0, zxid, 0, False, 0, _INDEX_RECORD_VALUE))
+    else:
+        ctx.delete(key)
+
+
 _MULTI_RESULT_TYPE = {
     zk.CREATE: zk.CREATE,
     zk.CREATE2: zk.CREATE2,
@@ -449,8 +634,7 @@ _MULTI_RESULT_TYPE = {
 _MULTI_END = jute.MULTI_HEADER.pack(-1, True, -1)
 
 
-def _multi(tree: _Tree, session_id: int, body: bytes) -> bytes:
-    operations = decode_multi(body, zk.MULTI_WRITE_OPS)
+def _multi(tree: _Tree, session_id: int, operations: list[_Operation]) -> bytes:
     parts: list[bytes] = []
     for index, (op, fields) in enumerate(operations):
         try:
@@ -510,7 +694,17 @@ class ZooKeeperApplier:
     apply, would never be read."""
 
     def apply(self, ctx: ApplyContext, command: wal_pb2.WalCommand) -> Response | Rejected:
-        return Applied(_apply(ctx, ctx.revision, ctx.now_ms, command.front_end.payload))
+        return Applied(_apply(ctx, ctx.revision, ctx.now_ms, command.front_end.payload, None))
+
+    def apply_payload(
+        self, ctx: ApplyContext, payload: bytes, prepared: object
+    ) -> Response | Rejected:
+        """`apply` of the command carrying `payload`; `prepared`: `Prepared` (the front-end's
+        decoding of it, see `prepare`) or None."""
+        return Applied(_apply(ctx, ctx.revision, ctx.now_ms, payload, prepared))  # type: ignore[arg-type]
+
+    def check_payload(self, payload: bytes, context: Callable[[], ApplyContext]) -> None:
+        return None  # as `check`
 
     def error_response(self, command: wal_pb2.WalCommand, code: int) -> Response:
         return apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader(code=code))  # type: ignore[arg-type]
@@ -549,26 +743,47 @@ class ZooKeeperApplier:
         return finish
 
 
-def _apply(ctx: ApplyContext, revision: int, now: int, payload: bytes) -> bytes:
+Prepared = tuple[int, int, bytes, object]
+"""A REQUEST command's session id, operation code and caller's ids (`commands.unpack_request`)
+and its decoded record: the fields of `decode_operation`, or a multi's operations
+(`decode_multi`)."""
+
+
+def prepare(session_id: int, op: int, auth: bytes, frame: bytes) -> tuple[bytes, Prepared]:
+    """The payload of a client's write (`commands.request`; `frame`: the request after its
+    length, from its xid on) and its decoding for the apply (`FrontEndCommand.prepared`),
+    made together so that they always agree. Raises `JuteError` for a record that does not
+    decode (nothing is logged then)."""
+    record: object
+    if op == zk.MULTI:
+        record = decode_multi(frame[8:], zk.MULTI_WRITE_OPS)
+    else:
+        record = decode_operation(op, frame, 8)[0]
+    return commands.request(session_id, op, auth, frame[8:]), (session_id, op, auth, record)
+
+
+def _apply(
+    ctx: ApplyContext, revision: int, now: int, payload: bytes, prepared: Prepared | None
+) -> bytes:
     """Apply one ZooKeeper command at `revision` (its zxid), accepted at `now` (ms); its
-    result (`commands.result`)."""
+    result (`commands.result`). `prepared`: the front-end's decoding of `payload` (`prepare`),
+    or None to decode it here."""
+    if prepared is not None:
+        session_id, op, auth, record = prepared
+        return _request(ctx, revision, now, session_id, op, auth, record)
     if not payload:
         return commands.result(zk.MARSHALLING_ERROR, revision)
     kind = payload[0]
     if kind == commands.REQUEST:
         session_id, op, auth, body = commands.unpack_request(payload)
-        tree = _Tree(ctx, revision, now, auth)
         try:
             if op == zk.MULTI:
-                response = _multi(tree, session_id, body)
+                decoded: object = decode_multi(body, zk.MULTI_WRITE_OPS)
             else:
-                response = _run(tree, session_id, op, decode_operation(op, body, 0)[0])
-        except _FailedError as failed:
-            return commands.result(failed.code, revision)
+                decoded = decode_operation(op, body, 0)[0]
         except JuteError:
             return commands.result(zk.MARSHALLING_ERROR, revision)
-        tree.flush()
-        return commands.result(zk.OK, revision, response)
+        return _request(ctx, revision, now, session_id, op, auth, decoded)
     if kind == commands.INIT:
         _init(ctx, revision, payload[1:])
         return commands.result(zk.OK, revision)
@@ -576,6 +791,47 @@ def _apply(ctx: ApplyContext, revision: int, now: int, payload: bytes) -> bytes:
         _sweep(ctx, revision, now, payload[1:].decode("utf-8", "surrogatepass"))
         return commands.result(zk.OK, revision)
     return commands.result(zk.MARSHALLING_ERROR, revision)
+
+
+def _request(
+    ctx: ApplyContext,
+    revision: int,
+    now: int,
+    session_id: int,
+    op: int,
+    auth: bytes,
+    record: object,
+) -> bytes:
+    """Apply a client's write (a REQUEST command) whose record decoded as `record`."""
+    try:
+        if op == zk.SET_DATA:
+            path, data, version = cast(tuple[object, object, object], record)
+            response = _single_set_data(ctx, revision, now, session_id, auth, path, data, version)
+        elif op in zk.CREATES:
+            response = _single_create(
+                ctx,
+                revision,
+                now,
+                session_id,
+                auth,
+                op,
+                record,  # type: ignore[arg-type]
+            )
+        elif op == zk.DELETE:
+            path, version = cast(tuple[object, object], record)
+            response = _single_delete(ctx, revision, session_id, auth, path, version)
+        else:
+            tree = _Tree(ctx, revision, now, auth)
+            if op == zk.MULTI:
+                response = _multi(tree, session_id, record)  # type: ignore[arg-type]
+            else:
+                response = _run(tree, session_id, op, record)  # type: ignore[arg-type]
+            tree.flush()
+    except _FailedError as failed:
+        return commands.result(failed.code, revision)
+    except JuteError:
+        return commands.result(zk.MARSHALLING_ERROR, revision)
+    return commands.result(zk.OK, revision, response)
 
 
 def _init(ctx: ApplyContext, revision: int, secret: bytes) -> None:

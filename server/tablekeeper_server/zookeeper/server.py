@@ -38,20 +38,19 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, cast
 
-from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.container.registry import ContainerRegistry
 from tablekeeper_server.core.clock import Clock
 from tablekeeper_server.core.keys import prefix_end
 from tablekeeper_server.errors import NotServedHereError, TableKeeperError, wire_rule
-from tablekeeper_server.range.apply import front_end_command
+from tablekeeper_server.range.apply import Command, FrontEndCommand
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.range.sessions import TTL_MS_MAX, TTL_MS_MIN
 from tablekeeper_server.rpc.frontends import FrontEndPeers
 from tablekeeper_server.rpc.proxy import Forwarder
 from tablekeeper_server.zookeeper import acl as acls
-from tablekeeper_server.zookeeper import commands, jute, reads, words
+from tablekeeper_server.zookeeper import jute, reads, words
 from tablekeeper_server.zookeeper import protocol as zk
-from tablekeeper_server.zookeeper.apply import NAME, Applied, decode_multi, decode_operation
+from tablekeeper_server.zookeeper.apply import NAME, Applied, decode_multi, prepare
 from tablekeeper_server.zookeeper.jute import JuteError
 from tablekeeper_server.zookeeper.keyspace import SWEEP_INTERVAL_S, Keyspace
 from tablekeeper_server.zookeeper.paths import END, EPHEMERALS, PREFIX, node_key
@@ -334,8 +333,8 @@ class Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self.unanswered: deque[_Item] = deque()
         self._waiting: deque[_Item] = deque()
-        self._batch: list[tuple[_Item, wal_pb2.WalCommand]] = []
-        self._overflow: deque[list[tuple[_Item, wal_pb2.WalCommand]]] = deque()
+        self._batch: list[tuple[_Item, Command]] = []
+        self._overflow: deque[list[tuple[_Item, Command]]] = deque()
         self._overflow_task: asyncio.Task[None] | None = None
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -642,17 +641,12 @@ class Connection(asyncio.Protocol):
     def _start(self, item: _Item) -> None:
         """Queue a write for the log (validated first: a record that does not decode is
         answered MARSHALLINGERROR without reaching the log)."""
-        frame = item.frame
         try:
-            if item.op == zk.MULTI:
-                decode_multi(frame[8:], zk.MULTI_WRITE_OPS)
-            else:
-                decode_operation(item.op, frame, 8)
+            payload, prepared = prepare(self.session_id, item.op, self._auth_raw, item.frame)
         except JuteError:
             item.reply = self._error_reply(item.xid, zk.MARSHALLING_ERROR)
             return
-        payload = commands.request(self.session_id, item.op, self._auth_raw, frame[8:])
-        self._batch.append((item, front_end_command(NAME, payload)))
+        self._batch.append((item, FrontEndCommand(NAME, payload, prepared)))
 
     def _submit(self) -> None:
         """Send the writes started since the last call to the range, as one queue entry."""

@@ -125,6 +125,90 @@ def from_record(record: StoredRecord) -> Znode:
     )
 
 
+Meta = tuple[int, int, int, int, int, int, int, int, int]
+"""A stored znode's meta, unpacked (`meta_of`): ctime, mtime, aversion, ephemeral owner,
+cversion, numChildren, pzxid, flags, ACL bytes (the ACL, then the data, follow at `META_SIZE`)."""
+META_SIZE = _META.size
+
+
+def meta_of(record: StoredRecord) -> Meta:
+    """The meta of a znode's record, for a write that changes a few of its fields in place
+    (`with_children`, `with_data`) instead of decoding the node (`from_record`)."""
+    return _META.unpack_from(record.value)
+
+
+def with_children(
+    record: StoredRecord, meta: Meta, cversion: int, children: int, pzxid: int
+) -> StoredRecord:
+    """`record` (whose meta is `meta`) with its child counters and pzxid set: what
+    `Znode.record` makes of the node after a child is created or deleted."""
+    ctime, mtime, aversion, owner, _, _, _, flags, acl_len = meta
+    head = _META.pack(ctime, mtime, aversion, owner, cversion, children, pzxid, flags, acl_len)
+    return StoredRecord(
+        record.create_revision,
+        record.mod_revision,
+        record.version,
+        False,
+        0,
+        head + record.value[_META.size :],
+    )
+
+
+def with_data(
+    record: StoredRecord, meta: Meta, zxid: int, now: int, data: bytes | None
+) -> StoredRecord:
+    """`record` (whose meta is `meta`) after a setData of `data` at `zxid` and time `now`:
+    what `Znode.record` makes of it (the next data version, mzxid and mtime)."""
+    ctime, _, aversion, owner, cversion, children, pzxid, _, acl_len = meta
+    head = _META.pack(
+        ctime,
+        now,
+        aversion,
+        owner,
+        cversion,
+        children,
+        pzxid,
+        _NULL_DATA if data is None else 0,
+        acl_len,
+    )
+    value = record.value
+    return StoredRecord(
+        record.create_revision,
+        zxid,
+        next_version(record.version),
+        False,
+        0,
+        head + value[_META.size : _META.size + acl_len] + (data or b""),
+    )
+
+
+def new_record(zxid: int, now: int, owner: int, acl: bytes, data: bytes | None) -> StoredRecord:
+    """The record of a node created at `zxid` and time `now` (`Znode.record` of it)."""
+    meta = _META.pack(now, now, 0, owner, 0, 0, zxid, _NULL_DATA if data is None else 0, len(acl))
+    return StoredRecord(zxid, zxid, 0, False, 0, meta + acl + (data or b""))
+
+
+def record_stat(record: StoredRecord) -> bytes:
+    """The `Stat` of a znode's record (`Znode.stat` of `from_record(record)`)."""
+    value = record.value
+    ctime, mtime, aversion, owner, cversion, children, pzxid, flags, acl_len = _META.unpack_from(
+        value
+    )
+    return jute.STAT.pack(
+        record.create_revision,
+        record.mod_revision,
+        ctime,
+        mtime,
+        record.version,
+        int32(2 * cversion - children),
+        aversion,
+        client_owner(owner),
+        0 if flags & _NULL_DATA else len(value) - _META.size - acl_len,
+        children,
+        pzxid,
+    )
+
+
 def read_raw(raw: bytes) -> tuple[bytes, bytes, bytes | None, int]:
     """(stat, ACL, data, ephemeral owner) of a stored record's raw bytes, without building a
     record (the read path)."""
