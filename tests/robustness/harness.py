@@ -477,6 +477,8 @@ def run_seed(
             )
             log.close()
         started = time.monotonic()
+        if "zk" in processes:  # its znodes are created before its clients start: no fault then
+            _wait_started(out_dir / "zk-workload.log", processes["zk"], stop)
         # The clients connect and warm up for a moment before the first fault, and the last
         # fault is healed a few seconds before they stop, so every run also sees recovery.
         stop.wait(min(3.0, duration_s / 10))
@@ -512,6 +514,22 @@ def run_seed(
         seed, out_dir, present, verdict, output, visualizations, nemesis_log, faults, problems,
         replay,
     )  # fmt: skip
+
+
+ZK_SETUP_TIMEOUT_S = 180.0
+"""How long the ZooKeeper workload may take to create its znodes (set-up: a busy machine may
+take its time; faults wait for it)."""
+
+
+def _wait_started(log: Path, process: subprocess.Popen[bytes], stop: threading.Event) -> None:
+    """Until the workload writing `log` has printed STARTED (its set-up is done), exited (the
+    run reports why), or `ZK_SETUP_TIMEOUT_S` passed (the run goes on; faults may then meet the
+    set-up, and the run reports what that did)."""
+    deadline = time.monotonic() + ZK_SETUP_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        if b"STARTED" in log.read_bytes():
+            return
+        stop.wait(0.1)
 
 
 def check_histories(
