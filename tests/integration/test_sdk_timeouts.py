@@ -11,6 +11,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -46,13 +47,32 @@ def namespace(server: ServerProcess) -> str:
 
 @contextlib.contextmanager
 def frozen(server: ServerProcess) -> Iterator[None]:
-    """The server process stopped (SIGSTOP): connections stay open, calls get no answer."""
+    """The server process stopped (SIGSTOP): connections stay open, calls get no answer. Entered
+    once every thread of the process has stopped: `kill` returns before they do (each stops on
+    its way back to user mode, one in a system call only when that returns), and a call made
+    meanwhile could still be answered."""
     assert server.process is not None
-    os.kill(server.process.pid, signal.SIGSTOP)
+    pid = server.process.pid
+    os.kill(pid, signal.SIGSTOP)
     try:
+        _wait_all_threads_stopped(pid)
         yield
     finally:
-        os.kill(server.process.pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
+
+
+def _wait_all_threads_stopped(pid: int, patience_s: float = 60.0) -> None:
+    give_up = time.monotonic() + patience_s
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                states.append(stat.rsplit(")", 1)[1].split()[0])  # after "pid (comm)"
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < give_up, f"threads of {pid} not stopped: {states}"
+        time.sleep(0.01)
 
 
 def warm_up(step: Callable[[], object], patience_s: float = 120.0) -> None:
