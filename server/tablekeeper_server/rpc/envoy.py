@@ -7,13 +7,13 @@ parses HTTP/2 in C++ and hands each call to Python as one ASGI request, which `r
 with the same handlers and interceptors as the grpc.aio server would (measured: RESULTS.md,
 "Envoy as the main port's HTTP/2" and the sections after it).
 
-How the process runs: `run` calls `exec_envoy`, which replaces the `tablekeeper server` process
-with Envoy (same pid: kill -9 kills the server, and a worker keeps its supervisor's
-parent-death signal), configured with one listener on the server's gRPC ports whose only HTTP
-filter is pyvoy's, running `main.envoy_app` (an `EnvoyApp` below). Envoy's embedded
-interpreter imports `main` for it; the ASGI lifespan startup runs `main.serve` with the exact
-settings of the process that exec'd (as flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's event
-loop, which runs off the main thread. Envoy
+How the process runs: `run` calls `exec_envoy` (`rpc.envoy_launch`), which replaces the
+`tablekeeper server` process with Envoy (same pid: kill -9 kills the server, and a worker keeps
+its supervisor's parent-death signal), configured with one listener on the server's gRPC
+ports whose only HTTP filter is pyvoy's, running `main.envoy_app` (an `EnvoyApp` below). Envoy's
+embedded interpreter imports `main` for it; the ASGI lifespan startup runs `main.serve` with
+the exact settings of the process that exec'd (as flags, in TABLEKEEPER_ENVOY_ARGV) on pyvoy's
+event loop, which runs off the main thread. Envoy
 listens on the etcd keyspaces' and Oxia's ports too, and the app serves each call with the
 services of the port it came in on (`rpc.listen.GrpcPort`); metrics and everything else run as
 in the grpc.aio runtime, in the same process.

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 ARGV_ENV_VAR = "TABLEKEEPER_ENVOY_ARGV"
 """The `tablekeeper server` flags the embedded server runs with (a JSON list)."""
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
-"""Blocked across the exec into Envoy, taken by the server (see the module docstring)."""
+"""Blocked across the exec into Envoy, taken by the server (see `rpc.envoy`'s docstring)."""
 RELOAD_SIGNAL = signal.SIGHUP
 """Blocked too when the server serves TLS: re-read the certificate files."""
 CERTIFICATE_SECRET = "certificate"
