@@ -67,6 +67,7 @@ from tablekeeper_server.zookeeper.znode import (
     META_SIZE,
     OPEN_ACL,
     READ_ACL,
+    Meta,
     Znode,
     from_record,
     meta_of,
@@ -468,6 +469,14 @@ def _ids(auth: bytes) -> list[acls.AuthId]:
     return acls.decode_auth(auth) if auth else []
 
 
+def _require(record: StoredRecord, meta: Meta, perm: int, auth: bytes) -> None:
+    """NO_AUTH unless the ACL of the znode stored as `record` (its `meta`) grants `perm` to the
+    caller's ids (`auth`), or is the open ACL."""
+    acl = record.value[META_SIZE : META_SIZE + meta[8]]
+    if acl != OPEN_ACL and not acls.allowed(acl, perm, _ids(auth)):
+        raise _FailedError(zk.NO_AUTH)
+
+
 def _single_create(
     ctx: ApplyContext,
     zxid: int,
@@ -489,13 +498,11 @@ def _single_create(
         raise _FailedError(zk.SESSION_EXPIRED)
     if not isinstance(path, str) or "\0" in path or "/" not in path:
         raise _FailedError(zk.BAD_ARGUMENTS)
-    ids: list[acls.AuthId] | None = None
     if isinstance(acl_list, bytes):
         fixed = acl_list  # OPEN_ACL_UNSAFE, as stored
     else:
-        ids = _ids(auth)
         try:
-            fixed = acls.fixup(acl_list, ids)  # type: ignore[arg-type]
+            fixed = acls.fixup(acl_list, _ids(auth))  # type: ignore[arg-type]
         except acls.InvalidAclError:
             raise _FailedError(zk.INVALID_ACL) from None
     parent_path = parent_of(path)
@@ -504,13 +511,7 @@ def _single_create(
     if parent is None:
         raise _FailedError(zk.NO_NODE)
     meta = meta_of(parent)
-    acl_len = meta[8]
-    parent_acl = parent.value[META_SIZE : META_SIZE + acl_len]
-    if parent_acl != OPEN_ACL:
-        if ids is None:
-            ids = _ids(auth)
-        if not acls.allowed(parent_acl, zk.CREATE_PERM, ids):
-            raise _FailedError(zk.NO_AUTH)
+    _require(parent, meta, zk.CREATE_PERM, auth)
     cversion = meta[4]
     if mode in zk.SEQUENTIAL_MODES:
         path = f"{path}{cversion:010d}"
@@ -557,9 +558,7 @@ def _single_delete(
     if parent is None:
         raise _FailedError(zk.NO_NODE)
     meta = meta_of(parent)
-    parent_acl = parent.value[META_SIZE : META_SIZE + meta[8]]
-    if parent_acl != OPEN_ACL and not acls.allowed(parent_acl, zk.DELETE_PERM, _ids(auth)):
-        raise _FailedError(zk.NO_AUTH)
+    _require(parent, meta, zk.DELETE_PERM, auth)
     key = node_key(path)
     prev = ctx.get(key)
     if prev is None:
@@ -597,9 +596,7 @@ def _single_set_data(
     if prev is None:
         raise _FailedError(zk.NO_NODE)
     meta = meta_of(prev)
-    acl = prev.value[META_SIZE : META_SIZE + meta[8]]
-    if acl != OPEN_ACL and not acls.allowed(acl, zk.WRITE, _ids(auth)):
-        raise _FailedError(zk.NO_AUTH)
+    _require(prev, meta, zk.WRITE, auth)
     if version != -1 and version != prev.version:
         raise _FailedError(zk.BAD_VERSION)
     record = with_data(prev, meta, zxid, now, data)  # type: ignore[arg-type]
