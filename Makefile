@@ -233,24 +233,24 @@ robustness: $(STAMP) pulsar-fetch robustness-tools  ## the long robustness run: 
 	$(PY) -m tests.robustness --minutes $(MINUTES) --duration $(DURATION) \
 		$(if $(SEED),--seed $(SEED)) $(if $(NEMESIS),--nemesis $(NEMESIS))
 
-# What the tiers need built, installed or checked first, made side by side (mypy, Maven and pip
-# each keep at most one core busy): lint; the Java drivers (one after the other: they share
-# ~/.m2) and Pulsar's metadata harness; the virtualenvs of python-etcd3's suite and of the floors;
-# the Debian tools (one after the other: apt holds a lock).
+# First, side by side (pip, mypy and Maven each keep at most one core busy, and the downloads and
+# apt none): the virtualenv; lint; the Java drivers (one after the other: they share ~/.m2) and
+# Pulsar's metadata harness; the virtualenvs of python-etcd3's suite and of the floors; the Debian
+# tools (one after the other: apt holds a lock); and, as soon as the virtualenv and Pulsar's jars
+# are there, the unit tier.
 debian-tools:
 	$(MAKE) --no-print-directory etcd-client promtool robustness-tools
 java-drivers-build:
 	$(MAKE) --no-print-directory java-compat-build zookeeper-compat-build
-TEST_PREPARE := lint pulsar-fetch debian-tools java-drivers-build pulsar-metadata-build etcd3-suite $(FLOORS_STAMP)
+TEST_PREPARE := $(STAMP) pulsar-fetch java-drivers-build debian-tools lint pulsar-metadata-build etcd3-suite $(FLOORS_STAMP) test-unit
 
-# Then the tiers, the robustness run beside the compat tier (whose passes wait on Java clients,
-# Pulsar and ZooKeeper more than they compute), on ports of its own. The tiers do not build again
-# what the first step built (COMPAT_BUILDS=).
-test: $(STAMP)  ## everything CI runs
+# Then the integration tier; then the compat tier with the robustness run and the floors beside it
+# (its passes wait on Java clients, Pulsar and ZooKeeper more than they compute), on ports of
+# their own. The tiers do not build again what the first step built (COMPAT_BUILDS=).
+test:  ## everything CI runs
 	@$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_PREPARE)
-	@$(MAKE) --no-print-directory test-unit test-integration
-	$(call beside,$(MAKE) --no-print-directory COMPAT_BUILDS= test-compat,$(MAKE) --no-print-directory test-robustness,the robustness tests,32000-32700)
-	@$(MAKE) --no-print-directory test-floors
+	@$(MAKE) --no-print-directory test-integration
+	$(call beside,$(MAKE) --no-print-directory COMPAT_BUILDS= test-compat,$(MAKE) --no-print-directory test-robustness && $(MAKE) --no-print-directory test-floors,the robustness tests then the floors,32000-32700)
 
 GHZ_VERSION := v0.93.0
 GHZ := $(CURDIR)/.deploy/bin/ghz
