@@ -23,7 +23,7 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool debian-tools java-drivers-build help install run test test-unit test-integration test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
+.PHONY: docs etcd-client promtool debian-tools java-drivers-build help install run test test-unit test-integration test-tiers test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -244,11 +244,14 @@ java-drivers-build:
 	$(MAKE) --no-print-directory java-compat-build zookeeper-compat-build
 TEST_PREPARE := $(STAMP) pulsar-fetch java-drivers-build debian-tools lint pulsar-metadata-build etcd3-suite $(FLOORS_STAMP) test-unit
 
-# Then the integration tier; then the compat tier with the robustness run and the floors beside it
-# (its passes wait on Java clients, Pulsar and ZooKeeper more than they compute), on ports of
-# their own. The tiers do not build again what the first step built (COMPAT_BUILDS=).
+# Then, with one Pulsar for all of their test processes (tests/support/shared_pulsar.py; each
+# would start its own), the integration tier; then the compat tier with the robustness run and the
+# floors beside it (its passes wait on Java clients, Pulsar and ZooKeeper more than they compute),
+# on ports of their own. The tiers do not build again what the first step built (COMPAT_BUILDS=).
 test:  ## everything CI runs
 	@$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_PREPARE)
+	@$(PY) -m tests.support.shared_pulsar --ports 32700-32768 -- $(MAKE) --no-print-directory test-tiers
+test-tiers:
 	@$(MAKE) --no-print-directory test-integration
 	$(call beside,$(MAKE) --no-print-directory COMPAT_BUILDS= test-compat,$(MAKE) --no-print-directory test-robustness && $(MAKE) --no-print-directory test-floors,the robustness tests then the floors,32000-32700)
 

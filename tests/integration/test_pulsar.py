@@ -795,11 +795,26 @@ def _error_kinds(ops: list[Op]) -> Counter[str]:
     return Counter(_error_kind(op) for op in ops if op.outcome == "err")
 
 
+@pytest.fixture
+def restartable_pulsar(
+    pulsar_service: PulsarService, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PulsarService]:
+    """The session's Pulsar when this test may stop and start it, else (one shared by other
+    test processes, named by its URLs: `make test`'s) a Pulsar of the test's own."""
+    if pulsar_service.restartable:
+        yield pulsar_service
+        return
+    own = PulsarService.launch(tmp_path_factory.mktemp("own-pulsar") / "pulsar", timeout_s=240)
+    try:
+        yield own
+    finally:
+        own.close()
+
+
 def test_pulsar_restart_under_load(
-    pulsar_service: PulsarService, tmp_path: Path, server_factory: list[ServerProcess]
+    restartable_pulsar: PulsarService, tmp_path: Path, server_factory: list[ServerProcess]
 ) -> None:
-    if not pulsar_service.restartable:
-        pytest.skip("the Pulsar in use is not ours to restart (set TABLEKEEPER_PULSAR_DIR)")
+    pulsar_service = restartable_pulsar  # (its servers stop before it: fixtures' order)
     server = ServerProcess(
         tmp_path / "data",
         extra_args=pulsar_args(pulsar_service, unique_namespace("restart"), timeout_s=5),
