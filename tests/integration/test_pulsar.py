@@ -56,7 +56,7 @@ from tests.support.crash_worker import (
     Op,
 )
 from tests.support.pulsar import PulsarService, unique_namespace
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, wait_all_threads_stopped
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
 
@@ -716,6 +716,7 @@ def test_a_frozen_server_is_fenced_by_the_server_that_takes_over(
         held = _HeldWrites(first.service, held_keys)
         os.kill(first.process.pid, signal.SIGSTOP)
         try:
+            wait_all_threads_stopped(first.process.pid)  # else a held write could be answered
             in_flight_at_stop = _attempted(workers)
             held.send()  # requests the frozen server holds (on its sockets) when it resumes
             second = ServerProcess(tmp_path / "second", extra_args=args)  # own dir and ports

@@ -11,7 +11,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ from tablekeeper import (
     UnavailableError,
     WriteTimeoutError,
 )
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, wait_all_threads_stopped
 
 pytestmark = pytest.mark.integration
 
@@ -55,24 +54,10 @@ def frozen(server: ServerProcess) -> Iterator[None]:
     pid = server.process.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        _wait_all_threads_stopped(pid)
+        wait_all_threads_stopped(pid)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-def _wait_all_threads_stopped(pid: int, patience_s: float = 60.0) -> None:
-    give_up = time.monotonic() + patience_s
-    while True:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
-                states.append(stat.rsplit(")", 1)[1].split()[0])  # after "pid (comm)"
-        if states and all(state in ("T", "t") for state in states):
-            return
-        assert time.monotonic() < give_up, f"threads of {pid} not stopped: {states}"
-        time.sleep(0.01)
 
 
 def warm_up(step: Callable[[], object], patience_s: float = 120.0) -> None:

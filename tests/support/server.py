@@ -5,6 +5,7 @@ Servers bind to 127.0.0.1 on free ports and log to a file next to their data dir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -68,6 +69,23 @@ def free_port() -> int:
         _handed_out.add(port)
         return port
     raise RuntimeError(f"no free port in {FREE_PORTS}")
+
+
+def wait_all_threads_stopped(pid: int, patience_s: float = 60.0) -> None:
+    """Until every thread of process `pid` is stopped (after its SIGSTOP): `kill` returns before
+    they are (each stops on its way back to user mode, one in a system call only when that
+    returns), and a request sent meanwhile could still be answered."""
+    give_up = time.monotonic() + patience_s
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+                states.append(stat.rsplit(")", 1)[1].split()[0])  # after "pid (comm)"
+        if states and all(state in ("T", "t") for state in states):
+            return
+        assert time.monotonic() < give_up, f"threads of {pid} not stopped: {states}"
+        time.sleep(0.01)
 
 
 RUNTIME_ENV_VAR = "TABLEKEEPER_TEST_RUNTIME"
