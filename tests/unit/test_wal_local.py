@@ -6,6 +6,7 @@ import asyncio
 import errno
 import logging
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -781,6 +782,75 @@ def test_the_logs_of_one_backend_append_on_its_one_thread_in_turn(tmp_path: Path
             await writer.close()
 
     run(scenario())
+
+
+def test_concurrent_groups_of_many_logs_and_loops_are_each_synced_before_they_are_answered(
+    tmp_path: Path,
+) -> None:
+    """Groups of six logs, appended from two event loops (threads) at once, pile up on the
+    backend's one append thread (its syncs are slowed down, so it takes several jobs per
+    wake-up): every append is answered with its own last sequence, only after a sync of its log
+    that came after its write, and the logs read back every record in order."""
+    synced_bytes: dict[str, list[int]] = {}
+    lock = threading.Lock()
+    rng_lock = threading.Lock()
+    rng = random.Random(5)
+
+    def sync(fd: int) -> None:
+        with rng_lock:
+            pause = rng.random() * 0.002
+        threading.Event().wait(pause)
+        os.fdatasync(fd)
+        log_name = Path(os.readlink(f"/proc/self/fd/{fd}")).parent.name
+        with lock:  # how far the log's file was written when this sync made it durable
+            synced_bytes.setdefault(log_name, []).append(os.fstat(fd).st_size)
+
+    backend = LocalLogBackend(tmp_path, sync=sync, preallocate_bytes=0)
+    groups = 60
+
+    async def appends(log_name: str) -> list[int]:
+        writer = backend.open_writer(log_name)
+        lasts = []
+        for index in range(groups):
+            payloads = [f"{log_name}:{index}:{i}".encode() for i in range(index % 3 + 1)]
+            last = await writer.append(payloads)
+            # What this group wrote is in the file, and a sync of the log covered it.
+            size = os.path.getsize(writer._dir / segment_file_name(1))
+            with lock:
+                assert synced_bytes[log_name] and max(synced_bytes[log_name]) >= size
+            lasts.append(last)
+        await writer.close()
+        return lasts
+
+    def loop_thread(names: list[str], out: dict[str, list[int]]) -> None:
+        async def scenario() -> None:
+            results = await asyncio.gather(*(appends(name) for name in names))
+            out.update(zip(names, results, strict=True))
+
+        asyncio.run(scenario())
+
+    results: dict[str, list[int]] = {}
+    names = [f"range-{i}" for i in range(6)]
+    threads = [
+        threading.Thread(target=loop_thread, args=(names[:3], results)),
+        threading.Thread(target=loop_thread, args=(names[3:], results)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+        assert not thread.is_alive()
+    expected_lasts = []
+    total = 0
+    for index in range(groups):
+        total += index % 3 + 1
+        expected_lasts.append(total)
+    for name in names:
+        assert results[name] == expected_lasts
+        expected = [
+            f"{name}:{index}:{i}".encode() for index in range(groups) for i in range(index % 3 + 1)
+        ]
+        assert [r.payload for r in backend.read(name, 1)] == expected
 
 
 def test_a_log_whose_syncs_are_fast_appends_on_the_callers_thread(tmp_path: Path) -> None:

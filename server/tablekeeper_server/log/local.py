@@ -71,12 +71,12 @@ import errno
 import fcntl
 import logging
 import os
+import queue
 import re
 import shutil
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,37 +289,48 @@ class _AppendThread:
     wakes, runs them in order and then, for each event loop that submitted some, makes one
     `call_soon_threadsafe` that resolves their futures. A future whose caller gave up
     (cancelled) is left alone; a loop that has closed meanwhile is skipped.
+
+    The jobs travel through a `queue.SimpleQueue` (its `put` and blocking `get` are C code):
+    handing a group over is one `put`, with no Python-level condition variable to notify
+    (whose waiter bookkeeping the event loop's thread ran for every group). `_lock` only
+    orders a `submit` against the thread's decision to end when idle, so that no job is
+    left queued without a thread to run it.
     """
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._ready = threading.Condition(threading.Lock())
-        self._jobs: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]]]
-        self._jobs = deque()
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future[Any]]
+        ] = queue.SimpleQueue()
         self._running = False
 
     def submit(self, job: Callable[[], _T]) -> asyncio.Future[_T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
-        with self._ready:
-            self._jobs.append((job, loop, future))
-            if self._running:
-                self._ready.notify()
-            else:
+        with self._lock:
+            self._jobs.put((job, loop, future))
+            if not self._running:
                 self._running = True
                 threading.Thread(target=self._run, name=self._name, daemon=True).start()
         return future
 
     def _run(self) -> None:
+        jobs_queue = self._jobs
         while True:
-            with self._ready:
-                if not self._jobs:
-                    self._ready.wait(_APPEND_THREAD_IDLE_EXIT_S)
-                if not self._jobs:
-                    self._running = False
-                    return
-                jobs = list(self._jobs)
-                self._jobs.clear()
+            try:
+                jobs = [jobs_queue.get(timeout=_APPEND_THREAD_IDLE_EXIT_S)]
+            except queue.Empty:
+                with self._lock:
+                    if jobs_queue.empty():  # (a submit puts and checks under the lock)
+                        self._running = False
+                        return
+                continue
+            while True:  # and every job queued meanwhile
+                try:
+                    jobs.append(jobs_queue.get_nowait())
+                except queue.Empty:
+                    break
             outcomes: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
             for job, loop, future in jobs:
                 try:
