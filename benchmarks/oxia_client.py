@@ -24,8 +24,10 @@ after 200 untimed warm-up puts and gets:
 
 Every call is timed from its start to its completion. Per phase: ops/s (calls / wall time of
 the phase), mean/p50/p99/max latency, errors (failed calls, or gets that did not find the
-value), then TableKeeper's ratio to Oxia (ops/s ratio > 1: TableKeeper faster; latency ratio
-< 1: TableKeeper faster). The JSON goes to benchmarks/out/ (gitignored).
+value), the server's CPU per call over the phase (its process and children, from /proc, between
+the driver's phase-start and phase-end lines), then TableKeeper's ratio to Oxia (ops/s ratio
+> 1: TableKeeper faster; latency and CPU ratio < 1: TableKeeper faster). The JSON goes to
+benchmarks/out/ (gitignored).
 
     .venv/bin/python benchmarks/oxia_client.py                       # N=5,000, K=64, tk,oxia
     .venv/bin/python benchmarks/oxia_client.py --ops 500 --in-flight 16 --targets tk
@@ -46,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,7 +99,7 @@ def wait_port(port: int, process: subprocess.Popen[bytes], what: str, timeout_s:
 
 
 @contextmanager
-def tk_target(workdir: Path) -> Iterator[tuple[str, str]]:
+def tk_target(workdir: Path) -> Iterator[tuple[str, str, int]]:
     port = free_port()
     server = ServerProcess(
         workdir / "tk" / "data",
@@ -113,6 +116,7 @@ def tk_target(workdir: Path) -> Iterator[tuple[str, str]]:
         yield (
             f"127.0.0.1:{port}",
             f"TableKeeper standalone server (--oxia-port {port}, log {server.log_path})",
+            server.process.pid,
         )
     finally:
         if server.process is not None:
@@ -123,7 +127,7 @@ def tk_target(workdir: Path) -> Iterator[tuple[str, str]]:
 
 
 @contextmanager
-def oxia_target(workdir: Path, binary: Path) -> Iterator[tuple[str, str]]:
+def oxia_target(workdir: Path, binary: Path) -> Iterator[tuple[str, str, int]]:
     server = OxiaServer(binary, workdir / "oxia", shards=SHARDS)
     try:
         try:
@@ -133,6 +137,7 @@ def oxia_target(workdir: Path, binary: Path) -> Iterator[tuple[str, str]]:
         yield (
             server.address,
             f"Oxia standalone ({binary}, --shards {SHARDS}, log {server.log_path})",
+            server.pid or 0,
         )
     finally:
         server.stop()
@@ -153,33 +158,84 @@ def compile_driver(workdir: Path) -> str:
     return f"{classpath}:{classes}"
 
 
-def run_driver(classpath: str, address: str, ops: int, in_flight: int, value_bytes: int) -> Any:
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` (all its threads) and its live descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    total = 0.0
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo += children.get(current, [])
+    return total
+
+
+def run_driver(
+    classpath: str, address: str, ops: int, in_flight: int, value_bytes: int, server_pid: int
+) -> Any:
+    """The driver's BENCH figures, each phase with `server_cpu_ms_per_op`: the server's CPU
+    between the driver's "PHASE start" and "PHASE end" lines over the phase's calls."""
     command = ["java", "-Xmx512m", "-cp", classpath, "OxiaDriver", address, "bench-json"]
     command += [str(ops), str(in_flight), str(value_bytes)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = process.communicate(timeout=DRIVER_TIMEOUT_S)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    with tempfile.TemporaryFile(mode="w+") as err:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        timer = threading.Timer(DRIVER_TIMEOUT_S, process.kill)
+        timer.start()
+        cpu: dict[str, float] = {}
+        lines: list[str] = []
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                if line.startswith("PHASE "):
+                    _, what, name = line.split()
+                    now = process_cpu_s(server_pid)
+                    eprint(f"  {name}: {what}")
+                    cpu[name] = now - cpu[name] if what == "end" else now
             process.wait()
-    lines = [line for line in out.splitlines() if line.startswith("BENCH ")]
-    if process.returncode != 0 or not lines:
-        raise BenchError(f"driver exited {process.returncode}:\n{out[-3000:]}\n{err[-3000:]}")
-    return json.loads(lines[-1][len("BENCH ") :])
+        finally:
+            timer.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        err.seek(0)
+        errors = err.read()
+    out = "".join(lines)
+    bench = [line for line in lines if line.startswith("BENCH ")]
+    if process.returncode != 0 or not bench:
+        raise BenchError(f"driver exited {process.returncode}:\n{out[-3000:]}\n{errors[-3000:]}")
+    run = json.loads(bench[-1][len("BENCH ") :])
+    for phase in run["phases"]:
+        used = cpu.get(phase["phase"])
+        phase["server_cpu_ms_per_op"] = used * 1000 / phase["ops"] if used is not None else None
+    return run
 
 
 def print_table(results: dict[str, Any]) -> None:
     print(
         f"{'target':<6} {'phase':<10} {'K':>4} {'ops':>7} {'err':>4} {'ops/s':>9} "
-        f"{'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f"{'mean ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'srv cpu ms/op':>13}"
     )
     for target, run in results.items():
         for p in run["phases"]:
             print(
                 f"{target:<6} {p['phase']:<10} {p['in_flight']:>4} {p['ops']:>7} "
                 f"{p['errors']:>4} {fmt(p['ops_per_s'], 0):>9} {fmt(p['mean_ms'], 3):>8} "
-                f"{fmt(p['p50_ms'], 3):>8} {fmt(p['p99_ms'], 3):>8} {fmt(p['max_ms'], 2):>8}"
+                f"{fmt(p['p50_ms'], 3):>8} {fmt(p['p99_ms'], 3):>8} {fmt(p['max_ms'], 2):>8} "
+                f"{fmt(p.get('server_cpu_ms_per_op'), 3):>13}"
             )
 
 
@@ -194,7 +250,7 @@ def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
             continue
 
         def r(key: str, p: Any = p, a: Any = a) -> float | None:
-            return p[key] / a[key] if a[key] else None
+            return p[key] / a[key] if p.get(key) is not None and a.get(key) else None
 
         out.append(
             {
@@ -202,6 +258,7 @@ def ratios(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "ops_per_s": r("ops_per_s"),
                 "p50": r("p50_ms"),
                 "p99": r("p99_ms"),
+                "server_cpu_per_op": r("server_cpu_ms_per_op"),
             }
         )
     return out
@@ -261,9 +318,11 @@ def main(argv: list[str] | None = None) -> int:
                 manager = (
                     tk_target(workdir) if target == "tk" else oxia_target(workdir, args.oxia_bin)
                 )
-                with manager as (address, description):
-                    eprint(f"{target}: {description}")
-                    run = run_driver(classpath, address, args.ops, args.in_flight, args.value_bytes)
+                with manager as (address, description, pid):
+                    eprint(f"{target}: {description} (pid {pid})")
+                    run = run_driver(
+                        classpath, address, args.ops, args.in_flight, args.value_bytes, pid
+                    )
                     run["description"] = description
                     results[target] = run
                     if any(p["errors"] for p in run["phases"]):
@@ -284,10 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     rs = ratios(results)
     if rs:
         print("\nTableKeeper / Oxia (ops/s > 1: TableKeeper faster; latency < 1: faster)")
-        print(f"{'phase':<10} {'ops/s':>7} {'p50':>7} {'p99':>7}")
+        print(f"{'phase':<10} {'ops/s':>7} {'p50':>7} {'p99':>7} {'srv cpu/op':>10}")
         for r in rs:
             print(
-                f"{r['phase']:<10} {fmt(r['ops_per_s']):>7} {fmt(r['p50']):>7} {fmt(r['p99']):>7}"
+                f"{r['phase']:<10} {fmt(r['ops_per_s']):>7} {fmt(r['p50']):>7} {fmt(r['p99']):>7} "
+                f"{fmt(r['server_cpu_per_op']):>10}"
             )
     print(
         f"\nload average (1m) before/after: {load_before[0]:.2f} / {load_after[0]:.2f}; "

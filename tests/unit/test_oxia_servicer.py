@@ -157,8 +157,8 @@ def test_a_read_of_large_values_is_sent_in_messages_under_the_client_limit() -> 
     store = _store_with(values)
     gets = [client_pb2.GetRequest(key=key, include_value=True) for key in values]
     gets.append(client_pb2.GetRequest(key="/big/missing", include_value=True))
-    pages = list(reads.get_pages(store, gets))
-    messages = [client_pb2.ReadResponse(gets=page) for page in pages]
+    messages = list(reads.read_responses(store, gets))
+    pages = [list(message.gets) for message in messages]
     assert max(m.ByteSize() for m in messages) < 4 * 1024 * 1024
     assert [len(page) for page in pages] == [5] * 8 + [1]  # 5 × 500 KB passes 2 MiB
     answers = [answer for page in pages for answer in page]
@@ -169,6 +169,6 @@ def test_a_read_of_large_values_is_sent_in_messages_under_the_client_limit() -> 
 def test_a_value_over_the_page_size_travels_alone_and_no_gets_send_nothing() -> None:
     store = _store_with({"/a": b"a", "/huge": b"h" * 3_000_000, "/b": b"b"})
     gets = [client_pb2.GetRequest(key=k, include_value=True) for k in ("/a", "/huge", "/b")]
-    pages = list(reads.get_pages(store, gets))
-    assert [[len(g.value) for g in page] for page in pages] == [[1, 3_000_000], [1]]
-    assert list(reads.get_pages(store, [])) == []
+    messages = list(reads.read_responses(store, gets))
+    assert [[len(g.value) for g in m.gets] for m in messages] == [[1, 3_000_000], [1]]
+    assert list(reads.read_responses(store, [])) == []

@@ -36,7 +36,7 @@ from tablekeeper_proto.oxia import apply_pb2, client_pb2
 from tablekeeper_proto.v1 import wal_pb2
 from tablekeeper_server.core.keys import prefix_end, system_key
 from tablekeeper_server.oxia import keys
-from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_id, version_of
+from tablekeeper_server.oxia.records import OxiaMeta, pack, unpack, version_id
 from tablekeeper_server.range.apply import ApplyContext, Rejected, Response
 from tablekeeper_server.range.records import StoredRecord
 
@@ -101,33 +101,49 @@ class _Overlay:
                 yield key, record
 
 
+_OK = Status.Value("OK")
+_KEY_NOT_FOUND = Status.Value("KEY_NOT_FOUND")
+_UNEXPECTED_VERSION_ID = Status.Value("UNEXPECTED_VERSION_ID")
+_SESSION_DOES_NOT_EXIST = Status.Value("SESSION_DOES_NOT_EXIST")
+
+
 def apply_oxia_write(view: ApplyContext, payload: bytes) -> apply_pb2.ApplyResult:
     revision, now = view.revision, view.now_ms
     request = client_pb2.WriteRequest.FromString(payload)
     state = _Overlay(view)
-    response = client_pb2.WriteResponse()
+    # The answers are built inside the result (no message copied into another on the way).
+    result = apply_pb2.ApplyResult(header=kv_rpc_pb2.ResponseHeader())
+    response = result.response
+    add_put = response.puts.add
     for put in request.puts:
-        response.puts.append(_put(state, put, revision, now))
+        _put(state, put, revision, now, add_put())
+    add_delete = response.deletes.add
     for delete in request.deletes:
-        response.deletes.append(_delete(state, delete))
+        _delete(state, delete, add_delete())
     for delete_range in request.delete_ranges:
         start, end = keys.store_span(delete_range.start_inclusive, delete_range.end_exclusive)
         if start < end:
             for key, _ in list(state.scan(start, end)):
                 state.writes[key] = None
-        response.delete_ranges.append(client_pb2.DeleteRangeResponse(status=Status.OK))
+        response.delete_ranges.add(status=_OK)
+    if not (request.puts or request.deletes or request.delete_ranges):
+        result.response.SetInParent()
     view.stage_writes(state.writes)
-    return apply_pb2.ApplyResult(response=response, header=kv_rpc_pb2.ResponseHeader())
+    return result
 
 
 def _put(
-    state: _Overlay, req: client_pb2.PutRequest, revision: int, now: int
-) -> client_pb2.PutResponse:
+    state: _Overlay,
+    req: client_pb2.PutRequest,
+    revision: int,
+    now: int,
+    response: client_pb2.PutResponse,
+) -> None:
     session_id = req.session_id if req.HasField("session_id") else None
     if session_id is not None and not state.view.session_exists(session_id):
-        return client_pb2.PutResponse(status=Status.SESSION_DOES_NOT_EXIST)
+        response.status = _SESSION_DOES_NOT_EXIST
+        return
     key = req.key
-    generated = None
     if req.sequence_key_delta:
         counter_key = sequence_state_key(req.key)
         counter = state.get(counter_key)
@@ -139,7 +155,8 @@ def _put(
         state.writes[counter_key] = StoredRecord(
             0, revision, 0, False, 0, b"".join(_PART.pack(p) for p in parts)
         )
-        key = generated = sequence_key(req.key, parts)
+        key = sequence_key(req.key, parts)
+        response.key = key
     skey = keys.store_key(key)
     prev = state.get(skey)
     if req.HasField("expected_version_id"):
@@ -147,7 +164,9 @@ def _put(
         if (expected == -1 and prev is not None) or (
             expected != -1 and (prev is None or version_id(prev) != expected)
         ):
-            return client_pb2.PutResponse(status=Status.UNEXPECTED_VERSION_ID)
+            response.Clear()
+            response.status = _UNEXPECTED_VERSION_ID
+            return
     identity = req.client_identity if req.HasField("client_identity") else None
     if prev is None:
         meta = OxiaMeta(now, now, session_id, identity)
@@ -160,23 +179,30 @@ def _put(
         )
     state.writes[skey] = record
     state.view.leases[skey] = session_id or 0
-    response = client_pb2.PutResponse(status=Status.OK, version=version_of(record, meta))
-    if generated is not None:
-        response.key = generated
-    return response
+    version = response.version
+    version.version_id = revision - 1  # `version_id(record)`: written at this revision
+    version.modifications_count = record.version
+    version.created_timestamp = meta.created_ms
+    version.modified_timestamp = now
+    if session_id is not None:
+        version.session_id = session_id
+    if identity is not None:
+        version.client_identity = identity
 
 
-def _delete(state: _Overlay, req: client_pb2.DeleteRequest) -> client_pb2.DeleteResponse:
+def _delete(
+    state: _Overlay, req: client_pb2.DeleteRequest, response: client_pb2.DeleteResponse
+) -> None:
     skey = keys.store_key(req.key)
     prev = state.get(skey)
     if req.HasField("expected_version_id") and (
         prev is None or version_id(prev) != req.expected_version_id
     ):
-        return client_pb2.DeleteResponse(status=Status.UNEXPECTED_VERSION_ID)
-    if prev is None:
-        return client_pb2.DeleteResponse(status=Status.KEY_NOT_FOUND)
-    state.writes[skey] = None
-    return client_pb2.DeleteResponse(status=Status.OK)
+        response.status = _UNEXPECTED_VERSION_ID
+    elif prev is None:
+        response.status = _KEY_NOT_FOUND
+    else:
+        state.writes[skey] = None
 
 
 def _parts(raw: bytes) -> list[int]:

@@ -26,11 +26,25 @@ END = prefix_end(PREFIX)
 _FINAL = 0x01
 _INNER = 0x02
 _SEGMENT_END = b"\x00\x00"
+_PREFIX_FINAL = PREFIX + b"\x01"
+_PREFIX_INNER = PREFIX + b"\x02"
 
 
 def encode(key: str) -> bytes:
     """The store form (without the pkey prefix) of an Oxia key."""
-    parts = key.encode("utf-8", "surrogatepass").split(b"/")
+    raw = key.encode("utf-8", "surrogatepass")
+    if b"\x00" in raw:
+        return _encode_escaped(raw)
+    # No NUL to escape: every `/` but the last ends an inner segment and starts the next.
+    cut = raw.rfind(b"/")
+    if cut < 0:
+        return b"\x01" + raw
+    return b"\x02" + raw[:cut].replace(b"/", b"\x00\x00\x02") + b"\x00\x00\x01" + raw[cut + 1 :]
+
+
+def _encode_escaped(raw: bytes) -> bytes:
+    """`encode` segment by segment: for keys holding NUL bytes."""
+    parts = raw.split(b"/")
     out = bytearray()
     for segment in parts[:-1]:
         out.append(_INNER)
@@ -112,7 +126,15 @@ def decode_children(store_keys: list[bytes], start: str) -> list[str]:
 
 
 def store_key(key: str) -> bytes:
-    return PREFIX + encode(key)
+    raw = key.encode("utf-8", "surrogatepass")
+    if b"\x00" in raw:
+        return PREFIX + _encode_escaped(raw)
+    cut = raw.rfind(b"/")
+    if cut < 0:
+        return _PREFIX_FINAL + raw
+    return (
+        _PREFIX_INNER + raw[:cut].replace(b"/", b"\x00\x00\x02") + b"\x00\x00\x01" + raw[cut + 1 :]
+    )
 
 
 def from_store_key(key: bytes) -> str:

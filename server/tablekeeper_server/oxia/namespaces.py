@@ -142,6 +142,14 @@ class Namespaces:
             raise OxiaError.shard_not_found(shard_id)
         return shard
 
+    def open_range(self, shard_id: int) -> Range | None:
+        """The shard's range when it is known and open here (`range`'s cached path, without
+        an await); None otherwise (then `range` resolves it)."""
+        shard = self._by_id.get(shard_id)
+        if shard is None:
+            return None
+        return self.registry.open_range_by_id(shard.stream_id, shard.range_id)
+
     async def range(self, shard_id: int) -> Range:
         """The open range of a shard (opened on first use); `OxiaError` shard-not-found once its
         table is gone (nothing is written into the ranges of a deleted table). `NotServedHereError`

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 
 from tablekeeper_proto.oxia import client_pb2
 from tablekeeper_server.oxia import keys
-from tablekeeper_server.oxia.records import unpack, version_of
+from tablekeeper_server.oxia.records import fill_version, unpack, version_of
 from tablekeeper_server.range.records import StoredRecord, decode_record
 from tablekeeper_server.storage.api import KvStore
 
@@ -38,41 +38,73 @@ def _last(store: KvStore, start: bytes, end: bytes) -> tuple[bytes, StoredRecord
     return found
 
 
-def get(store: KvStore, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
+_OK = client_pb2.Status.Value("OK")
+_KEY_NOT_FOUND = client_pb2.Status.Value("KEY_NOT_FOUND")
+_EQUAL = Comparison.Value("EQUAL")
+_CEILING = Comparison.Value("CEILING")
+_HIGHER = Comparison.Value("HIGHER")
+_FLOOR = Comparison.Value("FLOOR")
+
+
+def _find(store: KvStore, req: client_pb2.GetRequest) -> tuple[bytes, StoredRecord] | None:
+    """The record a get with a comparison other than EQUAL answers with, if any."""
     target = keys.store_key(req.key)
     kind = req.comparison_type
-    found: tuple[bytes, StoredRecord] | None
-    if kind == Comparison.EQUAL:
-        raw = store.get(target)
-        found = None if raw is None else (target, decode_record(raw))
-    elif kind in (Comparison.CEILING, Comparison.HIGHER):
-        start = target if kind == Comparison.CEILING else target + b"\x00"
-        found = next(_records(store, start, keys.END), None)
+    if kind in (_CEILING, _HIGHER):
+        start = target if kind == _CEILING else target + b"\x00"
+        return next(_records(store, start, keys.END), None)
+    end = target + b"\x00" if kind == _FLOOR else target
+    return _last(store, keys.PREFIX, end)
+
+
+def fill_get(store: KvStore, req: client_pb2.GetRequest, response: client_pb2.GetResponse) -> int:
+    """Answer one get into `response` (a message of the reply being built, filled in place);
+    return its value's length."""
+    if req.comparison_type == _EQUAL:
+        raw = store.get(keys.store_key(req.key))
+        if raw is None:
+            response.status = _KEY_NOT_FOUND
+            return 0
+        record = decode_record(raw)
     else:
-        end = target + b"\x00" if kind == Comparison.FLOOR else target
-        found = _last(store, keys.PREFIX, end)
-    if found is None:
-        return client_pb2.GetResponse(status=client_pb2.Status.KEY_NOT_FOUND)
-    return to_get_response(found[0], found[1], req.include_value, kind != Comparison.EQUAL)
+        found = _find(store, req)
+        if found is None:
+            response.status = _KEY_NOT_FOUND
+            return 0
+        response.key = keys.from_store_key(found[0])
+        record = found[1]
+    value = fill_version(response.version, record)
+    if req.include_value:
+        response.value = value
+        return len(value)
+    return 0
 
 
-def get_pages(
+def get(store: KvStore, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
+    response = client_pb2.GetResponse(status=_OK)
+    fill_get(store, req, response)
+    return response
+
+
+def read_responses(
     store: KvStore, gets: Iterable[client_pb2.GetRequest]
-) -> Iterator[list[client_pb2.GetResponse]]:
-    """The answers of a read's gets, in order, in pages as Oxia's server sends them: a page
-    ends with the answer that brings its values to `READ_PAGE_VALUE_BYTES` or more (so one
-    value larger than that travels alone). No gets, no page."""
-    page: list[client_pb2.GetResponse] = []
+) -> Iterator[client_pb2.ReadResponse]:
+    """The answers of a read's gets, in order, in messages as Oxia's server sends them: a
+    message ends with the answer that brings its values to `READ_PAGE_VALUE_BYTES` or more (so
+    one value larger than that travels alone). No gets, no message. Each answer is built in
+    its message (no copy)."""
+    message = client_pb2.ReadResponse()
+    add = message.gets.add
     size = 0
     for req in gets:
-        response = get(store, req)
-        page.append(response)
-        size += _encoded_bytes_size(len(response.value))
+        size += _encoded_bytes_size(fill_get(store, req, add()))
         if size >= READ_PAGE_VALUE_BYTES:
-            yield page
-            page, size = [], 0
-    if page:
-        yield page
+            yield message
+            message = client_pb2.ReadResponse()
+            add = message.gets.add
+            size = 0
+    if message.gets:
+        yield message
 
 
 def _encoded_bytes_size(length: int) -> int:

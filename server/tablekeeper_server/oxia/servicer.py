@@ -125,6 +125,27 @@ def _notification_batches(
         yield batch
 
 
+def _write_response(result: object) -> client_pb2.WriteResponse:
+    """The answer of an Oxia write from its range's response (raises its failure)."""
+    assert isinstance(result, apply_pb2.ApplyResult), result
+    failure = failure_of(result)
+    if failure is not None:
+        raise failure
+    return result.response
+
+
+def _stream_answer(done: object) -> client_pb2.WriteResponse:
+    """A write stream's answer from what `OxiaServicer._submit`'s future gave: `_write`'s
+    answer, or the one outcome of `Range.submit_many` (a response, or the error it raises)."""
+    if isinstance(done, client_pb2.WriteResponse):
+        return done
+    assert isinstance(done, list) and len(done) == 1, done
+    outcome = done[0]
+    if isinstance(outcome, TableKeeperError):
+        raise outcome
+    return _write_response(outcome)
+
+
 def start_after(hub: WatchHub, span: KeySpan, offset: int) -> Watcher:
     """A watcher of the changes after `offset`. An offset older than the range's event history
     resumes at the oldest change still held, as Oxia does once its notifications are trimmed:
@@ -234,11 +255,23 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         range_ = await self.namespaces.range(shard_id)
         request.ClearField("shard")  # the log keeps what the write does, not where it came in
         result = await range_.execute(wal_pb2.WalCommand(oxia_write=request.SerializeToString()))
-        assert isinstance(result, apply_pb2.ApplyResult), result
-        failure = failure_of(result)
-        if failure is not None:
-            raise failure
-        return result.response
+        return _write_response(result)
+
+    def _submit(self, shard_id: int, request: client_pb2.WriteRequest) -> asyncio.Future[Any]:
+        """A write stream's request, checked and queued in its range now (no task of its own
+        when the range is open here and its queue has room: `Range.submit_many`), else through
+        `_write`. What the returned future gives goes through `_stream_answer`."""
+        _check_write(request, self.limits)
+        if request.puts or request.deletes or request.delete_ranges:
+            range_ = self.namespaces.open_range(shard_id)
+            if range_ is not None:
+                request.ClearField("shard")
+                command = wal_pb2.WalCommand(oxia_write=request.SerializeToString())
+                submitted = range_.submit_many([command])
+                if submitted is not None:
+                    return submitted
+                request.shard = shard_id
+        return asyncio.ensure_future(self._write(shard_id, request))
 
     async def Write(  # noqa: N802
         self, request: client_pb2.WriteRequest, context: Context
@@ -261,22 +294,31 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         assignment moved its container to another server, e.g. back to a restarted one). Oxia's
         clients keep one write stream per shard and open another only once it has ended, to the
         leader their assignment stream names by then; a stream left open here would fail the
-        client's next write with "not leader" instead."""
+        client's next write with "not leader" instead.
+
+        Per request: its write is queued in the range as it is read (`_submit`), and the answer
+        loop waits on one future that the reader, its end and the stream's ends complete (no
+        `asyncio.wait` per message)."""
         header_shard = None
         for key, value in context.invocation_metadata() or ():
             if key == "shard-id":
                 with contextlib.suppress(ValueError):
                     header_shard = int(value)
-        pending: asyncio.Queue[asyncio.Task[client_pb2.WriteResponse]] = asyncio.Queue(
-            maxsize=WRITES_IN_FLIGHT_MAX
-        )
+        pending: asyncio.Queue[asyncio.Future[Any]] = asyncio.Queue(maxsize=WRITES_IN_FLIGHT_MAX)
+        wake: list[asyncio.Future[None] | None] = [None]
+
+        def poke(_: object = None) -> None:
+            waiting = wake[0]
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
 
         async def read_requests() -> None:
             async for request in request_iterator:
                 shard = request.shard if request.HasField("shard") else header_shard
                 if shard is None:
                     raise OxiaError.invalid("a write stream needs a shard-id")
-                await pending.put(asyncio.ensure_future(self._write(shard, request)))
+                await pending.put(self._submit(shard, request))
+                poke()
 
         reader = asyncio.ensure_future(read_requests())
         stop = asyncio.ensure_future(self._stopping.wait())
@@ -284,34 +326,33 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         if self.leaders.clustered and header_shard is not None:
             moved = asyncio.ensure_future(self._until_not_leader(header_shard))
         ends = (stop,) if moved is None else (stop, moved)
-        getter: asyncio.Future[asyncio.Task[client_pb2.WriteResponse]] | None = None
+        for future in (reader, *ends):
+            future.add_done_callback(poke)
+        loop = asyncio.get_running_loop()
         try:
             async with _oxia_errors(context):
                 while True:
-                    if not pending.empty() and not any(end.done() for end in ends):
-                        # Writes are in the range's queue: answer the oldest when it is done
-                        # (the stream's ends are looked at again before the next).
-                        yield await pending.get_nowait()
-                        continue
-                    getter = asyncio.ensure_future(pending.get())
-                    await asyncio.wait((getter, reader, *ends), return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        yield await getter.result()
-                        continue
-                    getter.cancel()
-                    if not reader.done():
+                    if any(end.done() for end in ends):
                         # The server is stopping, or no longer leads the shard: read no more,
                         # answer what was sent, end the stream (the client opens a new one, to
                         # the shard's leader of its latest assignment).
                         reader.cancel()
                         while not pending.empty():
-                            yield await pending.get_nowait()
+                            yield _stream_answer(await pending.get_nowait())
                         return
-                    if pending.empty():
+                    if not pending.empty():
+                        # Writes are in the range's queue: answer the oldest when it is done
+                        # (the stream's ends are looked at again before the next).
+                        yield _stream_answer(await pending.get_nowait())
+                        continue
+                    if reader.done():
                         reader.result()  # a bad request ends the stream with its error
                         return
+                    waiting = wake[0] = loop.create_future()
+                    await waiting
+                    wake[0] = None
         finally:
-            for future in (reader, stop, moved, getter):
+            for future in (reader, stop, moved, wake[0]):
                 if future is not None:
                     future.cancel()
             # The client ended the call while we waited: collect the reader's end, or asyncio
@@ -344,9 +385,8 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
             range_ = await self.namespaces.range(request.shard)
             store = range_.applied_state().store
             # Every get on one view of the applied state, then sent in pages (Oxia's sizes).
-            pages = list(reads.get_pages(store, request.gets))
-            for page in pages:
-                yield client_pb2.ReadResponse(gets=page)
+            for message in list(reads.read_responses(store, request.gets)):
+                yield message
 
     async def List(  # noqa: N802
         self, request: client_pb2.ListRequest, context: Context

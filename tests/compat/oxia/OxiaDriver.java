@@ -3,7 +3,8 @@
 // prints "PASS <scenario>" or "FAIL <scenario>: why" (exit code 1, stack trace on stderr).
 // Usage: java OxiaDriver HOST:PORT SCENARIO[+SCENARIO...] [ARGS...]; tests/compat/test_oxia_client.py runs it.
 // Not tests: "bench N" prints two human-readable lines; "bench-json N K [VALUE_BYTES]" prints one
-// line "BENCH {json}" with per-phase figures (benchmarks/oxia_client.py runs it).
+// line "BENCH {json}" with per-phase figures, after a "PHASE start|end NAME" line at each phase's
+// start and end (benchmarks/oxia_client.py runs it).
 
 import io.oxia.client.api.DeleteOption;
 import io.oxia.client.api.GetOption;
@@ -494,9 +495,16 @@ public final class OxiaDriver {
         return sorted[Math.min(sorted.length - 1, Math.max(0, index))];
     }
 
+    // Phase boundaries on stdout, as they happen: the benchmark samples the server's CPU on them.
+    private static void mark(String what, String name) {
+        System.out.println("PHASE " + what + " " + name);
+        System.out.flush();
+    }
+
     private static String syncPhase(String name, int n, SyncOp op) throws Exception {
         long[] lat = new long[n];
         int errors = 0;
+        mark("start", name);
         long start = System.nanoTime();
         for (int i = 0; i < n; i++) {
             long t = System.nanoTime();
@@ -506,6 +514,7 @@ public final class OxiaDriver {
             lat[i] = System.nanoTime() - t;
         }
         long wall = System.nanoTime() - start;
+        mark("end", name);
         trace(name + " done");
         return phaseJson(name, 1, lat, errors, wall);
     }
@@ -516,6 +525,7 @@ public final class OxiaDriver {
         java.util.concurrent.atomic.AtomicInteger errors = new java.util.concurrent.atomic.AtomicInteger();
         java.util.concurrent.Semaphore slots = new java.util.concurrent.Semaphore(k);
         java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(n);
+        mark("start", name);
         long start = System.nanoTime();
         for (int i = 0; i < n; i++) {
             final int index = i;
@@ -534,6 +544,7 @@ public final class OxiaDriver {
             throw new AssertionError(name + ": operations never completed");
         }
         long wall = System.nanoTime() - start;
+        mark("end", name);
         trace(name + " done");
         return phaseJson(name, k, lat, errors.get(), wall);
     }
