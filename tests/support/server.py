@@ -71,6 +71,19 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {FREE_PORTS}")
 
 
+def _listeners(ports: list[int]) -> str:
+    """The sockets on `ports` and their processes (`ss`), for an error message."""
+    try:
+        done = subprocess.run(
+            ["ss", "-Htanp"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"\n(ss failed: {exc})"
+    wanted = tuple(f":{port} " for port in ports)
+    found = [line for line in done.stdout.splitlines() if any(w in line for w in wanted)]
+    return f"\nsockets on ports {ports} now (ss -tanp):\n" + ("\n".join(found) or "none")
+
+
 def wait_all_threads_stopped(pid: int, patience_s: float = 60.0) -> None:
     """Until every thread of process `pid` is stopped (after its SIGSTOP): `kill` returns before
     they are (each stops on its way back to user mode, one in a system call only when that
@@ -193,9 +206,10 @@ class ServerProcess:
             while True:
                 assert self.process is not None
                 if self.process.poll() is not None:
-                    raise RuntimeError(
-                        f"server exited with {self.process.returncode}:\n{self.log_tail()}"
-                    )
+                    tail = self.log_tail()
+                    if "Address already in use" in tail:  # say who holds which port
+                        tail += _listeners([self.port, self.metrics_port])
+                    raise RuntimeError(f"server exited with {self.process.returncode}:\n{tail}")
                 try:
                     status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                     if status.status == health_pb2.HealthCheckResponse.SERVING:
