@@ -4,9 +4,9 @@
 
 Each pytest process (each xdist worker, each pass of a tier) starts a Pulsar of its own the first
 time a test asks for `pulsar_service`: about 12 CPU-seconds for the JVMs to start, and ~1 % of a
-core idle until the process ends. `make test` runs a dozen such processes. This starts one Pulsar
-(`PulsarService.launch`, in a temporary directory) before the command and names it to every test
-process through `TABLEKEEPER_PULSAR_URL` and `TABLEKEEPER_PULSAR_ADMIN_URL`
+core idle until the process ends; `make test` runs about eight such processes. This starts one
+Pulsar (`PulsarService.launch`, in a temporary directory) before the command and names it to every
+test process through `TABLEKEEPER_PULSAR_URL` and `TABLEKEEPER_PULSAR_ADMIN_URL`
 (tests/support/pulsar_fixtures.py); it stops it when the command ends, or when this process is
 interrupted or terminated. Its directory is not passed on: no test may stop or restart a Pulsar
 other tests are using (a test that restarts Pulsar starts one of its own).
