@@ -26,8 +26,6 @@ END = prefix_end(PREFIX)
 _FINAL = 0x01
 _INNER = 0x02
 _SEGMENT_END = b"\x00\x00"
-_PREFIX_FINAL = PREFIX + b"\x01"
-_PREFIX_INNER = PREFIX + b"\x02"
 
 
 def encode(key: str) -> bytes:
@@ -126,15 +124,7 @@ def decode_children(store_keys: list[bytes], start: str) -> list[str]:
 
 
 def store_key(key: str) -> bytes:
-    raw = key.encode("utf-8", "surrogatepass")
-    if b"\x00" in raw:
-        return PREFIX + _encode_escaped(raw)
-    cut = raw.rfind(b"/")
-    if cut < 0:
-        return _PREFIX_FINAL + raw
-    return (
-        _PREFIX_INNER + raw[:cut].replace(b"/", b"\x00\x00\x02") + b"\x00\x00\x01" + raw[cut + 1 :]
-    )
+    return PREFIX + encode(key)
 
 
 def from_store_key(key: bytes) -> str:

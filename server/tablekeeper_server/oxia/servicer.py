@@ -382,9 +382,9 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         self, request: client_pb2.ReadRequest, context: Context
     ) -> AsyncIterator[client_pb2.ReadResponse]:
         async with _oxia_errors(context):
-            range_ = self.namespaces.open_range(request.shard)
-            if range_ is None:
-                range_ = await self.namespaces.range(request.shard)
+            range_ = self.namespaces.open_range(request.shard) or await self.namespaces.range(
+                request.shard
+            )
             store = range_.applied_state().store
             # Every get on one view of the applied state, then sent in pages (Oxia's sizes).
             for message in list(reads.read_responses(store, request.gets)):
@@ -396,9 +396,9 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         async with _oxia_errors(context):
             if request.HasField("secondary_index_name"):
                 raise OxiaError.invalid("secondary indexes are not supported")
-            range_ = self.namespaces.open_range(request.shard)
-            if range_ is None:
-                range_ = await self.namespaces.range(request.shard)
+            range_ = self.namespaces.open_range(request.shard) or await self.namespaces.range(
+                request.shard
+            )
             store = range_.applied_state().store
             # Read the whole answer at once: one consistent view of the applied state.
             pages = list(reads.list_pages(store, request.start_inclusive, request.end_exclusive))
@@ -411,9 +411,9 @@ class OxiaServicer(client_pb2_grpc.OxiaClientServicer):
         async with _oxia_errors(context):
             if request.HasField("secondary_index_name"):
                 raise OxiaError.invalid("secondary indexes are not supported")
-            range_ = self.namespaces.open_range(request.shard)
-            if range_ is None:
-                range_ = await self.namespaces.range(request.shard)
+            range_ = self.namespaces.open_range(request.shard) or await self.namespaces.range(
+                request.shard
+            )
             store = range_.applied_state().store
             pages = list(reads.scan_pages(store, request.start_inclusive, request.end_exclusive))
             for page in pages:
