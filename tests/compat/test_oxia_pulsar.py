@@ -93,46 +93,8 @@ def _wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.5)
 
 
-def test_pulsar_standalone_keeps_its_metadata_in_tablekeeper(oxia: Oxia, tmp_path: Path) -> None:
-    """Pulsar 4.0.7 standalone with `--metadata-url oxia://…`: tenant, namespace, topic,
-    subscription, produce and consume; then Pulsar stops, TableKeeper restarts, Pulsar starts
-    again on the same TableKeeper (and its bookie's own files): everything is there and the
-    subscription goes on where it was acknowledged. Then TableKeeper restarts under the running
-    Pulsar, which carries on."""
-    pulsar = PulsarOnOxia(tmp_path / "pulsar", f"oxia://{oxia.address}", _classpath())
-    try:
-        pulsar.start()
-        assert _pulsar_round(pulsar, produce=True) == [f"m{i}" for i in range(5)]
-        pulsar.stop()
-        oxia.server.restart()
-        pulsar.start()
-        assert _pulsar_round(pulsar, produce=False) == [f"m{i}" for i in range(5, 10)]
-        # TableKeeper restarts under the running Pulsar: its Oxia client reconnects (write
-        # streams, notifications, sessions) and metadata writes work again.
-        oxia.server.restart()
-        _wait_until(lambda: _try_admin(pulsar, "PUT", "/admin/v2/namespaces/tk/ns2"))
-        assert pulsar.admin("GET", "/admin/v2/namespaces/tk") == ["tk/ns1", "tk/ns2"]
-        client = pulsar_client.Client(pulsar.service_url, operation_timeout_seconds=30)
-        try:
-            producer = client.create_producer("persistent://tk/ns2/after-restart")
-            consumer = client.subscribe("persistent://tk/ns2/after-restart", "s")
-            producer.send(b"after")
-            assert consumer.receive(timeout_millis=int(RUN_TIMEOUT_S * 1000)).data() == b"after"
-        finally:
-            client.close()
-    except BaseException:
-        print(pulsar.log_tail(80))
-        raise
-    finally:
-        pulsar.stop()
-
-
 MESSAGES = 10_000
 KILL_AFTER = 3_000
-
-
-def _admin_until(pulsar: PulsarOnOxia, method: str, path: str) -> None:
-    _wait_until(lambda: _try_admin(pulsar, method, path))
 
 
 @pytest.mark.default_runtime_only(
@@ -140,17 +102,26 @@ def _admin_until(pulsar: PulsarOnOxia, method: str, path: str) -> None:
     "client's reconnection through a runtime's own shutdown is test_notifications_continue_"
     "across_a_server_restart's, which runs on both"
 )
-def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
+def test_pulsar_keeps_its_metadata_and_messages_through_restarts_and_a_kill_9_of_tablekeeper(
     oxia: Oxia, tmp_path: Path
 ) -> None:
-    """Pulsar on TableKeeper (`oxia://`): a partitioned and a non-partitioned topic with
-    subscriptions; 10,000 messages produced while the TableKeeper server is killed with -9 and
-    started again part-way. Pulsar carries on without a restart, every acknowledged message is
-    consumed, and after a Pulsar restart the topics, subscriptions and a backlog are all there."""
+    """Pulsar 4.0.7 standalone with `--metadata-url oxia://…`, in one Pulsar's life and the next
+    (each start of Pulsar costs about 20 s of CPU, so one test walks through all of it):
+
+    1. a tenant, namespace, topic and subscription; messages produced and half consumed;
+    2. a partitioned and a non-partitioned topic with subscriptions; 10,000 messages produced
+       while the TableKeeper server is killed with -9 and started again part-way: Pulsar
+       carries on without a restart, and every acknowledged message is consumed;
+    3. Pulsar stops, TableKeeper restarts, Pulsar starts again on the same TableKeeper (and its
+       bookie's own files): every topic and subscription is there, a backlog of 100 is found
+       again, and the first subscription goes on where it was acknowledged;
+    4. TableKeeper restarts under the running Pulsar, whose Oxia client reconnects (write
+       streams, notifications, sessions): metadata writes work again."""
     pulsar = PulsarOnOxia(tmp_path / "pulsar", f"oxia://{oxia.address}", _classpath())
     parted, plain = "persistent://load/ns/parted", "persistent://load/ns/plain"
     try:
         pulsar.start()
+        assert _pulsar_round(pulsar, produce=True) == [f"m{i}" for i in range(5)]
         pulsar.admin("PUT", "/admin/v2/tenants/load", {"allowedClusters": ["standalone"]})
         pulsar.admin("PUT", "/admin/v2/namespaces/load/ns")
         pulsar.admin("PUT", "/admin/v2/persistent/load/ns/parted/partitions", 3)
@@ -200,7 +171,10 @@ def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
                 producers[plain].send(f"b{i}".encode())
         finally:
             client.close()
-        pulsar.restart()
+        pulsar.stop()
+        oxia.server.restart()
+        pulsar.start()
+        assert _pulsar_round(pulsar, produce=False) == [f"m{i}" for i in range(5, 10)]
         assert sorted(pulsar.admin("GET", "/admin/v2/persistent/load/ns/partitioned")) == [parted]
         assert "sub" in pulsar.admin("GET", "/admin/v2/persistent/load/ns/plain/subscriptions")
         stats = pulsar.admin("GET", "/admin/v2/persistent/load/ns/plain/stats")
@@ -213,6 +187,17 @@ def test_pulsar_produces_10000_messages_through_a_kill_9_of_tablekeeper(
                 for _ in range(100)
             ]
             assert backlog == [f"b{i}" for i in range(100)]
+        finally:
+            client.close()
+        oxia.server.restart()
+        _wait_until(lambda: _try_admin(pulsar, "PUT", "/admin/v2/namespaces/tk/ns2"))
+        assert pulsar.admin("GET", "/admin/v2/namespaces/tk") == ["tk/ns1", "tk/ns2"]
+        client = pulsar_client.Client(pulsar.service_url, operation_timeout_seconds=30)
+        try:
+            producer = client.create_producer("persistent://tk/ns2/after-restart")
+            consumer = client.subscribe("persistent://tk/ns2/after-restart", "s")
+            producer.send(b"after")
+            assert consumer.receive(timeout_millis=int(RUN_TIMEOUT_S * 1000)).data() == b"after"
         finally:
             client.close()
     except BaseException:
