@@ -84,10 +84,14 @@ docs: $(STAMP)  ## the SDK's API reference (HTML, pdoc) into build/docs (git-ign
 		tablekeeper tablekeeper.errors tablekeeper.types tablekeeper.recipes tablekeeper.recipes.sync
 	@echo "API reference: $(DOCS_DIR)/index.html"
 
+# mypy's cache outside the checkout, as pip's and Maven's are: a fresh clone checks only the
+# modules whose contents (not their file times) differ from the last run's, and what depends on
+# them (40 core-s cold, 1 warm). MYPY_CACHE_DIR= (empty) keeps it in the checkout.
+MYPY_CACHE_DIR ?= $${XDG_CACHE_HOME:-$$HOME/.cache}/tablekeeper/mypy
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check client server tests benchmarks
 	$(VENV)/bin/ruff format --check client server tests benchmarks
-	$(VENV)/bin/mypy client server tests
+	$(VENV)/bin/mypy $(if $(MYPY_CACHE_DIR),--cache-dir "$(MYPY_CACHE_DIR)") client server tests
 
 pulsar-fetch:  ## download the Pulsar jars for the Pulsar tests (mvn, first run only; then a no-op)
 	deploy/pulsar.sh fetch
