@@ -166,8 +166,8 @@ pulsar-metadata-build: pulsar-fetch  ## build the harness for Pulsar's metadata 
 	cd tests/compat/pulsar_metadata && ($(PULSAR_METADATA_MVN) -o >/dev/null 2>&1 || $(PULSAR_METADATA_MVN))
 
 # python-etcd3's own test suite (its 0.12.0 sdist's tests/) in a virtualenv of its own with the
-# protobuf, tenacity and hypothesis it was written for (tests/compat/test_python_etcd3.py).
-ETCD3_VENV := .venv-etcd3
+# protobuf, tenacity and hypothesis it was written for (tests/compat/test_python_etcd3.py), kept
+# in the user's cache (~/.cache/tablekeeper) as Pulsar's jars are: nothing in it is ours.
 etcd3-suite: $(STAMP)  ## the virtualenv and sdist python-etcd3's own tests run from (PyPI; first run only)
 	$(PY) -c "from tests.compat.test_python_etcd3 import prepare; prepare()"
 
@@ -274,4 +274,4 @@ bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data
-	rm -rf $(VENV) $(FLOORS_VENV) $(ETCD3_VENV) $(DATA_DIR) .deploy
+	rm -rf $(VENV) $(FLOORS_VENV) $(DATA_DIR) .deploy

@@ -16,6 +16,8 @@ each: two minutes of the suite's five); `make test-etcd3` runs those as well.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -33,8 +35,6 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv-etcd3"
-SDIST = VENV / "sdist" / "etcd3-0.12.0"
 REQUIREMENTS = (
     "etcd3==0.12.0",
     "protobuf==3.20.3",
@@ -48,6 +48,14 @@ REQUIREMENTS = (
 """The suite's runtime: etcd3 0.12.0 with what its requirements pin where it matters (its
 generated code needs protobuf < 4; its lock retries need tenacity 6; its property tests use a
 function-scoped fixture that hypothesis 5+ refuses); a current grpcio and pytest."""
+VENV = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    / "tablekeeper"
+    / f"venv-etcd3-{hashlib.sha256(repr(REQUIREMENTS).encode()).hexdigest()[:12]}"
+)
+"""Outside the checkout, as pip's cache is (nothing in it is ours): every clone uses the one the
+first built (35 core-s to build), and a new one is built when REQUIREMENTS change."""
+SDIST = VENV / "sdist" / "etcd3-0.12.0"
 
 _PIFPAF = "needs the three-member cluster its CI starts (pifpaf)"
 NOT_APPLICABLE = {
@@ -87,9 +95,18 @@ SLOW = (
 
 
 def prepare() -> None:
-    """The suite's virtualenv and the unpacked sdist (PyPI, first run only)."""
+    """The suite's virtualenv and the unpacked sdist (PyPI, first run only; one process builds
+    it while others wait)."""
     if (VENV / ".installed").exists() and SDIST.exists():
         return
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((VENV / ".installed").exists() and SDIST.exists()):
+            _build()
+
+
+def _build() -> None:
     shutil.rmtree(VENV, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=300)
     pip = [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
