@@ -52,16 +52,20 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar, Spark), SDK and dev tools
 
 # The SDK at the lowest versions pyproject.toml declares (grpcio, protobuf; the health-checking
-# package the test harness imports, at its declared floor), in a client-only environment.
-FLOORS_VENV := .venv-floors
+# package the test harness imports, at its declared floor), in a client-only environment: a
+# virtualenv of those packages alone, kept in the user's cache (~/.cache/tablekeeper) under the
+# hash of its requirements, as python-etcd3's is (building it cost each fresh clone 34 core-s);
+# the checkout's own sources come from PYTHONPATH, as an editable install would give them.
+FLOORS_REQUIREMENTS := $(shell $(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	print(' '.join(d.replace('>=', '==') for d in p['dependencies'] + [x for x in p['optional-dependencies']['server'] if x.startswith('grpcio')]))") \
+	kazoo pytest pytest-asyncio pytest-timeout
+FLOORS_VENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tablekeeper/venv-floors-$(shell echo '$(FLOORS_REQUIREMENTS)' | sha256sum | cut -c1-12)
 FLOORS_STAMP := $(FLOORS_VENV)/.installed
-$(FLOORS_STAMP): pyproject.toml
-	rm -rf $(FLOORS_VENV) && $(PYTHON) -m venv $(FLOORS_VENV)
-	$(FLOORS_VENV)/bin/pip install -q $$($(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-		print(' '.join(d.replace('>=', '==') for d in p['dependencies'] + [x for x in p['optional-dependencies']['server'] if x.startswith('grpcio')]))") \
-		kazoo pytest pytest-asyncio pytest-timeout
-	$(FLOORS_VENV)/bin/pip install -q --no-deps -e .
-	touch $(FLOORS_STAMP)
+$(FLOORS_STAMP):
+	mkdir -p $(dir $(FLOORS_VENV))
+	flock $(FLOORS_VENV).lock sh -c 'test -e $(FLOORS_STAMP) || { rm -rf $(FLOORS_VENV) && \
+		$(PYTHON) -m venv $(FLOORS_VENV) && $(FLOORS_VENV)/bin/pip install -q $(FLOORS_REQUIREMENTS) && \
+		touch $(FLOORS_STAMP); }'
 
 run: $(SERVER_STAMP)  ## start the standalone server in the foreground (DATA_DIR, PORT, METRICS_PORT, ETCD_PORT, OXIA_PORT, ZOOKEEPER_PORT)
 	$(VENV)/bin/tablekeeper server --data-dir $(DATA_DIR) --port $(PORT) --metrics-port $(METRICS_PORT) --etcd-port $(ETCD_PORT) --oxia-port $(OXIA_PORT) --zookeeper-port $(ZOOKEEPER_PORT)
@@ -217,7 +221,8 @@ test-pulsar-metadata: $(STAMP) pulsar-metadata-build  ## all of Pulsar's metadat
 
 test-floors: $(STAMP) $(FLOORS_STAMP)  ## the SDK suite with grpcio/protobuf at their declared floors
 	$(FLOORS_VENV)/bin/pip list 2>/dev/null | grep -E '^(grpcio|protobuf) '
-	TABLEKEEPER_TEST_SERVER_BIN=$(CURDIR)/$(VENV)/bin/tablekeeper $(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sdk.py
+	PYTHONPATH=$(CURDIR)/client:$(CURDIR)/server:$(CURDIR)/proto/gen TABLEKEEPER_TEST_SERVER_BIN=$(CURDIR)/$(VENV)/bin/tablekeeper \
+		$(FLOORS_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integration/test_sdk.py
 
 # Robustness (tests/robustness): real clients of every protocol against a 3-server cluster whose
 # servers, ZooKeeper and Pulsar each run in a network namespace of their own (root, `ip`, `nft`),
@@ -274,4 +279,4 @@ bench: $(STAMP) $(GHZ)  ## TableKeeper vs etcd: one native generator (ghz), then
 	$(PY) benchmarks/load.py --start-servers
 
 clean:  ## remove the virtualenv and local data
-	rm -rf $(VENV) $(FLOORS_VENV) $(DATA_DIR) .deploy
+	rm -rf $(VENV) $(DATA_DIR) .deploy
