@@ -27,7 +27,6 @@ from tablekeeper_server.config import (
     printed_config,
     resolve_settings,
 )
-from tablekeeper_server.core.clock import SystemClock
 from tablekeeper_server.workers import WorkerSlot
 
 EXIT_OK, EXIT_USAGE, EXIT_ERROR = 0, 2, 3
@@ -197,6 +196,7 @@ def _coordinator(args: argparse.Namespace) -> Any:
     """A started coordinator of `args.cluster` at `args.zk`, or the exit status after an error
     (printed)."""
     from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+    from tablekeeper_server.core.clock import SystemClock
 
     try:
         coordinator = ZkCoordinator(args.zk, args.cluster, clock=SystemClock())
