@@ -51,8 +51,6 @@ from tablekeeper_server.edge.limits import packet_refusal
 from tablekeeper_server.edge.streams import OpenStreams
 from tablekeeper_server.errors import CorruptionError, NamespaceNotFoundError, StreamNotFoundError
 from tablekeeper_server.etcd.names import front_end_name
-from tablekeeper_server.etcd.server import EtcdServer
-from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
 from tablekeeper_server.gc_tuning import tune_garbage_collector
 from tablekeeper_server.log.api import LogBackend
 from tablekeeper_server.log.local import INLINE_BELOW_S, LocalLogBackend
@@ -72,7 +70,6 @@ from tablekeeper_server.metrics import (
     TableNames,
 )
 from tablekeeper_server.oxia.keys import FRONT_END as OXIA_FRONT_END
-from tablekeeper_server.oxia.server import OxiaServer
 from tablekeeper_server.range.replica import Range
 from tablekeeper_server.rpc.admin import AdminServicer
 from tablekeeper_server.rpc.envoy import EnvoyApp
@@ -85,12 +82,17 @@ from tablekeeper_server.security.auth import Authenticator, AuthInterceptor
 from tablekeeper_server.security.tls import ServerTls
 from tablekeeper_server.storage.rocksdb import RocksKvStore, RocksMemory
 from tablekeeper_server.workers import WorkerSlot, supervise, worker_argv
-from tablekeeper_server.zookeeper.server import FRONT_END as ZOOKEEPER_FRONT_END
-from tablekeeper_server.zookeeper.server import ZooKeeperServer, ZooKeeperSettings
+from tablekeeper_server.zookeeper import FRONT_END as ZOOKEEPER_FRONT_END
 
 if TYPE_CHECKING:  # cluster mode's modules import kazoo (the `cluster` extra): only with --zk
     from tablekeeper_server.cluster.member import ClusterMember
     from tablekeeper_server.cluster.zookeeper import ZkCoordinator
+
+    # The etcd, Oxia and ZooKeeper front-ends: loaded when their ports are served (each range's
+    # appliers of every protocol are loaded whatever the flags: replay needs them).
+    from tablekeeper_server.etcd.server import EtcdServer
+    from tablekeeper_server.oxia.server import OxiaServer
+    from tablekeeper_server.zookeeper.server import ZooKeeperServer
 
 log = logging.getLogger(__name__)
 
@@ -734,6 +736,9 @@ async def _start_etcd(
 ) -> EtcdServer:
     """The etcd v3 API for `keyspace` on `port`, over the keyspace's table (created on first
     start). `cluster`: cluster mode (calls pass through to the keyspace's owner)."""
+    from tablekeeper_server.etcd.server import EtcdServer
+    from tablekeeper_server.etcd.snapshot import KeyspaceSnapshots
+
     etcd = EtcdServer(
         registry,
         bind_host=config.bind_host,
@@ -771,6 +776,8 @@ async def _start_oxia(
 ) -> OxiaServer:
     """Oxia's client protocol on `port` (namespace `default` created on first start).
     `cluster`: cluster mode or a worker (shard leaders are their containers' owners)."""
+    from tablekeeper_server.oxia.server import OxiaServer
+
     oxia = OxiaServer(
         registry,
         bind_host=config.bind_host,
@@ -805,6 +812,8 @@ async def _start_zookeeper(
     """ZooKeeper's client protocol on `port`, over table zookeeper/keyspace (created on first
     start). `cluster`: cluster mode or a worker (connections to a server that does not own the
     keyspace's range are relayed to its owner)."""
+    from tablekeeper_server.zookeeper.server import ZooKeeperServer, ZooKeeperSettings
+
     if reason := packet_refusal(config.zookeeper_max_packet_bytes, config.limits):
         log.warning("--zookeeper-max-packet-bytes: %s", reason)
     zookeeper = ZooKeeperServer(

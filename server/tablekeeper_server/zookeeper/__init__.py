@@ -10,3 +10,7 @@ events (`watches`). `server` serves the port: the connect handshake, the per-con
 of replies and events, the four-letter words, and in cluster mode the relay to the server that
 owns the range.
 """
+
+FRONT_END = "zookeeper"
+"""The name this front-end's address is published under in cluster membership (and a worker's
+port of it): here, so that naming it does not load the front-end."""

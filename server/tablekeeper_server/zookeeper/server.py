@@ -59,8 +59,6 @@ from tablekeeper_server.zookeeper.znode import raw_acl
 
 log = logging.getLogger(__name__)
 
-FRONT_END = "zookeeper"
-"""The name this front-end's address is published under in cluster membership."""
 PACKET_BYTES_MAX = 0xFFFFF
 """ZooKeeper's default jute.maxbuffer."""
 OUTSTANDING_MAX = 1000
