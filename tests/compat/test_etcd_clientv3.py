@@ -102,9 +102,15 @@ class Program:
         assert found, f"no {start!r} line; output: {self.lines[-20:]}"
         return found[0]
 
-    def finish(self) -> list[str]:
+    def exit_code(self) -> int:
+        """Wait for the program to end and for its last output line to be read (the process
+        can end before the reader has seen what it wrote)."""
         code = self.process.wait(TIMEOUT_S)
         self._reader.join(TIMEOUT_S)
+        return code
+
+    def finish(self) -> list[str]:
+        code = self.exit_code()
         assert code == 0, f"etcdgo exited {code}: {self.lines[-20:]}"
         return self.lines
 
@@ -239,11 +245,11 @@ def test_username_and_password_over_tls(etcdgo: Callable[..., Program], tmp_path
         login = ("-endpoint", endpoint, "-cacert", str(certs / "ca.pem"), "-prefix", "/go/")
 
         wrong = etcdgo("auth", *login, "-user", "gopher", "-password", "nope")
-        assert wrong.process.wait(TIMEOUT_S) != 0
-        assert "invalid user ID or password" in "\n".join(wrong.lines)
+        assert wrong.exit_code() != 0
+        assert "invalid user ID or password" in "\n".join(wrong.lines), wrong.lines
 
         denied = etcdgo("auth", *login, "-user", "gopher", "-password", "s3cret")
-        assert denied.process.wait(TIMEOUT_S) != 0
+        assert denied.exit_code() != 0
         assert "lacks write on namespace 'etcd'" in denied.wait_line("DENIED put")
 
         # The grant through the CLI, in its own process: this one has the BookKeeper Python
