@@ -51,6 +51,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar, Spark), SDK and dev tools
 
+# What the test set-up keeps outside the checkout, for every clone (mypy's cache, the virtualenvs
+# of python-etcd3's suite and of the SDK floors; Pulsar's jars too, see deploy/pulsar.sh).
+TK_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tablekeeper
+
 # The SDK at the lowest versions pyproject.toml declares (grpcio, protobuf; the health-checking
 # package the test harness imports, at its declared floor), in a client-only environment: a
 # virtualenv of those packages alone, kept in the user's cache (~/.cache/tablekeeper) under the
@@ -59,7 +63,7 @@ install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar,
 FLOORS_REQUIREMENTS := $(shell $(PYTHON) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 	print(' '.join(d.replace('>=', '==') for d in p['dependencies'] + [x for x in p['optional-dependencies']['server'] if x.startswith('grpcio')]))") \
 	kazoo pytest pytest-asyncio pytest-timeout
-FLOORS_VENV := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tablekeeper/venv-floors-$(shell echo '$(FLOORS_REQUIREMENTS)' | sha256sum | cut -c1-12)
+FLOORS_VENV := $(TK_CACHE)/venv-floors-$(shell echo '$(FLOORS_REQUIREMENTS)' | sha256sum | cut -c1-12)
 FLOORS_STAMP := $(FLOORS_VENV)/.installed
 $(FLOORS_STAMP):
 	mkdir -p $(dir $(FLOORS_VENV))
@@ -91,7 +95,7 @@ docs: $(STAMP)  ## the SDK's API reference (HTML, pdoc) into build/docs (git-ign
 # mypy's cache outside the checkout, as pip's and Maven's are: a fresh clone checks only the
 # modules whose contents (not their file times) differ from the last run's, and what depends on
 # them (40 core-s cold, 1 warm). MYPY_CACHE_DIR= (empty) keeps it in the checkout.
-MYPY_CACHE_DIR ?= $${XDG_CACHE_HOME:-$$HOME/.cache}/tablekeeper/mypy
+MYPY_CACHE_DIR ?= $(TK_CACHE)/mypy
 lint: $(STAMP)  ## ruff and mypy
 	$(VENV)/bin/ruff check client server tests benchmarks
 	$(VENV)/bin/ruff format --check client server tests benchmarks

@@ -97,13 +97,17 @@ SLOW = (
 def prepare() -> None:
     """The suite's virtualenv and the unpacked sdist (PyPI, first run only; one process builds
     it while others wait)."""
-    if (VENV / ".installed").exists() and SDIST.exists():
+    if _ready():
         return
     VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(VENV.parent / f"{VENV.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not ((VENV / ".installed").exists() and SDIST.exists()):
+        if not _ready():  # another process may have built it meanwhile
             _build()
+
+
+def _ready() -> bool:
+    return (VENV / ".installed").exists() and SDIST.exists()
 
 
 def _build() -> None:
