@@ -128,6 +128,7 @@ java_opts() { # the flags of deploy/pulsar.sh's JVM, for a JVM whose tmp dir is 
     # shellcheck disable=SC2086
     printf '%s\n' $EXTRA_OPTS
     pulsar_jvm_flags "$1"
+    cds_use pulsar "$(cat "$CLASSPATH_FILE")"  # the archive deploy/pulsar.sh's starts make
 }
 
 mvn_q() { (cd "$FN_CACHE" && mvn -B -q -Dmaven.repo.local="$CACHE_DIR/m2" "$@") >>"$FN_CACHE/mvn.log" 2>&1; }
@@ -351,7 +352,7 @@ do_start() {
         local -a bookie_cmd
         # shellcheck disable=SC2206
         bookie_cmd=(java $BOOKIE_MEM $jvm -Dlog4j.configurationFile="$BOOKIE_DIR/conf/log4j2.properties"
-            -cp "$BOOKIE_DIR/conf:$(cat "$CLASSPATH_FILE")" "$BOOKIE_CLASS" --conf "$BOOKIE_DIR/conf/bookie.conf")
+            -cp "$(cat "$CLASSPATH_FILE"):$BOOKIE_DIR/conf" "$BOOKIE_CLASS" --conf "$BOOKIE_DIR/conf/bookie.conf")
         launch "$BOOKIE_DIR/bookie.pid" "$BOOKIE_DIR/bookie.log" "$BOOKIE_DIR" -- "${bookie_cmd[@]}" ||
             die "failed to launch the bookie (see $BOOKIE_DIR/bookie.log)"
         log "bookie started (pid $(cat "$BOOKIE_DIR/bookie.pid")), log $BOOKIE_DIR/bookie.log"
@@ -375,7 +376,7 @@ do_start() {
         # would null stateStorageServiceUrl.
         # shellcheck disable=SC2206
         cp_broker=(java $BROKER_MEM $jvm -Dlog4j.configurationFile="$BROKER_DIR/conf/log4j2.properties"
-            -cp "$BROKER_DIR/conf:$(cat "$CLASSPATH_FILE")" "$MAIN_CLASS"
+            -cp "$(cat "$CLASSPATH_FILE"):$BROKER_DIR/conf" "$MAIN_CLASS"
             --config "$BROKER_DIR/conf/standalone.conf" --only-broker
             --zookeeper-port "$ZK_PORT" --functions-worker-conf "$BROKER_DIR/conf/functions_worker.yml")
         launch "$BROKER_DIR/broker.pid" "$BROKER_DIR/broker.log" "$BROKER_DIR" PULSAR_STANDALONE_USE_ZOOKEEPER=1 -- \

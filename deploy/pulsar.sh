@@ -46,6 +46,8 @@ Commands:
   check     run the Python round trip (ExclusiveWithFencing producer + reader)
             against the running instance
   fetch     only resolve/download the jars into the cache (first run: ~260 MB)
+  cds-flag  print the JVM flag of the class-data archive of Pulsar's jars, if a start has
+            made one (other launchers of those jars take it; see lib/common.sh)
 
 Options:
   --port PORT         broker (binary protocol) port (default 6650, env PULSAR_PORT)
@@ -77,7 +79,7 @@ CMD=""
 PORT_GIVEN=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        start|stop|status|restart|check|fetch) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
+        start|stop|status|restart|check|fetch|cds-flag) [[ -z "$CMD" ]] || die "only one command allowed"; CMD="$1"; shift ;;
         --port) [[ $# -ge 2 ]] || die "--port needs a value"; PORT="$2"; PORT_GIVEN=1; shift 2 ;;
         --port=*) PORT="${1#*=}"; PORT_GIVEN=1; shift ;;
         --http-port) [[ $# -ge 2 ]] || die "--http-port needs a value"; HTTP_PORT="$2"; PORT_GIVEN=1; shift 2 ;;
@@ -108,6 +110,7 @@ DATA_DIR="$DIR/data"
 PID_FILE="$DIR/pulsar.pid"
 PORTS_FILE="$DIR/pulsar.ports"
 LOG_FILE="$DIR/pulsar.log"
+CDS_LIST="$DIR/tmp/classes.list"  # the classes a first start loads (cds_flags)
 CLASSPATH_FILE="$CACHE_DIR/classpath.txt"
 
 # --- helpers -----------------------------------------------------------------
@@ -309,8 +312,10 @@ do_start() {
         # shellcheck disable=SC2206
         jvm_opts=($MEM $EXTRA_OPTS)
         mapfile -t -O "${#jvm_opts[@]}" jvm_opts < <(pulsar_jvm_flags "$DIR/tmp")
+        mapfile -t -O "${#jvm_opts[@]}" jvm_opts < <(cds_flags pulsar "$(cat "$CLASSPATH_FILE")" "$CDS_LIST")
+        # The jars first, as the class-data archive has them (cds_flags); then the configuration.
         jvm_opts+=(-Dlog4j.configurationFile="$CONF_DIR/log4j2.properties"
-            -cp "$CONF_DIR:$(cat "$CLASSPATH_FILE")")
+            -cp "$(cat "$CLASSPATH_FILE"):$CONF_DIR")
         local -a metadata_args=(--metadata-dir "$DATA_DIR/metadata")
         [[ -z "$METADATA" ]] || metadata_args=(--metadata-url "$METADATA")
         # In DIR: relative paths Pulsar uses land there.
@@ -336,6 +341,7 @@ do_start() {
         eval 'out="$(roundtrip 2>>"$DIR/check.log")"'
     log "$out"
     log "ready ($((SECONDS - t0))s after launch/attach)"
+    cds_make pulsar "$(cat "$CLASSPATH_FILE")" "$CDS_LIST"
     release_lock
     print_urls
 }
@@ -370,4 +376,5 @@ case "$CMD" in
     restart) do_stop; do_start ;;
     check) do_check ;;
     fetch) ensure_jars; log "classpath: $CLASSPATH_FILE" ;;
+    cds-flag) ensure_jars; cds_use pulsar "$(cat "$CLASSPATH_FILE")" ;;
 esac

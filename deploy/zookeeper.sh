@@ -93,6 +93,7 @@ PID_FILE="$DIR/zookeeper.pid"
 PORT_FILE="$DIR/zookeeper.port"
 HOST_FILE="$DIR/zookeeper.host"
 LOG_FILE="$DIR/zookeeper.log"
+CDS_LIST="$DIR/classes.list"  # the classes a first start loads (cds_flags)
 
 # --- helpers -----------------------------------------------------------------
 
@@ -113,27 +114,21 @@ four_letter() { # four_letter PORT CMD
     timeout 3 bash -c 'exec 3<>"/dev/tcp/$2/$0"; printf "%s" "$1" >&3; cat <&3' "$1" "$2" "$HOST" 2>/dev/null || true
 }
 
+# Ready: ZooKeeper answers `srvr` as a standalone server (bash alone: until its JVM listens,
+# which takes a second or two, every probe costs next to nothing), then a kazoo session creates,
+# reads and deletes an ephemeral znode (one Python process, ~0.2 CPU-seconds, normally once).
+# Without kazoo for $PYTHON, `srvr` alone decides.
 HAS_KAZOO=""
-has_kazoo() {
-    if [[ -z "$HAS_KAZOO" ]]; then
-        if [[ -x "$PYTHON" ]] && "$PYTHON" -c "import kazoo" 2>/dev/null; then
-            HAS_KAZOO=yes
-        else
-            HAS_KAZOO=no
-            log "kazoo not importable with $PYTHON; probing with 'srvr' instead"
-        fi
-    fi
-    [[ "$HAS_KAZOO" == yes ]]
-}
-
-# One readiness probe: a real client session (create/read/delete a znode) when
-# kazoo is available, else 'srvr' reporting standalone mode.
 probe() {
-    local port="$1"
-    if has_kazoo; then
-        "$PYTHON" - "$port" "$HOST" <<'PY' >/dev/null 2>&1
+    local port="$1" status=0
+    four_letter "$port" srvr | grep -q "Mode: standalone" || return 1
+    [[ "$HAS_KAZOO" != no && -x "$PYTHON" ]] || return 0
+    "$PYTHON" - "$port" "$HOST" <<'PY' >/dev/null 2>&1 || status=$?
 import sys, uuid
-from kazoo.client import KazooClient
+try:
+    from kazoo.client import KazooClient
+except ImportError:
+    sys.exit(3)
 zk = KazooClient(hosts="%s:%s" % (sys.argv[2], sys.argv[1]), timeout=2.0, connection_retry=None)
 try:
     zk.start(timeout=3)
@@ -145,9 +140,12 @@ finally:
     zk.stop()
     zk.close()
 PY
-    else
-        four_letter "$port" srvr | grep -q "Mode: standalone"
+    if ((status == 3)); then
+        HAS_KAZOO=no
+        log "kazoo not importable with $PYTHON; 'srvr' alone tells readiness"
+        return 0
     fi
+    return "$status"
 }
 
 ensure_installed() {
@@ -202,7 +200,7 @@ do_status() {
 }
 
 do_start() {
-    local pid
+    local pid jars=""  # jars: set when this call starts the JVM
     take_lock "$DIR/.lock" "$((TIMEOUT + STOP_TIMEOUT))"
     if pid="$(running_pid)"; then
         local port; port="$(current_port)"
@@ -223,13 +221,17 @@ do_start() {
         write_config
         echo "$PORT" >"$PORT_FILE"
         echo "$HOST" >"$HOST_FILE"
-        local cp="$CONF_DIR:${ZK_CLASSPATH:-$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}}"
+        local -a cds
+        jars="${ZK_CLASSPATH:-$ZK_JAR${SLF4J_BINDING:+:$SLF4J_BINDING}}"
+        # The jars first, as the class-data archive has them (cds_flags); then the configuration.
+        local cp="$jars:$CONF_DIR"
+        mapfile -t cds < <(cds_flags zookeeper "$jars" "$CDS_LIST")
         {
             echo "=== $(date -Is) starting ZooKeeper on $HOST:$PORT"
         } >>"$LOG_FILE"
         # shellcheck disable=SC2086
         launch "$PID_FILE" "$LOG_FILE" "$PWD" -- \
-            java $HEAP $EXTRA_OPTS -Djava.net.preferIPv4Stack=true \
+            java $HEAP $EXTRA_OPTS "${cds[@]}" -Djava.net.preferIPv4Stack=true \
             -Dorg.slf4j.simpleLogger.showDateTime=true \
             -Dorg.slf4j.simpleLogger.dateTimeFormat="yyyy-MM-dd'T'HH:mm:ss.SSS" \
             -Dzookeeper.log.dir="$DIR" \
@@ -241,6 +243,7 @@ do_start() {
 
     wait_probe ZooKeeper "$pid" "$((SECONDS + TIMEOUT))" 0.3 "$LOG_FILE" probe "$PORT"
     log "ready"
+    [[ -z "$jars" ]] || cds_make zookeeper "$jars" "$CDS_LIST"
     release_lock
     echo "$HOST:$PORT"
 }

@@ -323,3 +323,74 @@ pulsar_admin_ready() {
         curl -sf --max-time 5 "http://$host:$1/admin/v2/namespaces/public" 2>/dev/null |
         grep -q '"public/default"'
 }
+
+# --- class-data sharing (the JVMs' start-up) ----------------------------------------------------
+
+# A JVM spends most of its start-up loading, parsing and verifying classes: a Pulsar standalone
+# ~29 CPU-seconds to its first round trip on this 2-core machine, ZooKeeper ~1.7 to serving. An
+# application class-data-sharing archive (AppCDS: `java -Xshare:dump` over the classes one start
+# loaded) maps them ready-made into every later start of the same classpath and Java: 18 and
+# 1.2. The first start of a classpath lists its classes (cds_flags) and, once it is ready,
+# makes the archive in the background (cds_make, niced; ~90 CPU-seconds for Pulsar's), kept in
+# ~/.cache/tablekeeper/cds for every later start, every clone; TK_JVM_CDS=0 turns both off. A
+# JVM whose archive no longer fits (a changed jar, another Java) logs a warning and starts
+# without it. The classpath given must be the JVM's own -cp, or its beginning (the archive
+# covers the jars; a directory may follow them).
+CDS_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/tablekeeper/cds"
+
+# cds_archive NAME CLASSPATH: the archive's path for this classpath (its jars' sizes and times
+# included) and this Java.
+cds_archive() {
+    local java key
+    java="$(readlink -f "$(command -v java)")"
+    # shellcheck disable=SC2046
+    key="$({ printf '%s\n' "$2"; stat -c '%n %s %Y' "$java" $(tr ':' ' ' <<<"$2"); } 2>/dev/null |
+        sha256sum | cut -c1-16)"
+    echo "$CDS_DIR/$1-$key.jsa"
+}
+
+# cds_flags NAME CLASSPATH LIST: the JVM flags, one per line: the archive's when there is one,
+# else the listing of the classes this start loads into the file LIST (for cds_make).
+cds_flags() {
+    [[ "${TK_JVM_CDS:-1}" == 1 ]] || return 0
+    local archive
+    archive="$(cds_archive "$1" "$2")"
+    if [[ -f "$archive" ]]; then
+        echo "-XX:SharedArchiveFile=$archive"
+    else
+        rm -f "$3"
+        echo "-XX:DumpLoadedClassList=$3"
+    fi
+}
+
+# cds_make NAME CLASSPATH LIST: make the archive from LIST (written by a start that had
+# cds_flags' listing flag, now ready) in the background, detached from the caller's output and
+# locks; one maker at a time, nothing if the archive exists or LIST does not.
+cds_make() {
+    [[ "${TK_JVM_CDS:-1}" == 1 && -s "$3" ]] || return 0
+    local archive
+    archive="$(cds_archive "$1" "$2")"
+    [[ -f "$archive" ]] && return 0
+    mkdir -p "$CDS_DIR" || return 0
+    # The running JVM goes on appending to LIST: its last line may be half written.
+    head -n -1 "$3" >"$archive.list.$$" 2>/dev/null || return 0
+    setsid bash -c '
+        archive="$1" list="$2" cp="$3"
+        exec 8>"$archive.lock"
+        flock -n 8 || { rm -f "$list"; exit 0; }
+        if [[ ! -f "$archive" ]] && nice -n 19 java -Xshare:dump -XX:+UseG1GC \
+            -XX:SharedClassListFile="$list" -XX:SharedArchiveFile="$archive.tmp" -cp "$cp" \
+            >"$archive.log" 2>&1; then
+            mv -f "$archive.tmp" "$archive"
+        fi
+        rm -f "$list" "$archive.tmp"
+    ' cds-make "$archive" "$archive.list.$$" "$2" </dev/null >/dev/null 2>&1 8>&- 9>&- &
+}
+
+# cds_use NAME CLASSPATH: the archive's flag if one has been made (a start that never makes one).
+cds_use() {
+    [[ "${TK_JVM_CDS:-1}" == 1 ]] || return 0
+    local archive
+    archive="$(cds_archive "$1" "$2")"
+    [[ ! -f "$archive" ]] || echo "-XX:SharedArchiveFile=$archive"
+}
