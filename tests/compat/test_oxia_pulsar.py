@@ -23,8 +23,8 @@ import pytest
 
 from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
 from tests.compat.oxia.harness import RUN_TIMEOUT_S, Oxia, oxia_server
+from tests.support.caches import pulsar_classpath as _classpath
 from tests.support.pulsar_oxia import PulsarOnOxia
-from tests.support.pulsar_oxia import pulsar_classpath as _classpath
 from tests.support.server import free_port
 
 pytestmark = pytest.mark.standalone_only("a server of its own, with --oxia-port")

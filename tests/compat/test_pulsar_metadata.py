@@ -41,6 +41,7 @@ from typing import IO
 
 import pytest
 
+from tests.support.caches import pulsar_cache
 from tests.support.server import ServerProcess, free_port
 
 RUN_TIMEOUT_S = 1800.0
@@ -55,7 +56,6 @@ TARGET = SUITE_DIR / "target"
 JAR = TARGET / "pulsar-metadata-suite-0.1.0.jar"
 CLASSPATH = TARGET / "classpath.txt"
 MAIN_CLASS = "io.tablekeeper.compat.pulsar.MetadataSuite"
-PULSAR_VERSION = "4.0.7"
 STORES = ("Oxia", "Etcd")
 OXIA_NAMESPACE = "pulsar"
 SERVER_START_TIMEOUT_S = 120.0
@@ -146,12 +146,7 @@ def _up_to_date() -> bool:
 def maven_repository() -> Path:
     """Where the suite's jars live: the local repository `deploy/pulsar.sh fetch` fills (most of
     them are Pulsar's own), so they are fetched once for both."""
-    cache = os.environ.get("PULSAR_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "tablekeeper"
-        / f"pulsar-{PULSAR_VERSION}"
-    )
-    return Path(cache) / "m2"
+    return pulsar_cache() / "m2"
 
 
 def build() -> list[str]:

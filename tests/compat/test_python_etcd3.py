@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.caches import user_cache
+
 pytestmark = [
     pytest.mark.standalone_only("a server of its own in a network namespace"),
     pytest.mark.timeout(1800),
@@ -48,11 +50,7 @@ REQUIREMENTS = (
 """The suite's runtime: etcd3 0.12.0 with what its requirements pin where it matters (its
 generated code needs protobuf < 4; its lock retries need tenacity 6; its property tests use a
 function-scoped fixture that hypothesis 5+ refuses); a current grpcio and pytest."""
-VENV = (
-    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    / "tablekeeper"
-    / f"venv-etcd3-{hashlib.sha256(repr(REQUIREMENTS).encode()).hexdigest()[:12]}"
-)
+VENV = user_cache() / f"venv-etcd3-{hashlib.sha256(repr(REQUIREMENTS).encode()).hexdigest()[:12]}"
 """Outside the checkout, as pip's cache is (nothing in it is ours): every clone uses the one the
 first built (35 core-s to build), and a new one is built when REQUIREMENTS change."""
 SDIST = VENV / "sdist" / "etcd3-0.12.0"

@@ -33,7 +33,8 @@ from tests.compat.zookeeper_compat import (
     maven_classpath,
     start_tablekeeper,
 )
-from tests.support.pulsar_oxia import PulsarOnOxia, pulsar_classpath
+from tests.support.caches import pulsar_classpath
+from tests.support.pulsar_oxia import PulsarOnOxia
 from tests.support.server import ServerProcess, free_port
 
 pytestmark = [

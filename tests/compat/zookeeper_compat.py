@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.pulsar_oxia import pulsar_classpath
+from tests.support.caches import pulsar_classpath
 from tests.support.server import ServerProcess, free_port
 from tests.support.zookeeper import ZooKeeperProcess
 

@@ -25,7 +25,8 @@ import pulsar as pulsar_client
 import pytest
 from kazoo.client import KazooClient
 
-from tests.support.pulsar_oxia import PulsarOnOxia, pulsar_classpath
+from tests.support.caches import pulsar_classpath
+from tests.support.pulsar_oxia import PulsarOnOxia
 from tests.support.server import TABLEKEEPER, ServerProcess, free_port
 from tests.support.zookeeper import ZooKeeperProcess
 

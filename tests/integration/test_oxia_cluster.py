@@ -8,7 +8,6 @@ and the client's notifications survive."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import pytest
 
 from tablekeeper_proto.bookkeeper import storage_pb2, storage_pb2_grpc, stream_pb2
 from tablekeeper_proto.oxia import client_pb2, client_pb2_grpc
+from tests.support.caches import pulsar_classpath
 from tests.support.cluster import TestCluster
 from tests.support.oxia import wait_leaders
 from tests.support.server import free_port
@@ -27,7 +27,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.pulsar]
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_SOURCE = Path(__file__).parent / "oxia" / "OxiaClusterDriver.java"
-PULSAR_VERSION = "4.0.7"
 CONTAINERS = 4
 SHARDS = 6
 KEYS = 60
@@ -36,24 +35,10 @@ WAIT_S = 90.0
 DRIVER_TIMEOUT_S = 300.0
 
 
-def _classpath() -> str:
-    """The Oxia Java client and its dependencies, from Pulsar's jars (`deploy/pulsar.sh fetch`,
-    which `make test-integration` runs first)."""
-    cache = os.environ.get("PULSAR_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "tablekeeper"
-        / f"pulsar-{PULSAR_VERSION}"
-    )
-    path = Path(cache) / "classpath.txt"
-    if not path.exists():
-        subprocess.run([str(REPO / "deploy" / "pulsar.sh"), "fetch"], check=True, timeout=1800)
-    return path.read_text().strip()
-
-
 @pytest.fixture(scope="module")
 def driver_classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
     classes = tmp_path_factory.mktemp("oxia-cluster-driver")
-    classpath = _classpath()
+    classpath = pulsar_classpath()
     subprocess.run(
         ["javac", "-d", str(classes), "-cp", classpath, str(DRIVER_SOURCE)],
         check=True,

@@ -21,9 +21,10 @@ from typing import Any
 import pulsar as pulsar_client
 import pytest
 
+from tests.support.caches import pulsar_classpath
 from tests.support.cluster import TestCluster
 from tests.support.oxia import children, wait_leaders
-from tests.support.pulsar_oxia import PulsarOnOxia, pulsar_classpath
+from tests.support.pulsar_oxia import PulsarOnOxia
 from tests.support.server import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar]

@@ -34,6 +34,7 @@ from tablekeeper import Client
 from tablekeeper.errors import NamespaceExistsError, TableExistsError
 from tests.robustness import nemesis as nemesis_module
 from tests.robustness.netns import Network, Node
+from tests.support.caches import pulsar_classpath
 from tests.support.cluster import TestCluster
 from tests.support.oxia import shard_leaders
 from tests.support.pulsar import PulsarService
@@ -41,7 +42,6 @@ from tests.support.server import REPO, SERVER_COMMAND, ServerProcess, free_port
 from tests.support.zookeeper import ZooKeeperProcess
 
 ROBUST = REPO / "tests" / "robustness"
-PULSAR_VERSION = "4.0.7"
 SDK_TABLE = ("robust", "t")
 
 
@@ -93,15 +93,7 @@ def build_tools(bin_dir: Path) -> Tools:
                 [go, "build", "-o", str(bin_dir / name), f"./{name}"],
                 cwd=ROBUST, check=True, timeout=900, env=env,
             )  # fmt: skip
-    cache = os.environ.get("PULSAR_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "tablekeeper"
-        / f"pulsar-{PULSAR_VERSION}"
-    )
-    classpath_file = Path(cache) / "classpath.txt"
-    if not classpath_file.exists():
-        subprocess.run([str(REPO / "deploy" / "pulsar.sh"), "fetch"], check=True, timeout=1800)
-    classpath = classpath_file.read_text().strip()
+    classpath = pulsar_classpath()
     classes = bin_dir / "oxia-classes"
     source = ROBUST / "oxia" / "OxiaWorkload.java"
     if not _newer(classes / "OxiaWorkload.class", [source]):

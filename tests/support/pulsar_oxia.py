@@ -25,8 +25,6 @@ from typing import Any
 
 from tests.support.server import REPO, free_port
 
-PULSAR_VERSION = "4.0.7"
-
 MAIN_CLASS = "org.apache.pulsar.PulsarStandaloneStarter"
 _JAVA_OPENS = [
     "java.base/java.io",
@@ -39,20 +37,6 @@ _JAVA_OPENS = [
     "jdk.management/com.sun.management.internal",
     "java.base/jdk.internal.platform",
 ]
-
-
-def pulsar_classpath() -> str:
-    """The classpath of Pulsar's jars (the broker, the bookie, the Oxia Java client), from
-    `deploy/pulsar.sh fetch`'s cache; fetched first if missing (mvn, the first run only)."""
-    cache = os.environ.get("PULSAR_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-        / "tablekeeper"
-        / f"pulsar-{PULSAR_VERSION}"
-    )
-    path = Path(cache) / "classpath.txt"
-    if not path.exists():
-        subprocess.run([str(REPO / "deploy" / "pulsar.sh"), "fetch"], check=True, timeout=1800)
-    return path.read_text().strip()
 
 
 def class_data_flags() -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.pulsar_oxia import pulsar_classpath
+from tests.support.caches import pulsar_classpath
 from tests.support.server import ServerProcess, free_port
 
 DRIVER_SOURCE = Path(__file__).parent / "OxiaDriver.java"
