@@ -230,6 +230,10 @@ httpServerEnabled=false
 # no extra server components: this bookie does not run BookKeeper's table service
 extraServerComponents=
 journalSyncData=false
+# a disk 95 % full (the default threshold) would turn the bookie read-only and stop every write:
+# a developer's machine may well be that full (1 % of this machine's disk is 2.5 GB)
+diskUsageThreshold=0.99
+diskUsageWarnThreshold=0.98
 dbStorage_writeCacheMaxSizeMb=32
 dbStorage_readAheadCacheMaxSizeMb=32
 dbStorage_rocksDB_blockCacheSize=16777216

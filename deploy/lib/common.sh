@@ -329,7 +329,7 @@ pulsar_admin_ready() {
 # A JVM spends most of its start-up loading, parsing and verifying classes: a Pulsar standalone
 # ~29 CPU-seconds to its first round trip on this 2-core machine, ZooKeeper ~1.7 to serving. An
 # application class-data-sharing archive (AppCDS: `java -Xshare:dump` over the classes one start
-# loaded) maps them ready-made into every later start of the same classpath and Java: 18 and
+# loaded) maps them ready-made into every later start of the same classpath and Java: 15 and
 # 1.2. The first start of a classpath lists its classes (cds_flags) and, once it is ready,
 # makes the archive in the background (cds_make, niced; ~90 CPU-seconds for Pulsar's), kept in
 # ~/.cache/tablekeeper/cds for every later start, every clone; TK_JVM_CDS=0 turns both off. A

@@ -101,6 +101,10 @@ listeningInterface=lo
 allowLoopback=true
 httpServerEnabled=false
 journalSyncData=false
+# a disk 95 % full (the default threshold) would turn the bookie read-only and stop every write:
+# a developer's machine may well be that full (1 % of this machine's disk is 2.5 GB)
+diskUsageThreshold=0.99
+diskUsageWarnThreshold=0.98
 dbStorage_writeCacheMaxSizeMb=16
 dbStorage_readAheadCacheMaxSizeMb=16
 dbStorage_rocksDB_blockCacheSize=8388608

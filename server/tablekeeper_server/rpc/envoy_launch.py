@@ -189,12 +189,12 @@ def _has_uvloop() -> bool:
 
 def embedded_python_environ() -> dict[str, str]:
     """Where the Python that Envoy embeds finds this interpreter's packages and libpython: what
-    pyvoy's `get_envoy_environ` gives on Linux and macOS, without importing `pyvoy._server`
-    (asyncio and more: ~70 ms a start) and without its search's tail. pyvoy preloads the first
-    of find_libpython's candidate paths that exists, but lists all of them first, and the last
-    ones come from `ctypes.util.find_library`, which runs ldconfig, gcc and ld (~60 ms a start
-    here, where an earlier candidate exists). This stops at the first that exists, so it
-    preloads the same library; it searches that far only when pyvoy's search would too."""
+    pyvoy's `get_envoy_environ` gives on Linux and macOS, without its search's tail. pyvoy
+    preloads the first of find_libpython's candidate paths that exists and is named libpython,
+    but lists all of them first, and the last ones come from `ctypes.util.find_library`, which
+    runs `ldconfig -p` (four times), gcc and ld: ~0.07 CPU-seconds of a start here, where an
+    earlier candidate exists. This stops at the first that fits, so it preloads the same
+    library; it searches that far only when pyvoy's search would too."""
     import find_libpython
 
     env = {
