@@ -76,7 +76,7 @@ from benchmarks._common import (  # noqa: E402
     write_report,
 )
 from benchmarks.pulsar_metadata import four_letter  # noqa: E402
-from tests.support.pulsar_oxia import pulsar_classpath  # noqa: E402
+from tests.support.caches import pulsar_classpath  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 from tests.support.zookeeper import ZooKeeperProcess  # noqa: E402
 

@@ -65,8 +65,8 @@ from benchmarks._common import (  # noqa: E402
     sigterm_as_interrupt,
     src_env,
 )
+from tests.support.caches import pulsar_classpath  # noqa: E402
 from tests.support.oxia_server import SHARDS, OxiaServer, default_binary  # noqa: E402
-from tests.support.pulsar_oxia import pulsar_classpath  # noqa: E402
 from tests.support.server import ServerProcess, free_port  # noqa: E402
 
 OUT_DIR = REPO / "benchmarks" / "out"
