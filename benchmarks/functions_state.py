@@ -44,13 +44,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.support.caches import pulsar_cache  # noqa: E402
 from tests.support.server import ServerProcess  # noqa: E402
 
 JAVA_DIR = REPO / "tests" / "compat" / "java"
 JAR = JAVA_DIR / "target" / "bookkeeper-java-client-compat-0.1.0.jar"
 JAVA_CP = JAVA_DIR / "target" / "classpath.txt"
-PULSAR_VERSION = "4.0.7"
-PULSAR_CP = Path.home() / ".cache" / "tablekeeper" / f"pulsar-{PULSAR_VERSION}" / "classpath.txt"
+PULSAR_CP = pulsar_cache() / "classpath.txt"
 STREAM_PORT = 4181  # inside the private network namespace: fixed ports cannot collide
 
 JVM_OPENS = [
